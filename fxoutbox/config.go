@@ -1,0 +1,157 @@
+package fxoutbox
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// Config configures both sides of the outbox. Zero fields take the defaults
+// given in their comments; the environment variable that ConfigFromEnv reads
+// for each field is named in brackets.
+type Config struct {
+	// Service is the first part of derived topic names, e.g. "order-service"
+	// [OUTBOX_SERVICE]. Default "": events must then name their Topic.
+	Service string
+	// Table is the outbox table [OUTBOX_SCHEMA, OUTBOX_TABLE].
+	// Default: outbox_event in the connection's search_path.
+	Table outbox.Table
+	// Topics derives topic names. Default outbox.TopicPerEvent
+	// ("<service>.<aggregate-type>.<event-name>")
+	// [OUTBOX_TOPIC_NAMING=per-event|per-aggregate].
+	Topics outbox.TopicFunc
+	// Limits bounds payload and header sizes [OUTBOX_MAX_PAYLOAD_BYTES].
+	// Default: see outbox.Limits (payload 1 MiB - 16 KiB).
+	Limits outbox.Limits
+	// Migrate applies the migrations at start instead of only checking that
+	// the table exists [OUTBOX_MIGRATE]. Default false.
+	Migrate bool
+
+	// Brokers are the Kafka bootstrap addresses, host:port [KAFKA_BROKERS,
+	// comma-separated]. Required by the relay unless the application
+	// supplies its own relay.Publisher.
+	Brokers []string
+	// Sarama is the producer configuration. Default
+	// relay.DefaultSaramaConfig() (idempotent, acks=all); a configuration
+	// that breaks those guarantees is rejected. [KAFKA_CLIENT_ID,
+	// KAFKA_VERSION adjust the default.]
+	Sarama *sarama.Config
+
+	// PollInterval is the relay's ticker period [OUTBOX_POLL_INTERVAL]. Default 500ms.
+	PollInterval time.Duration
+	// BatchSize is the most events per claim, 1-10000 [OUTBOX_BATCH_SIZE]. Default 50.
+	BatchSize int
+	// BatchTimeout bounds one batch [OUTBOX_BATCH_TIMEOUT]. Default 30s.
+	BatchTimeout time.Duration
+	// MaxBackoff caps the wait between failing batches [OUTBOX_MAX_BACKOFF]. Default 30s.
+	MaxBackoff time.Duration
+	// DisableRelay builds the relay but does not start it [OUTBOX_RELAY=off].
+	// Default false.
+	DisableRelay bool
+}
+
+func (c Config) withDefaults() (Config, error) {
+	c.Table = c.Table.WithDefaults()
+	if c.Topics == nil {
+		c.Topics = outbox.TopicPerEvent
+	}
+	return c, c.Table.Validate()
+}
+
+// ConfigFromEnv reads a Config from environment variables (names in the
+// field comments). Unset variables keep the defaults; a malformed value is a
+// *outbox.ConfigError naming the variable.
+func ConfigFromEnv() (Config, error) { return configFrom(os.LookupEnv) }
+
+func configFrom(lookup func(string) (string, bool)) (Config, error) {
+	var c Config
+	var err error
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	bad := func(name, v, want string) error {
+		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
+	}
+	c.Service, _ = get("OUTBOX_SERVICE")
+	c.Table.Schema, _ = get("OUTBOX_SCHEMA")
+	c.Table.Name, _ = get("OUTBOX_TABLE")
+	if v, ok := get("OUTBOX_TOPIC_NAMING"); ok {
+		switch v {
+		case "per-event":
+			c.Topics = outbox.TopicPerEvent
+		case "per-aggregate":
+			c.Topics = outbox.TopicPerAggregate
+		default:
+			return c, bad("OUTBOX_TOPIC_NAMING", v, `"per-event" or "per-aggregate"`)
+		}
+	}
+	if v, ok := get("OUTBOX_MAX_PAYLOAD_BYTES"); ok {
+		if c.Limits.MaxPayloadBytes, err = strconv.Atoi(v); err != nil || c.Limits.MaxPayloadBytes <= 0 {
+			return c, bad("OUTBOX_MAX_PAYLOAD_BYTES", v, "a positive number of bytes")
+		}
+	}
+	if v, ok := get("OUTBOX_MIGRATE"); ok {
+		if c.Migrate, err = strconv.ParseBool(v); err != nil {
+			return c, bad("OUTBOX_MIGRATE", v, "true or false")
+		}
+	}
+	if v, ok := get("KAFKA_BROKERS"); ok {
+		for _, b := range strings.Split(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.Brokers = append(c.Brokers, b)
+			}
+		}
+	}
+	id, hasID := get("KAFKA_CLIENT_ID")
+	ver, hasVer := get("KAFKA_VERSION")
+	if hasID || hasVer {
+		sc := relay.DefaultSaramaConfig()
+		if hasID {
+			sc.ClientID = id
+		}
+		if hasVer {
+			if sc.Version, err = sarama.ParseKafkaVersion(ver); err != nil {
+				return c, bad("KAFKA_VERSION", ver, "a Kafka version such as 3.7.0")
+			}
+		}
+		c.Sarama = sc
+	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{
+		{"OUTBOX_POLL_INTERVAL", &c.PollInterval},
+		{"OUTBOX_BATCH_TIMEOUT", &c.BatchTimeout},
+		{"OUTBOX_MAX_BACKOFF", &c.MaxBackoff},
+	} {
+		if v, ok := get(d.name); ok {
+			if *d.dst, err = time.ParseDuration(v); err != nil || *d.dst <= 0 {
+				return c, bad(d.name, v, "a positive duration such as 500ms")
+			}
+		}
+	}
+	if v, ok := get("OUTBOX_BATCH_SIZE"); ok {
+		if c.BatchSize, err = strconv.Atoi(v); err != nil || c.BatchSize <= 0 {
+			return c, bad("OUTBOX_BATCH_SIZE", v, "a positive number")
+		}
+	}
+	if v, ok := get("OUTBOX_RELAY"); ok {
+		switch strings.ToLower(v) {
+		case "on", "true", "1":
+		case "off", "false", "0":
+			c.DisableRelay = true
+		default:
+			return c, bad("OUTBOX_RELAY", v, "on or off")
+		}
+	}
+	return c, c.Table.Validate()
+}

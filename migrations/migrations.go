@@ -1,0 +1,231 @@
+// Package migrations creates and drops the outbox table.
+//
+// The SQL files in this folder are the schema, in the layout golang-migrate
+// reads as it is ("000001_create_outbox_event.up.sql" and ".down.sql"); goose
+// and tern users can copy their statements into their own migrations. They
+// name the table outbox_event in the connection's search_path.
+//
+// For a table with another name or schema, or to skip a migration tool
+// altogether, call [Up]: it renders the same files for the configured
+// [outbox.Table] (names validated and quoted) and applies the ones not yet
+// applied, recording them in a table named <table>_migrations. Concurrent
+// callers (several pods starting at once) serialize on an advisory lock.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// FS holds the migration files: NNNNNN_name.up.sql and NNNNNN_name.down.sql.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// DB begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migration is one versioned schema change.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string // SQL, for the table it was rendered for
+	Down    string
+}
+
+var fileRE = regexp.MustCompile(`^(\d+)_(\w+)\.(up|down)\.sql$`)
+
+// All returns the migrations rendered for table, in version order.
+func All(table outbox.Table) ([]Migration, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(FS, ".")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		m := fileRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		b, err := FS.ReadFile(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2]}
+			byVersion[v] = mig
+		}
+		if m[3] == "up" {
+			mig.Up = Render(string(b), table)
+		} else {
+			mig.Down = Render(string(b), table)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	return out, nil
+}
+
+var nameRE = regexp.MustCompile(`\boutbox_event(_\w+)?\b`)
+
+// Render rewrites SQL written for the default table outbox_event so that it
+// names table instead: the table itself schema-qualified and quoted, objects
+// named outbox_event_<suffix> (indexes) as <name>_<suffix>, quoted.
+func Render(sql string, table outbox.Table) string {
+	return nameRE.ReplaceAllStringFunc(sql, func(s string) string {
+		if suffix, ok := strings.CutPrefix(s, outbox.DefaultTableName+"_"); ok {
+			return table.Derived(suffix)
+		}
+		return table.Ident()
+	})
+}
+
+// Up applies, in one transaction, every migration that the table's
+// migrations record does not list yet. It creates the schema if one is
+// configured and missing.
+func Up(ctx context.Context, db DB, table outbox.Table) error {
+	all, err := All(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		applied, err := prepare(ctx, tx, table)
+		if err != nil {
+			return err
+		}
+		for _, m := range all {
+			if applied[m.Version] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.Up); err != nil {
+				return fmt.Errorf("migrations: apply %06d_%s to %s: %w", m.Version, m.Name, table, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+versions(table)+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return fmt.Errorf("migrations: record %06d_%s: %w", m.Version, m.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Down reverts, in one transaction, every applied migration newer than
+// version (0 reverts all of them, dropping the table).
+func Down(ctx context.Context, db DB, table outbox.Table, version int) error {
+	all, err := All(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		applied, err := prepare(ctx, tx, table)
+		if err != nil {
+			return err
+		}
+		for _, m := range slices.Backward(all) {
+			if m.Version <= version || !applied[m.Version] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.Down); err != nil {
+				return fmt.Errorf("migrations: revert %06d_%s on %s: %w", m.Version, m.Name, table, err)
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM "+versions(table)+" WHERE version = $1", m.Version); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Applied lists the versions applied to table, in order.
+func Applied(ctx context.Context, db DB, table outbox.Table) ([]int, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	var out []int
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		applied, err := prepare(ctx, tx, table)
+		for v := range applied {
+			out = append(out, v)
+		}
+		return err
+	})
+	slices.Sort(out)
+	return out, err
+}
+
+func versions(t outbox.Table) string {
+	t = t.WithDefaults()
+	return outbox.Table{Schema: t.Schema, Name: t.Name + "_migrations"}.Ident()
+}
+
+// prepare takes the migration lock, creates the schema and the versions
+// table if needed, and returns the applied versions.
+func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, error) {
+	table = table.WithDefaults()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
+		return nil, fmt.Errorf("migrations: lock: %w", err)
+	}
+	if table.Schema != "" {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
+			return nil, fmt.Errorf("migrations: create schema %s: %w", table.Schema, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+versions(table)+
+		" (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		return nil, fmt.Errorf("migrations: create versions table: %w", err)
+	}
+	rows, err := tx.Query(ctx, "SELECT version FROM "+versions(table))
+	if err != nil {
+		return nil, err
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, err
+	}
+	applied := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		applied[v] = true
+	}
+	return applied, nil
+}
+
+// ErrNoTable is returned by CheckTable when the outbox table does not exist.
+var ErrNoTable = errors.New("outbox table does not exist")
+
+// CheckTable reports whether table exists, with an error that says to run
+// the migrations when it does not.
+func CheckTable(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table outbox.Table) error {
+	if err := table.Validate(); err != nil {
+		return err
+	}
+	var ok bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table.Ident()).Scan(&ok); err != nil {
+		return fmt.Errorf("migrations: check table %s: %w", table, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, or the SQL files in migrations/)", ErrNoTable, table)
+	}
+	return nil
+}

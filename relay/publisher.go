@@ -1,0 +1,96 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Message is one event as it goes to Kafka.
+type Message struct {
+	// EventID is the event's id, also sent as the x-event-id header.
+	EventID uuid.UUID
+	// Topic is the destination topic.
+	Topic string
+	// Key is the record key (the partition key).
+	Key []byte
+	// Value is the JSON payload.
+	Value []byte
+	// Headers are every record header to send, in order: the event's own,
+	// x-event-id, x-event-type, and the trace context of the publish span.
+	Headers []Header
+}
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Publisher sends messages to a broker and waits for their acknowledgement.
+// The relay calls Publish from one goroutine at a time.
+//
+// Publish must keep the order of messages that share a topic and key, and
+// must return only when every message was acknowledged (nil), or failed, or
+// ctx ended. If it returns a *BatchError, the messages the error does not
+// list were acknowledged; any other error means none of them can be assumed
+// delivered (they are sent again later: at-least-once).
+type Publisher interface {
+	Publish(ctx context.Context, msgs []Message) error
+}
+
+// BatchError reports the messages of a batch that failed; the others were
+// acknowledged.
+type BatchError struct {
+	// Failed maps the index of each failed message in the batch to its error.
+	Failed map[int]error
+}
+
+func (e *BatchError) Error() string {
+	var first error
+	var idx int = -1
+	for i, err := range e.Failed {
+		if idx < 0 || i < idx {
+			idx, first = i, err
+		}
+	}
+	return fmt.Sprintf("relay: %d message(s) of the batch failed; first (message %d): %v", len(e.Failed), idx, first)
+}
+
+// Unwrap returns the distinct underlying errors, so errors.Is and errors.As
+// see through a BatchError.
+func (e *BatchError) Unwrap() []error {
+	var out []error
+	seen := map[string]bool{}
+	for _, err := range e.Failed {
+		if k := err.Error(); !seen[k] {
+			seen[k] = true
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// PublisherFunc adapts a function to the Publisher interface.
+type PublisherFunc func(ctx context.Context, msgs []Message) error
+
+// Publish calls f.
+func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { return f(ctx, msgs) }
+
+// errorKind sums up an error for a log line without its details repeating.
+func errorKind(err error) string {
+	var be *BatchError
+	if errors.As(err, &be) {
+		for _, e := range be.Unwrap() {
+			return e.Error()
+		}
+	}
+	s := err.Error()
+	if i := strings.Index(s, "\n"); i > 0 {
+		s = s[:i]
+	}
+	return s
+}

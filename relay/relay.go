@@ -1,0 +1,298 @@
+// Package relay is the publish side of the outbox: it claims unpublished
+// rows, publishes them to Kafka and marks them published, in one short
+// database transaction per batch.
+//
+// # The loop
+//
+// A started Relay runs one goroutine. It claims up to BatchSize rows with
+//
+//	SELECT ... WHERE published_at IS NULL ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED
+//
+// publishes them through its [Publisher] (acks=all, idempotent: see
+// [NewSaramaPublisher]), sets published_at on the acknowledged ones and
+// commits. While batches come back full it claims the next one at once;
+// otherwise it waits for its time.Ticker (PollInterval, default 500 ms) or
+// for [Relay.Wake], which the fxoutbox module calls when an in-process
+// UnitOfWork commits events. Several relays, in one process or many, may
+// share a table: SKIP LOCKED hands each batch to one of them.
+//
+// A failed batch leaves its rows unpublished; the relay backs off
+// exponentially with jitter (PollInterval up to MaxBackoff) instead of
+// spinning, logs the failure once and logs again when it recovers.
+//
+// # Bounds
+//
+// Each batch runs under BatchTimeout (default 30 s). Its transaction also sets
+// idle_in_transaction_session_timeout, so a relay that hangs or is frozen
+// while holding rows loses its locks on the server side and another relay
+// takes them over.
+//
+// # Tracing
+//
+// For every event the relay starts a span "publish <topic>" (kind producer,
+// attributes messaging.system=kafka, messaging.operation.name=publish,
+// messaging.operation.type=send, messaging.destination.name,
+// messaging.message.id, messaging.kafka.message.key) whose parent is the
+// trace context stored with the event, and sends the span's context as the
+// W3C traceparent/tracestate headers. A consumer that extracts them continues
+// the trace of the request that wrote the event.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// DB begins transactions: normally the application's *pgxpool.Pool.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures a Relay. The zero value means every default.
+type Config struct {
+	// Table is the outbox table. Default: outbox_event in the search_path.
+	Table outbox.Table
+	// PollInterval is the period of the relay's ticker: the longest an event
+	// waits when no wake-up reaches the relay. Default 500ms.
+	PollInterval time.Duration
+	// BatchSize is the most rows one claim takes (1-10000). Default 50.
+	BatchSize int
+	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
+	// expiry the batch is abandoned and its rows stay unpublished. It also
+	// sets the server-side idle_in_transaction_session_timeout of the batch's
+	// transaction (BatchTimeout + 5s). Default 30s.
+	BatchTimeout time.Duration
+	// MaxBackoff caps the wait after consecutive failed batches; the wait
+	// starts at PollInterval and doubles, with jitter. Default 30s.
+	MaxBackoff time.Duration
+	// Logger receives the relay's logs: one line when publishing starts to
+	// fail, and one when it recovers. No payloads or header values are
+	// logged. Default: slog.Default().
+	Logger *slog.Logger
+	// TracerProvider creates the publish spans. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads the stored trace context and writes the publish
+	// span's into the Kafka headers. Default: W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+}
+
+func (c Config) withDefaults() Config {
+	c.Table = c.Table.WithDefaults()
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 50
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = 30 * time.Second
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := c.Table.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.PollInterval < time.Millisecond:
+		return &outbox.ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("is %v: use at least 1ms (default 500ms)", c.PollInterval)}
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
+	case c.BatchTimeout < 100*time.Millisecond:
+		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
+	case c.MaxBackoff < c.PollInterval:
+		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
+	}
+	return nil
+}
+
+// Relay publishes committed outbox events. Start it once; Stop it once.
+// RunOnce may be used instead of Start, e.g. from a scheduler.
+type Relay struct {
+	db     DB
+	pub    Publisher
+	cfg    Config
+	q      queries
+	tracer trace.Tracer
+
+	wake chan struct{}
+
+	mu      sync.Mutex
+	started bool
+	stop    chan struct{}      // closed by Stop: finish the batch, then return
+	cancel  context.CancelFunc // aborts the in-flight batch
+	done    chan struct{}      // closed when the loop has returned
+}
+
+// ErrStarted is returned by Start on a relay that was already started.
+var ErrStarted = errors.New("relay: already started")
+
+// New returns a relay that claims rows from db and publishes them through
+// pub. A nil cfg means the defaults. It does no I/O.
+func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
+	if db == nil {
+		return nil, &outbox.ConfigError{Field: "db", Reason: "is nil: pass the application's *pgxpool.Pool"}
+	}
+	if pub == nil {
+		return nil, &outbox.ConfigError{Field: "publisher", Reason: "is nil: pass a Publisher, e.g. from NewSaramaPublisher"}
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{
+		db:     db,
+		pub:    pub,
+		cfg:    c,
+		q:      newQueries(c.Table),
+		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
+		wake:   make(chan struct{}, 1),
+	}, nil
+}
+
+// Start starts the relay's goroutine and returns at once. The goroutine does
+// not use ctx; Stop ends it.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return ErrStarted
+	}
+	r.started = true
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.stop, r.cancel, r.done = make(chan struct{}), cancel, make(chan struct{})
+	go r.loop(runCtx)
+	return nil
+}
+
+// Stop asks the relay to stop after its in-flight batch and waits for it.
+// If ctx ends first, the batch is abandoned (its transaction rolls back, its
+// rows stay unpublished for the next relay), Stop still waits for the
+// goroutine to return, and returns ctx's error. Stop on a relay that was
+// never started returns nil.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.started {
+		r.mu.Unlock()
+		return nil
+	}
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.mu.Unlock()
+	select {
+	case <-r.done:
+		r.cancel()
+		return nil
+	case <-ctx.Done():
+		r.cancel()
+		<-r.done
+		return fmt.Errorf("relay: stop: in-flight batch abandoned: %w", ctx.Err())
+	}
+}
+
+// Wake makes an idle relay poll now instead of at its next tick. It never
+// blocks; wake-ups that arrive while the relay is busy coalesce into one.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) loop(ctx context.Context) {
+	defer close(r.done)
+	ticker := time.NewTicker(r.cfg.PollInterval)
+	defer ticker.Stop()
+	var (
+		failures int
+		failing  string // the kind of the current failure, logged once
+	)
+	for {
+		n, err := r.RunOnce(ctx)
+		select {
+		case <-r.stop:
+			return
+		default:
+		}
+		if err != nil {
+			failures++
+			if kind := errorKind(err); kind != failing {
+				failing = kind
+				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
+					"table", r.cfg.Table.String(), "error", err, "consecutive_failures", failures)
+			}
+			if !r.sleep(r.backoff(failures)) {
+				return
+			}
+			continue
+		}
+		if failing != "" {
+			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
+			failing, failures = "", 0
+		}
+		if n == r.cfg.BatchSize {
+			continue // a full batch: more are likely waiting
+		}
+		select {
+		case <-r.stop:
+			return
+		case <-ticker.C:
+		case <-r.wake:
+		}
+	}
+}
+
+// sleep waits d, or returns false once the relay is stopping.
+func (r *Relay) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// backoff returns PollInterval * 2^(failures-1), capped at MaxBackoff, with
+// ±20% jitter so replicas do not retry in step.
+func (r *Relay) backoff(failures int) time.Duration {
+	d := r.cfg.PollInterval
+	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.MaxBackoff)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}

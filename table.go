@@ -1,0 +1,70 @@
+package outbox
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTableName is the table the migrations create when none is configured.
+const DefaultTableName = "outbox_event"
+
+// Table names the outbox table. Both sides and the migrations must use the
+// same one. Names are validated and always quoted, never pasted into SQL.
+type Table struct {
+	// Schema is the table's schema. Default: "" (the connection's search_path,
+	// normally "public").
+	Schema string
+	// Name is the table's name. Default: "outbox_event".
+	Name string
+}
+
+// WithDefaults returns t with an empty Name set to DefaultTableName.
+func (t Table) WithDefaults() Table {
+	if t.Name == "" {
+		t.Name = DefaultTableName
+	}
+	return t
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate reports a schema or table name that is not a plain SQL identifier
+// (letters, digits and underscores, not starting with a digit, at most 55
+// bytes so derived index names fit PostgreSQL's 63-byte limit).
+func (t Table) Validate() error {
+	t = t.WithDefaults()
+	if t.Schema != "" && (!identRE.MatchString(t.Schema) || len(t.Schema) > 63) {
+		return &ConfigError{Field: "Table.Schema", Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits, _; at most 63 bytes)", t.Schema)}
+	}
+	if !identRE.MatchString(t.Name) || len(t.Name) > 55 {
+		return &ConfigError{Field: "Table.Name", Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits, _; at most 55 bytes)", t.Name)}
+	}
+	return nil
+}
+
+// Ident returns the quoted, schema-qualified name for use in SQL text, e.g.
+// "public"."outbox_event". Call Validate first.
+func (t Table) Ident() string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return pgx.Identifier{t.Name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
+}
+
+// Derived returns the quoted name of an object that belongs to the table,
+// such as an index: its name followed by "_" and suffix, unqualified.
+func (t Table) Derived(suffix string) string {
+	return pgx.Identifier{t.WithDefaults().Name + "_" + suffix}.Sanitize()
+}
+
+// String returns the name as schema.name, unquoted, for messages.
+func (t Table) String() string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return t.Name
+	}
+	return t.Schema + "." + t.Name
+}

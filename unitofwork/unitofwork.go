@@ -1,0 +1,246 @@
+// Package unitofwork is the write side of the outbox: one PostgreSQL
+// transaction holds a handler's business statements and the events they
+// produce, so an event exists if and only if its business change committed.
+//
+//	err := uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+//		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'confirmed' WHERE id = $1`, id); err != nil {
+//			return err
+//		}
+//		return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: id, Type: "order.confirmed.v1", Payload: p})
+//	})
+//
+// Add validates each event at once (an invalid event fails the handler, with
+// an error naming the field) and buffers it; Do writes all buffered events
+// with one multi-row INSERT just before COMMIT, so a transaction pays one
+// extra round trip however many events it records. An error or a panic in
+// the function rolls everything back: no event survives.
+//
+// Every event carries the W3C trace context of the ctx passed to Add
+// (through the configured OpenTelemetry propagator), so the relay's publish
+// span and the Kafka consumer continue the trace of the request that wrote it.
+//
+// Ordering: events of one key are published in the order their rows were
+// inserted. Writers that change the same aggregate concurrently must lock it
+// (SELECT ... FOR UPDATE) inside Do, as they would to keep the business data
+// consistent; then its events are inserted and committed in order.
+//
+// Teams with their own transaction helpers call [UnitOfWork.AddTx] with the
+// pgx.Tx they manage.
+package unitofwork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// Tx is the transaction a Do function works in. Exec, Query and QueryRow make
+// it satisfy sqlc's generated DBTX interface (and CopyFrom and SendBatch the
+// wider one sqlc emits for :copyfrom and :batch queries), so generated
+// queries run on it unchanged: queries.New(tx).
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	// Add validates events and records them to be written with the
+	// transaction. It returns an *outbox.EventError (errors.Is
+	// outbox.ErrInvalidEvent) for an invalid event and records none of the
+	// events of that call then.
+	Add(ctx context.Context, events ...outbox.Event) error
+}
+
+// Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures a UnitOfWork. The zero value is usable when every event
+// names its Topic; set Service to derive topic names.
+type Config struct {
+	// Service is the first part of derived topic names
+	// ("<service>.<aggregate-type>.<event-name>"), e.g. "order-service".
+	// Default: "" (events must then name their Topic).
+	Service string
+	// Table is the outbox table. Default: outbox_event in the search_path.
+	Table outbox.Table
+	// Topics derives the topic of an event without one. Default:
+	// outbox.TopicPerEvent; outbox.TopicPerAggregate is the alternative.
+	Topics outbox.TopicFunc
+	// Limits bounds payload and header sizes. Default: see outbox.Limits.
+	Limits outbox.Limits
+	// Propagator writes the trace context of ctx into each event's headers.
+	// Default: otel.GetTextMapPropagator() at the time of each Add, so a
+	// global propagator set after New is honoured. Note that the otel default
+	// global propagator is a no-op: install propagation.TraceContext{} (the
+	// usual way is otel.SetTextMapPropagator) to carry traces.
+	Propagator propagation.TextMapPropagator
+	// TxOptions are used to begin Do's transactions. Default: the server's
+	// default isolation (READ COMMITTED), read-write.
+	TxOptions pgx.TxOptions
+	// OnCommit, if set, is called after Do commits a transaction that
+	// recorded at least one event, with their number. fxoutbox uses it to
+	// wake an in-process relay at once instead of at its next tick. It must
+	// not block.
+	OnCommit func(events int)
+}
+
+// UnitOfWork runs business transactions that record outbox events. It is
+// safe for concurrent use.
+type UnitOfWork struct {
+	db     Beginner
+	cfg    Config
+	insert inserter
+}
+
+// New returns a UnitOfWork over db (normally the app's *pgxpool.Pool). A nil
+// cfg means the defaults. It does no I/O.
+func New(db Beginner, cfg *Config) (*UnitOfWork, error) {
+	if db == nil {
+		return nil, &outbox.ConfigError{Field: "db", Reason: "is nil: pass the application's *pgxpool.Pool"}
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Table = c.Table.WithDefaults()
+	c.Limits = c.Limits.WithDefaults()
+	if c.Topics == nil {
+		c.Topics = outbox.TopicPerEvent
+	}
+	if err := c.Table.Validate(); err != nil {
+		return nil, err
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return nil, err
+	}
+	if _, ok := db.(txBeginner); !ok && c.TxOptions != (pgx.TxOptions{}) {
+		return nil, &outbox.ConfigError{Field: "TxOptions", Reason: "are set but the db has no BeginTx method: pass a *pgxpool.Pool or *pgx.Conn"}
+	}
+	if c.Service != "" {
+		if err := outbox.ValidateTopic(c.Service); err != nil {
+			return nil, &outbox.ConfigError{Field: "Service", Reason: "must be usable in a topic name: " + err.Error()}
+		}
+	}
+	return &UnitOfWork{db: db, cfg: c, insert: newInserter(c.Table)}, nil
+}
+
+// Do runs fn in a transaction and commits it together with the events fn
+// recorded. If fn returns an error, Do rolls back and returns that error
+// unchanged; if fn panics, Do rolls back and panics again. No event survives
+// either. A commit error is returned wrapped; its outcome may be unknown
+// (connection lost during COMMIT), as with any database transaction.
+func (u *UnitOfWork) Do(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error {
+	ptx, err := u.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("unitofwork: begin: %w", err)
+	}
+	// Safe after Commit; on an error or a panic in fn it rolls back, and the
+	// panic goes on.
+	defer func() { _ = ptx.Rollback(context.WithoutCancel(ctx)) }()
+	t := &tx{Tx: ptx, u: u}
+	err = fn(ctx, t)
+	t.done = true
+	if err != nil {
+		return err
+	}
+	if len(t.pending) > 0 {
+		if err := u.insert.exec(ctx, ptx, t.pending); err != nil {
+			return fmt.Errorf("unitofwork: insert %d outbox events into %s: %w", len(t.pending), u.cfg.Table, err)
+		}
+	}
+	if err := ptx.Commit(ctx); err != nil {
+		return fmt.Errorf("unitofwork: commit: %w", err)
+	}
+	if len(t.pending) > 0 && u.cfg.OnCommit != nil {
+		u.cfg.OnCommit(len(t.pending))
+	}
+	return nil
+}
+
+func (u *UnitOfWork) begin(ctx context.Context) (pgx.Tx, error) {
+	if u.cfg.TxOptions == (pgx.TxOptions{}) {
+		return u.db.Begin(ctx)
+	}
+	return u.db.(txBeginner).BeginTx(ctx, u.cfg.TxOptions)
+}
+
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// AddTx validates events and inserts them at once, in one round trip, into
+// a transaction the caller manages and commits. Use it with your own
+// transaction helpers; inside Do, use Tx.Add. The OnCommit hook is not
+// called: the relay finds the events at its next poll.
+func (u *UnitOfWork) AddTx(ctx context.Context, ptx pgx.Tx, events ...outbox.Event) error {
+	recs, err := u.prepare(ctx, events)
+	if err != nil || len(recs) == 0 {
+		return err
+	}
+	if err := u.insert.exec(ctx, ptx, recs); err != nil {
+		return fmt.Errorf("unitofwork: insert %d outbox events into %s: %w", len(recs), u.cfg.Table, err)
+	}
+	return nil
+}
+
+func (u *UnitOfWork) prepare(ctx context.Context, events []outbox.Event) ([]outbox.Record, error) {
+	if len(events) == 0 {
+		return nil, nil
+	}
+	prop := u.cfg.Propagator
+	if prop == nil {
+		prop = otel.GetTextMapPropagator()
+	}
+	carrier := propagation.MapCarrier{}
+	prop.Inject(ctx, carrier)
+	var trace map[string]string
+	if len(carrier) > 0 {
+		trace = carrier
+	}
+	recs := make([]outbox.Record, len(events))
+	for i, e := range events {
+		r, err := outbox.Prepare(e, u.cfg.Service, u.cfg.Topics, u.cfg.Limits, trace)
+		if err != nil {
+			var ee *outbox.EventError
+			if errors.As(err, &ee) {
+				ee.Index = i
+			}
+			return nil, err
+		}
+		recs[i] = r
+	}
+	return recs, nil
+}
+
+// ErrTxDone is returned by Tx.Add after the Do function has returned.
+var ErrTxDone = errors.New("unitofwork: Add called after the Do function returned")
+
+type tx struct {
+	pgx.Tx
+	u       *UnitOfWork
+	pending []outbox.Record
+	done    bool
+}
+
+func (t *tx) Add(ctx context.Context, events ...outbox.Event) error {
+	if t.done {
+		return ErrTxDone
+	}
+	recs, err := t.u.prepare(ctx, events)
+	if err != nil {
+		return err
+	}
+	t.pending = append(t.pending, recs...)
+	return nil
+}
+
+var _ Tx = (*tx)(nil)
