@@ -75,7 +75,8 @@ type Config struct {
 	// transaction (BatchTimeout + 5s). Default 30s.
 	BatchTimeout time.Duration
 	// MaxBackoff caps the wait after consecutive failed batches; the wait
-	// starts at PollInterval and doubles, with jitter. Default 30s.
+	// starts at PollInterval and doubles, with jitter. Default 30s (or
+	// PollInterval, if longer).
 	MaxBackoff time.Duration
 	// Logger receives the relay's logs: one line when publishing starts to
 	// fail, and one when it recovers. No payloads or header values are
@@ -100,7 +101,7 @@ func (c Config) withDefaults() Config {
 		c.BatchTimeout = 30 * time.Second
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 30 * time.Second
+		c.MaxBackoff = max(30*time.Second, c.PollInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -1,0 +1,50 @@
+package fxoutbox
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/fxoutbox/outbox"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	env := map[string]string{
+		"OUTBOX_SERVICE":       "order-service",
+		"OUTBOX_SCHEMA":        "app",
+		"OUTBOX_TABLE":         "events",
+		"OUTBOX_TOPIC_NAMING":  "per-aggregate",
+		"OUTBOX_MIGRATE":       "true",
+		"KAFKA_BROKERS":        "a:9092, b:9092,",
+		"KAFKA_CLIENT_ID":      "orders",
+		"KAFKA_VERSION":        "3.7.0",
+		"OUTBOX_POLL_INTERVAL": "100ms",
+		"OUTBOX_BATCH_SIZE":    "200",
+		"OUTBOX_RELAY":         "off",
+	}
+	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
+		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.PollInterval != 100*time.Millisecond ||
+		c.BatchSize != 200 || !c.DisableRelay || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
+		t.Errorf("config = %+v", c)
+	}
+	if topic, _ := c.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {
+		t.Errorf("per-aggregate naming not applied: %s", topic)
+	}
+	for k, v := range map[string]string{
+		"OUTBOX_POLL_INTERVAL": "soon", "OUTBOX_BATCH_SIZE": "-1", "OUTBOX_MIGRATE": "maybe",
+		"OUTBOX_TOPIC_NAMING": "random", "KAFKA_VERSION": "latest", "OUTBOX_TABLE": "x;y", "OUTBOX_RELAY": "sometimes",
+	} {
+		_, err := configFrom(func(name string) (string, bool) { return v, name == k })
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("%s=%q: err = %v, want a ConfigError", k, v, err)
+		} else if ce.Field != k && k != "OUTBOX_TABLE" {
+			t.Errorf("%s=%q: error names %s", k, v, ce.Field)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package fxoutbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+	"go.uber.org/goleak"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
+}
+
+func TestModuleEndToEnd(t *testing.T) {
+	pool := testenv.Pool(t)
+	brokers := testenv.Brokers(t)
+	tbl := outbox.Table{Schema: testenv.Name("fx_")}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+tbl.Schema+" CASCADE") })
+	topic := testenv.Topic(t, brokers, 3)
+	cons := testenv.Consume(t, brokers, topic)
+
+	var uow *unitofwork.UnitOfWork
+	app := fxtest.New(t,
+		fx.NopLogger,
+		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, Migrate: true, PollInterval: time.Hour}),
+		fx.Supply(fx.Annotate(propagation.TraceContext{}, fx.As(new(propagation.TextMapPropagator)))),
+		fxoutbox.Module,
+		fx.Populate(&uow),
+	)
+	app.RequireStart()
+	// The poll interval is an hour: only the commit's wake-up can publish this in time.
+	err := uow.Do(context.Background(), func(ctx context.Context, tx unitofwork.Tx) error {
+		return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "order.created.v1", Topic: topic, Payload: map[string]int{"n": 1}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := cons.WaitFor(1, 20*time.Second)
+	if string(msgs[0].Key) != "o-1" || testenv.Header(msgs[0], outbox.HeaderEventType) != "order.created.v1" {
+		t.Errorf("consumed %+v", msgs[0])
+	}
+	app.RequireStop()
+	cons.Close()
+}
+
+func TestWriterModuleRunsNoRelay(t *testing.T) {
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	var uow *unitofwork.UnitOfWork
+	var r *relay.Relay
+	app := fxtest.New(t,
+		fx.NopLogger,
+		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl}), // no brokers: a writer needs none
+		fxoutbox.WriterModule,
+		fx.Populate(&uow),
+		fx.Invoke(fx.Annotate(func(rr *relay.Relay) { r = rr }, fx.ParamTags(`optional:"true"`))),
+	)
+	app.RequireStart()
+	if r != nil {
+		t.Error("WriterModule provided a relay")
+	}
+	err := uow.Do(context.Background(), func(ctx context.Context, tx unitofwork.Tx) error {
+		return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "order.created.v1"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	var n int
+	_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&n)
+	if n != 1 {
+		t.Errorf("unpublished = %d, want 1 (nothing publishes in a writer-only app)", n)
+	}
+	app.RequireStop()
+}
+
+func TestStartFailsClearlyWithoutTable(t *testing.T) {
+	pool := testenv.Pool(t)
+	app := fx.New(
+		fx.NopLogger,
+		fx.Supply(pool, fxoutbox.Config{Table: outbox.Table{Schema: testenv.Name("missing_")}, Brokers: []string{"127.0.0.1:1"}}),
+		fxoutbox.Module,
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := app.Start(ctx)
+	if !errors.Is(err, migrations.ErrNoTable) || !strings.Contains(err.Error(), "migrations") {
+		t.Fatalf("Start = %v, want ErrNoTable telling to apply migrations", err)
+	}
+	_ = app.Stop(ctx)
+}
+
+func TestBadConfigFailsAtConstruction(t *testing.T) {
+	pool := &pgxpool.Pool{}
+	for name, cfg := range map[string]fxoutbox.Config{
+		"no brokers":  {Service: "svc"},
+		"bad table":   {Brokers: []string{"x:1"}, Table: outbox.Table{Name: "a;b"}},
+		"bad batch":   {Brokers: []string{"x:1"}, BatchSize: -5},
+		"bad service": {Brokers: []string{"x:1"}, Service: "white space"},
+	} {
+		app := fx.New(fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module, fx.Invoke(func(*unitofwork.UnitOfWork) {}))
+		if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("%s: app.Err() = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
