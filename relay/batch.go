@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -17,18 +14,6 @@ import (
 
 	"github.com/fxoutbox/outbox"
 )
-
-type queries struct {
-	claim, mark string
-}
-
-func newQueries(t outbox.Table) queries {
-	return queries{
-		claim: "SELECT id, event_id, event_type, topic, partition_key, payload, headers FROM " + t.Ident() +
-			" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
-		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
-	}
-}
 
 // row is a claimed outbox row.
 type row struct {
@@ -79,35 +64,6 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	return len(ids), nil
 }
 
-// claim sets the transaction's server-side bound and locks the next batch,
-// in one round trip.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]row, error) {
-	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
-	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
-	b.Queue(r.q.claim, r.cfg.BatchSize)
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("relay: set transaction bound: %w", err)
-	}
-	rs, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-	}
-	out := make([]row, 0, r.cfg.BatchSize)
-	var x row
-	_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers}, func() error {
-		out = append(out, x)
-		x = row{}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-	}
-	return out, br.Close()
-}
-
 // messages turns rows into Kafka messages, each with a publish span whose
 // parent is the trace context stored with its event.
 func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Span) {
@@ -152,9 +108,9 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 }
 
 // acknowledged returns the ids to mark published and the error to report.
-// After a failed message, later messages of the same topic and key are not
-// marked even if acknowledged: they are sent again after it, so the key's
-// events are redelivered in order.
+// After a failed message, later messages of the same key are not marked
+// even if acknowledged: they are sent again after it, so the key's events
+// are redelivered in order.
 func acknowledged(rows []row, err error) ([]int64, error) {
 	if err == nil {
 		ids := make([]int64, len(rows))
@@ -167,13 +123,11 @@ func acknowledged(rows []row, err error) ([]int64, error) {
 	if !errors.As(err, &be) {
 		return nil, err
 	}
-	type tk struct{ topic, key string }
-	held := map[tk]bool{}
+	held := map[string]bool{}
 	ids := make([]int64, 0, len(rows))
 	for i, x := range rows {
-		k := tk{x.topic, x.key}
-		if _, failed := be.Failed[i]; failed || held[k] {
-			held[k] = true
+		if _, failed := be.Failed[i]; failed || held[x.key] {
+			held[x.key] = true
 			continue
 		}
 		ids = append(ids, x.id)

@@ -69,6 +69,14 @@ type Config struct {
 	PollInterval time.Duration
 	// BatchSize is the most rows one claim takes (1-10000). Default 50.
 	BatchSize int
+	// Ordering is PerKey (default: each key's events reach Kafka in the
+	// order they were written, with any number of replicas) or Unordered.
+	Ordering Ordering
+	// Lanes is the number of lanes keys are hashed into under PerKey
+	// ordering: the unit one relay replica claims. More lanes spread keys
+	// over more replicas; every relay on a table must use the same number
+	// (change it only with all relays stopped). 1-4096; default 64.
+	Lanes int
 	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
 	// expiry the batch is abandoned and its rows stay unpublished. It also
 	// sets the server-side idle_in_transaction_session_timeout of the batch's
@@ -97,6 +105,9 @@ func (c Config) withDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = 50
 	}
+	if c.Lanes == 0 {
+		c.Lanes = 64
+	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = 30 * time.Second
 	}
@@ -124,6 +135,10 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("is %v: use at least 1ms (default 500ms)", c.PollInterval)}
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
+	case c.Ordering != PerKey && c.Ordering != Unordered:
+		return &outbox.ConfigError{Field: "Ordering", Reason: fmt.Sprintf("is %v: use relay.PerKey or relay.Unordered", c.Ordering)}
+	case c.Lanes < 1 || c.Lanes > 4096:
+		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
 	case c.BatchTimeout < 100*time.Millisecond:
 		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
 	case c.MaxBackoff < c.PollInterval:

@@ -1,0 +1,181 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// Ordering says what a relay promises about the order of events in Kafka.
+type Ordering int
+
+const (
+	// PerKey (the default) publishes the events of each partition key in
+	// the order they were written, also with many relay replicas on one
+	// table and across their crashes. Keys are hashed into Lanes; a claim
+	// takes transaction-scoped advisory locks on the lanes it publishes, so
+	// one relay at a time publishes a lane, and then reads those lanes' rows
+	// in id order in a new statement (whose snapshot sees everything the
+	// previous holder marked).
+	PerKey Ordering = iota
+	// Unordered claims rows with a plain FOR UPDATE SKIP LOCKED, as the
+	// classic outbox relay does. It is the fastest claim, and per-key order
+	// still holds with a single relay; with several replicas, two of them
+	// can hold different events of one key at once and publish them out of
+	// order. Choose it only when consumers do not rely on order.
+	Unordered
+)
+
+func (o Ordering) String() string {
+	switch o {
+	case PerKey:
+		return "per-key"
+	case Unordered:
+		return "unordered"
+	}
+	return "Ordering(" + strconv.Itoa(int(o)) + ")"
+}
+
+// lane is the SQL expression that maps a row's partition key to its lane;
+// $lanes is the number of lanes. hashtext is stable across servers and
+// versions (PostgreSQL 12+).
+const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
+
+type queries struct {
+	claim  string // unordered: lock rows
+	window string // per key: lanes with work among the first rows, in order of their first row
+	lock   string // per key: try-lock candidate lanes
+	read   string // per key: the rows of locked lanes
+	mark   string
+	ns     int32 // advisory lock namespace of the table
+}
+
+func newQueries(t outbox.Table) queries {
+	cols := "id, event_id, event_type, topic, partition_key, payload, headers"
+	h := fnv.New32a()
+	h.Write([]byte("fxoutbox:" + t.String()))
+	return queries{
+		claim: "SELECT " + cols + " FROM " + t.Ident() +
+			" WHERE published_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
+		window: "SELECT lane, count(*)::int FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
+			" WHERE published_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane ORDER BY min(id)",
+		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
+		read: "SELECT " + cols + " FROM " + t.Ident() +
+			" WHERE published_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
+		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		ns:   int32(h.Sum32()),
+	}
+}
+
+// begin sets the transaction's server-side bound: a relay that hangs while
+// holding locks loses them after BatchTimeout + 5s.
+func (r *Relay) bound(ctx context.Context, tx pgx.Tx) error {
+	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle); err != nil {
+		return fmt.Errorf("relay: set transaction bound: %w", err)
+	}
+	return nil
+}
+
+// claim returns the next batch, locked for this transaction.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]row, error) {
+	if err := r.bound(ctx, tx); err != nil {
+		return nil, err
+	}
+	if r.cfg.Ordering == Unordered {
+		return r.readRows(ctx, tx, r.q.claim, pgx.NamedArgs{"n": r.cfg.BatchSize})
+	}
+	locked, err := r.lockLanes(ctx, tx)
+	if err != nil || len(locked) == 0 {
+		return nil, err
+	}
+	// A new statement: its snapshot is taken after the locks were granted.
+	return r.readRows(ctx, tx, r.q.read, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes, "n": r.cfg.BatchSize})
+}
+
+// lockLanes locks lanes that hold about BatchSize of the oldest unpublished
+// events, skipping lanes other relays hold. It looks at a window of the
+// oldest rows (2 x BatchSize, growing 4x up to 32 x BatchSize when the lanes
+// in it are taken), so each replica finds work past the others' lanes.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
+	n := r.cfg.BatchSize
+	var locked []int32
+	covered := 0
+	tried := map[int32]bool{}
+	for window := 2 * n; ; window *= 4 {
+		rows, err := tx.Query(ctx, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes})
+		if err != nil {
+			return nil, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		}
+		type laneCount struct {
+			lane  int32
+			count int
+		}
+		var cands []laneCount
+		seen := 0
+		var lc laneCount
+		_, err = pgx.ForEachRow(rows, []any{&lc.lane, &lc.count}, func() error {
+			seen += lc.count
+			if !tried[lc.lane] {
+				cands = append(cands, lc)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		}
+		// Try lanes in order of their oldest event, a chunk at a time, until
+		// the locked lanes cover a batch.
+		for len(cands) > 0 && covered < n {
+			var chunk []int32
+			want := map[int32]int{}
+			for need := n - covered; len(cands) > 0 && need > 0; cands = cands[1:] {
+				chunk = append(chunk, cands[0].lane)
+				want[cands[0].lane] = cands[0].count
+				tried[cands[0].lane] = true
+				need -= cands[0].count
+			}
+			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
+			if err != nil {
+				return nil, fmt.Errorf("relay: lock lanes: %w", err)
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err != nil {
+				return nil, fmt.Errorf("relay: lock lanes: %w", err)
+			}
+			for _, l := range got {
+				locked = append(locked, l)
+				covered += want[l]
+			}
+		}
+		// Done when the batch is covered, the window held every unpublished
+		// row, or the window is as large as it gets.
+		if covered >= n || seen < window || window >= 32*n {
+			return locked, nil
+		}
+	}
+}
+
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) ([]row, error) {
+	rs, err := tx.Query(ctx, sql, args)
+	if err != nil {
+		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+	}
+	out := make([]row, 0, r.cfg.BatchSize)
+	var x row
+	_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers}, func() error {
+		out = append(out, x)
+		x = row{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+	}
+	return out, nil
+}
