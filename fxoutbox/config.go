@@ -55,6 +55,26 @@ type Config struct {
 	// DisableRelay builds the relay but does not start it [OUTBOX_RELAY=off].
 	// Default false.
 	DisableRelay bool
+	// Ordering is relay.PerKey (default: each key's events in write order,
+	// with any number of relay replicas) or relay.Unordered
+	// [OUTBOX_ORDERING=per-key|unordered].
+	Ordering relay.Ordering
+	// Lanes is the number of lanes keys hash into under per-key ordering;
+	// every relay on a table must agree [OUTBOX_LANES]. Default 64.
+	Lanes int
+	// Retention is how long published rows are kept before the relay
+	// deletes them; negative keeps them forever [OUTBOX_RETENTION, a
+	// duration or "forever"]. Default 72h.
+	Retention time.Duration
+	// DisableNotify stops writers from waking relays in other processes
+	// with a coalesced NOTIFY after commits (at most one per 5ms per
+	// process, never inside the business transaction) [OUTBOX_NOTIFY=off].
+	// Default false: writers notify.
+	DisableNotify bool
+	// DisableListen stops the relay from listening for those
+	// notifications on a dedicated connection; it then relies on
+	// in-process wake-ups and its ticker [OUTBOX_LISTEN=off]. Default false.
+	DisableListen bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -144,13 +164,40 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad("OUTBOX_BATCH_SIZE", v, "a positive number")
 		}
 	}
-	if v, ok := get("OUTBOX_RELAY"); ok {
-		switch strings.ToLower(v) {
-		case "on", "true", "1":
-		case "off", "false", "0":
-			c.DisableRelay = true
+	for _, f := range []struct {
+		name string
+		off  *bool
+	}{{"OUTBOX_RELAY", &c.DisableRelay}, {"OUTBOX_NOTIFY", &c.DisableNotify}, {"OUTBOX_LISTEN", &c.DisableListen}} {
+		if v, ok := get(f.name); ok {
+			switch strings.ToLower(v) {
+			case "on", "true", "1":
+			case "off", "false", "0":
+				*f.off = true
+			default:
+				return c, bad(f.name, v, "on or off")
+			}
+		}
+	}
+	if v, ok := get("OUTBOX_ORDERING"); ok {
+		switch v {
+		case "per-key":
+			c.Ordering = relay.PerKey
+		case "unordered":
+			c.Ordering = relay.Unordered
 		default:
-			return c, bad("OUTBOX_RELAY", v, "on or off")
+			return c, bad("OUTBOX_ORDERING", v, `"per-key" or "unordered"`)
+		}
+	}
+	if v, ok := get("OUTBOX_LANES"); ok {
+		if c.Lanes, err = strconv.Atoi(v); err != nil || c.Lanes <= 0 {
+			return c, bad("OUTBOX_LANES", v, "a positive number")
+		}
+	}
+	if v, ok := get("OUTBOX_RETENTION"); ok {
+		if v == "forever" {
+			c.Retention = -1
+		} else if c.Retention, err = time.ParseDuration(v); err != nil || c.Retention <= 0 {
+			return c, bad("OUTBOX_RETENTION", v, `a positive duration such as 72h, or "forever"`)
 		}
 	}
 	return c, c.Table.Validate()

@@ -10,7 +10,11 @@
 //	)
 //
 // [Module] provides both sides and wakes the relay as soon as a unit of work
-// commits events. [WriterModule] provides only the unit of work, for pods
+// commits events. Across processes, writers send a coalesced NOTIFY after
+// commits (at most one per 5ms per process, outside the business
+// transaction) and relays LISTEN for it; Config.DisableNotify and
+// Config.DisableListen turn these off. The relay's ticker stays as the safety
+// net for lost signals. [WriterModule] provides only the unit of work, for pods
 // that write but must not publish (a web tier with a separate relay
 // deployment); [RelayModule] runs only the relay.
 //
@@ -67,6 +71,7 @@ type WriterParams struct {
 	Lifecycle  fx.Lifecycle
 	Pool       *pgxpool.Pool
 	Config     Config
+	Logger     *slog.Logger                  `optional:"true"`
 	Propagator propagation.TextMapPropagator `optional:"true"`
 	// Relay, when the same application runs one, is woken after each commit.
 	Relay *relay.Relay `optional:"true"`
@@ -87,17 +92,37 @@ func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
 		Limits:     cfg.Limits,
 		Propagator: p.Propagator,
 	}
+	var notifier *unitofwork.Notifier
+	if !cfg.DisableNotify {
+		if notifier, err = unitofwork.NewNotifier(p.Pool, cfg.Table, 0, p.Logger); err != nil {
+			return nil, err
+		}
+	}
+	wake := func() {}
 	if p.Relay != nil {
-		wake := p.Relay.Wake
-		wc.OnCommit = func(int) { wake() }
+		wake = p.Relay.Wake
+	}
+	wc.OnCommit = func(int) {
+		wake()
+		if notifier != nil {
+			notifier.Notify()
+		}
 	}
 	u, err := unitofwork.New(p.Pool, wc)
 	if err != nil {
 		return nil, err
 	}
-	p.Lifecycle.Append(fx.Hook{OnStart: func(ctx context.Context) error {
-		return ensureSchema(ctx, p.Pool, cfg)
-	}})
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			return ensureSchema(ctx, p.Pool, cfg)
+		},
+		OnStop: func(context.Context) error {
+			if notifier != nil {
+				notifier.Close()
+			}
+			return nil
+		},
+	})
 	return u, nil
 }
 
@@ -141,6 +166,10 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		BatchSize:      cfg.BatchSize,
 		BatchTimeout:   cfg.BatchTimeout,
 		MaxBackoff:     cfg.MaxBackoff,
+		Ordering:       cfg.Ordering,
+		Lanes:          cfg.Lanes,
+		Retention:      cfg.Retention,
+		Listen:         !cfg.DisableListen,
 		Logger:         p.Logger,
 		TracerProvider: p.TracerProvider,
 		Propagator:     p.Propagator,

@@ -48,12 +48,13 @@ func (o Ordering) String() string {
 const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
 
 type queries struct {
-	claim  string // unordered: lock rows
-	window string // per key: lanes with work among the first rows, in order of their first row
-	lock   string // per key: try-lock candidate lanes
-	read   string // per key: the rows of locked lanes
-	mark   string
-	ns     int32 // advisory lock namespace of the table
+	claim   string // unordered: lock rows
+	window  string // per key: lanes with work among the first rows, in order of their first row
+	lock    string // per key: try-lock candidate lanes
+	read    string // per key: the rows of locked lanes
+	mark    string
+	cleanup string
+	ns      int32 // advisory lock namespace of the table
 }
 
 func newQueries(t outbox.Table) queries {
@@ -69,7 +70,11 @@ func newQueries(t outbox.Table) queries {
 		read: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
-		ns:   int32(h.Sum32()),
+		// created_at <= published_at, so the created_at condition (BRIN
+		// index) narrows the scan to old block ranges.
+		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
+			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+		ns: int32(h.Sum32()),
 	}
 }
 

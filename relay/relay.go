@@ -77,6 +77,23 @@ type Config struct {
 	// over more replicas; every relay on a table must use the same number
 	// (change it only with all relays stopped). 1-4096; default 64.
 	Lanes int
+	// Listen makes the relay LISTEN on the table's channel
+	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
+	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
+	// connection comes from the DB, which must then be a *pgxpool.Pool; it
+	// is re-established with backoff when lost, and the ticker covers the
+	// gap. Default false.
+	Listen bool
+	// Retention is how long published rows are kept before the relay
+	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
+	// Default 72h; a negative value disables the deletion.
+	Retention time.Duration
+	// CleanupInterval is the period of the deletion of old published rows.
+	// Default 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one deletion statement removes, so it
+	// never holds many locks or a long transaction. Default 1000.
+	CleanupBatch int
 	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
 	// expiry the batch is abandoned and its rows stay unpublished. It also
 	// sets the server-side idle_in_transaction_session_timeout of the batch's
@@ -104,6 +121,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 50
+	}
+	if c.Retention == 0 {
+		c.Retention = 72 * time.Hour
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.CleanupBatch == 0 {
+		c.CleanupBatch = 1000
 	}
 	if c.Lanes == 0 {
 		c.Lanes = 64
@@ -141,6 +167,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
 	case c.BatchTimeout < 100*time.Millisecond:
 		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
+	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
+		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
 	}
@@ -158,11 +186,13 @@ type Relay struct {
 
 	wake chan struct{}
 
-	mu      sync.Mutex
-	started bool
-	stop    chan struct{}      // closed by Stop: finish the batch, then return
-	cancel  context.CancelFunc // aborts the in-flight batch
-	done    chan struct{}      // closed when the loop has returned
+	mu       sync.Mutex
+	started  bool
+	stop     chan struct{}      // closed by Stop: finish the batch, then return
+	cancel   context.CancelFunc // aborts the in-flight batch
+	done     chan struct{}      // closed when the publish loop has returned
+	bgCancel context.CancelFunc // ends the listener and the cleaner
+	bg       sync.WaitGroup
 }
 
 // ErrStarted is returned by Start on a relay that was already started.
@@ -185,6 +215,9 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	if _, ok := db.(acquirer); c.Listen && !ok {
+		return nil, &outbox.ConfigError{Field: "Listen", Reason: "needs a dedicated connection: pass a *pgxpool.Pool as the DB"}
+	}
 	return &Relay{
 		db:     db,
 		pub:    pub,
@@ -204,9 +237,19 @@ func (r *Relay) Start(ctx context.Context) error {
 		return ErrStarted
 	}
 	r.started = true
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.stop, r.cancel, r.done = make(chan struct{}), cancel, make(chan struct{})
+	base := context.WithoutCancel(ctx)
+	runCtx, cancel := context.WithCancel(base)
+	bgCtx, bgCancel := context.WithCancel(base)
+	r.stop, r.cancel, r.done, r.bgCancel = make(chan struct{}), cancel, make(chan struct{}), bgCancel
 	go r.loop(runCtx)
+	if r.cfg.Listen {
+		r.bg.Add(1)
+		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
+	}
+	if r.cfg.Retention > 0 {
+		r.bg.Add(1)
+		go func() { defer r.bg.Done(); r.clean(bgCtx) }()
+	}
 	return nil
 }
 
@@ -227,6 +270,8 @@ func (r *Relay) Stop(ctx context.Context) error {
 		close(r.stop)
 	}
 	r.mu.Unlock()
+	r.bgCancel()
+	defer r.bg.Wait()
 	select {
 	case <-r.done:
 		r.cancel()
@@ -305,7 +350,10 @@ func (r *Relay) sleep(d time.Duration) bool {
 // backoff returns PollInterval * 2^(failures-1), capped at MaxBackoff, with
 // ±20% jitter so replicas do not retry in step.
 func (r *Relay) backoff(failures int) time.Duration {
-	d := r.cfg.PollInterval
+	return r.backoffFrom(r.cfg.PollInterval, failures)
+}
+
+func (r *Relay) backoffFrom(d time.Duration, failures int) time.Duration {
 	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
 		d *= 2
 	}

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS outbox_event_created_brin;

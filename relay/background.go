@@ -1,0 +1,116 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// listen holds a connection that LISTENs on the table's channel and wakes
+// the relay on every notification, until ctx ends. A lost connection is
+// re-established with backoff; each (re)connect wakes the relay once, since
+// notifications sent meanwhile were lost.
+func (r *Relay) listen(ctx context.Context) {
+	failures := 0
+	for {
+		start := time.Now()
+		err := r.listenOnce(ctx)
+		if time.Since(start) > time.Minute {
+			failures = 0 // it worked for a while: this is a new failure
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		if failures == 1 {
+			r.cfg.Logger.Warn("outbox relay: LISTEN connection lost; polling every PollInterval until it is back",
+				"channel", r.cfg.Table.Channel(), "error", err)
+		}
+		t := time.NewTimer(r.backoffFrom(min(250*time.Millisecond, r.cfg.PollInterval), failures))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.db.(acquirer).Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection keeps its LISTEN: it never goes back to the pool.
+	conn := pc.Hijack()
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
+		return fmt.Errorf("relay: listen: %w", err)
+	}
+	r.Wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.Wake()
+	}
+}
+
+// clean deletes old published rows every CleanupInterval until ctx ends.
+func (r *Relay) clean(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for {
+			n, err := r.Cleanup(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && !failing {
+				r.cfg.Logger.Warn("outbox relay: deleting old published rows failed; retrying next interval", "table", r.cfg.Table.String(), "error", err)
+			}
+			failing = err != nil
+			if err != nil || n < r.cfg.CleanupBatch {
+				break
+			}
+		}
+	}
+}
+
+// Cleanup deletes up to CleanupBatch rows published more than Retention ago,
+// in one short statement that skips rows other relays have locked, and
+// returns how many it deleted. Started relays call it every CleanupInterval;
+// call it yourself to clean on your own schedule (with Retention < 0 it
+// deletes nothing).
+func (r *Relay) Cleanup(ctx context.Context) (int, error) {
+	if r.cfg.Retention < 0 {
+		return 0, nil
+	}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("relay: cleanup: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	cutoff := time.Now().Add(-r.cfg.Retention)
+	ct, err := tx.Exec(ctx, r.q.cleanup, cutoff, r.cfg.CleanupBatch)
+	if err != nil {
+		return 0, fmt.Errorf("relay: cleanup %s: %w", r.cfg.Table, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("relay: cleanup commit: %w", err)
+	}
+	return int(ct.RowsAffected()), nil
+}

@@ -1,0 +1,122 @@
+package unitofwork
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// Notifier wakes relays in other processes after commits: it sends a
+// PostgreSQL NOTIFY on the table's channel (outbox.Table.Channel), coalesced
+// so that at most one is sent per Interval however many transactions commit.
+//
+// The NOTIFY goes in its own tiny statement after the business transaction
+// committed, never inside it: a NOTIFY inside a transaction takes a
+// database-wide lock at commit, which costs every writer throughput. A lost
+// notification only delays an event to the relay's next tick.
+//
+// Use it as the UnitOfWork's OnCommit hook (fxoutbox does this when
+// Config.NotifyRelays is set); Close it when the application stops.
+type Notifier struct {
+	db       execer
+	channel  string
+	interval time.Duration
+	log      *slog.Logger
+
+	signal chan struct{}
+	ctx    context.Context // canceled by Close: ends the loop and a stuck NOTIFY
+	cancel context.CancelFunc
+	start  sync.Once
+	done   chan struct{}
+}
+
+// NewNotifier returns a notifier that sends on table's channel through db
+// (normally the *pgxpool.Pool), at most once per interval (default 5ms when
+// zero). It logs a failed NOTIFY once per run of failures to log (default
+// slog.Default()).
+func NewNotifier(db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, table outbox.Table, interval time.Duration, log *slog.Logger) (*Notifier, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	if interval == 0 {
+		interval = 5 * time.Millisecond
+	}
+	if interval < 0 {
+		return nil, &outbox.ConfigError{Field: "NotifyInterval", Reason: "is negative"}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	n := &Notifier{
+		db: db, channel: table.Channel(), interval: interval, log: log,
+		signal: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	return n, nil
+}
+
+// Notify asks for a NOTIFY. It never blocks. The first call starts the
+// notifier's goroutine; Close ends it.
+func (n *Notifier) Notify() {
+	n.start.Do(func() {
+		if n.ctx.Err() == nil {
+			go n.run()
+		} else {
+			close(n.done)
+		}
+	})
+	select {
+	case n.signal <- struct{}{}:
+	default:
+	}
+}
+
+// OnCommit has the signature of Config.OnCommit.
+func (n *Notifier) OnCommit(int) { n.Notify() }
+
+// Close stops the notifier and waits for an in-flight NOTIFY. Notify after
+// Close does nothing.
+func (n *Notifier) Close() {
+	n.cancel()
+	n.start.Do(func() { close(n.done) }) // never started
+	<-n.done
+}
+
+func (n *Notifier) run() {
+	defer close(n.done)
+	failing := false
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.signal:
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+		_, err := n.db.Exec(ctx, "SELECT pg_notify($1, '')", n.channel)
+		cancel()
+		switch {
+		case err != nil && !failing && !errors.Is(err, context.Canceled):
+			failing = true
+			n.log.Warn("outbox notifier: NOTIFY failed; relays in other processes pick events up at their next tick",
+				"channel", n.channel, "error", err)
+		case err == nil && failing:
+			failing = false
+			n.log.Info("outbox notifier: NOTIFY works again", "channel", n.channel)
+		}
+		t := time.NewTimer(n.interval)
+		select {
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
