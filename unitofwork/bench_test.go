@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -97,4 +99,75 @@ func BenchmarkNotifyCost(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkWriteOverhead measures the latency a single writer pays for one
+// outbox event on a one-statement business transaction (an UPDATE of one
+// row): the plain transaction, the same with tx.Add of one event, and the
+// same with a hand-written INSERT of that row instead of the library. The
+// variants alternate in rounds of one second; medians of the per-round
+// median latencies are reported, and the added latency against "plain".
+//
+//	go test -run '^$' -bench WriteOverhead -benchtime 1x ./unitofwork
+func BenchmarkWriteOverhead(b *testing.B) {
+	pool := testenv.Pool(b)
+	tbl := testenv.Table(b, pool)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+tbl.Schema+".acct (id int PRIMARY KEY, n int NOT NULL)"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+tbl.Schema+".acct SELECT g, 0 FROM generate_series(0, 1023) g"); err != nil {
+		b.Fatal(err)
+	}
+	uow, _ := unitofwork.New(pool, &unitofwork.Config{Table: tbl, Service: "bench"})
+	update := "UPDATE " + tbl.Schema + ".acct SET n = n + 1 WHERE id = $1"
+	raw := "INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+	variants := []struct {
+		name string
+		body func(ctx context.Context, tx unitofwork.Tx, id int) error
+	}{
+		{"plain", func(ctx context.Context, tx unitofwork.Tx, id int) error { return nil }},
+		{"outbox1", func(ctx context.Context, tx unitofwork.Tx, id int) error {
+			return tx.Add(ctx, outbox.Event{AggregateType: "acct", AggregateID: fmt.Sprint(id), Type: "acct.changed.v1", Payload: map[string]int{"id": id}})
+		}},
+		{"rawinsert", func(ctx context.Context, tx unitofwork.Tx, id int) error {
+			eid, _ := uuid.NewV7()
+			_, err := tx.Exec(ctx, raw, eid, "acct", fmt.Sprint(id), "acct.changed.v1", []byte(fmt.Sprintf(`{"id":%d}`, id)), "bench.acct.changed", fmt.Sprint(id), nil)
+			return err
+		}},
+	}
+	rounds := 5
+	p50 := make([][]float64, len(variants))
+	tps := make([][]float64, len(variants))
+	for range rounds {
+		for vi, v := range variants {
+			var lat []float64
+			stop := time.Now().Add(time.Second)
+			for i := 0; time.Now().Before(stop); i++ {
+				t0 := time.Now()
+				err := uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					if _, err := tx.Exec(ctx, update, i%1024); err != nil {
+						return err
+					}
+					return v.body(ctx, tx, i%1024)
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, float64(time.Since(t0).Microseconds()))
+			}
+			slices.Sort(lat)
+			p50[vi] = append(p50[vi], lat[len(lat)/2])
+			tps[vi] = append(tps[vi], float64(len(lat)))
+		}
+	}
+	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
+	for vi, v := range variants {
+		b.ReportMetric(med(p50[vi]), v.name+"_p50_us")
+		b.ReportMetric(med(tps[vi]), v.name+"_tps")
+		if vi > 0 {
+			b.ReportMetric(med(p50[vi])-med(p50[0]), v.name+"_added_us")
+		}
+	}
+	b.ReportMetric(med(tps[1])/med(tps[2]), "outbox1/rawinsert")
 }
