@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -24,13 +25,17 @@ type row struct {
 	key       string
 	payload   []byte
 	headers   []byte
+	attempts  int
 }
 
-// RunOnce claims one batch, publishes it and marks what was acknowledged,
-// in one transaction bounded by BatchTimeout. It returns the number of
-// events marked published. A publish error is returned after the
-// acknowledged events were marked (wrapped *BatchError) or with nothing
-// marked. RunOnce may run concurrently with other relays on the same table.
+// RunOnce claims one batch, publishes it, marks what was acknowledged and
+// records permanent failures, in one transaction bounded by BatchTimeout. It
+// returns the number of events marked published, and an error when a
+// transient failure (broker unavailable, timeout, database error) left
+// events unpublished; the caller should then back off. A permanent failure
+// (see PermanentError) is recorded on its event (attempts, last_error,
+// parked after MaxAttempts) and is not returned. RunOnce may run
+// concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
@@ -45,23 +50,208 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	msgs, spans := r.messages(ctx, rows)
-	pubErr := r.pub.Publish(ctx, msgs)
-	ids, pubErr := acknowledged(rows, pubErr)
-	endSpans(spans, pubErr)
-	if len(ids) == 0 {
-		return 0, fmt.Errorf("relay: publish %d events: %w", len(rows), pubErr)
+	errs := r.publish(ctx, rows, msgs)
+	endSpans(spans, errs)
+
+	var (
+		ids       []int64
+		failed    []int // permanent failures
+		transient error
+		nTrans    int
+	)
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ids = append(ids, rows[i].id)
+		case IsPermanent(err):
+			failed = append(failed, i)
+		case errors.Is(err, ErrHeld):
+			// Waits behind its key's failed event: not a failure of its own.
+		default:
+			nTrans++
+			if transient == nil {
+				transient = err
+			}
+		}
 	}
-	if _, err := tx.Exec(ctx, r.q.mark, ids); err != nil {
-		return 0, fmt.Errorf("relay: mark %d events published: %w", len(ids), err)
+	if len(ids) > 0 || len(failed) > 0 {
+		parked, err := r.record(ctx, tx, ids, rows, errs, failed)
+		if err != nil {
+			return 0, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			// Acknowledged events will be sent again (same x-event-id).
+			return 0, fmt.Errorf("relay: commit: %w", err)
+		}
+		r.logFailures(rows, errs, failed, parked)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		// The events reached Kafka; they will be sent again (same x-event-id).
-		return 0, fmt.Errorf("relay: commit: %w", err)
-	}
-	if pubErr != nil {
-		return len(ids), fmt.Errorf("relay: publish: %d of %d events: %w", len(rows)-len(ids), len(rows), pubErr)
+	if transient != nil {
+		return len(ids), fmt.Errorf("relay: %d of %d events not published: %w", nTrans, len(rows), transient)
 	}
 	return len(ids), nil
+}
+
+// isolateMax caps the events one batch sends alone to attribute a permanent
+// failure (see publish); the rest wait for the next batch.
+const isolateMax = 10
+
+// publish sends the messages that can be sent and returns each row's
+// outcome: nil when acknowledged.
+//
+// A broker rejects a partition's whole record batch for one bad record, so
+// a permanent error in a bulk send does not say which event is bad. Events
+// that failed so (and events that failed before: attempts > 0) are sent
+// alone, up to isolateMax per batch, and only an event that fails alone is
+// charged. Errors that condemn a whole topic (missing, invalid,
+// unauthorized) are charged to each event without that.
+//
+// After the first failure of a key its later events in the batch are
+// ErrHeld: not sent when the failure was known before sending, not marked
+// when it was not, so a key is not published around a gap that is filled
+// later.
+func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message) []error {
+	errs := make([]error, len(rows))
+	blocked := map[string]bool{}
+	var bulk, alone []int
+	for i, m := range msgs {
+		k := rows[i].key
+		switch err := r.precheck(m); {
+		case blocked[k]:
+			errs[i] = ErrHeld
+		case err != nil:
+			errs[i] = err
+			blocked[k] = true
+		case rows[i].attempts > 0 && len(alone) < isolateMax:
+			alone = append(alone, i)
+			blocked[k] = true
+		case rows[i].attempts > 0:
+			errs[i] = ErrHeld
+			blocked[k] = true
+		default:
+			bulk = append(bulk, i)
+		}
+	}
+	r.send(ctx, msgs, bulk, errs)
+	for _, i := range bulk {
+		if !IsPermanent(errs[i]) || topicLevel(errs[i]) {
+			continue
+		}
+		if blocked[rows[i].key] { // behind its key's first failure: not charged
+			errs[i] = ErrHeld
+			continue
+		}
+		blocked[rows[i].key] = true
+		if len(alone) < isolateMax {
+			alone = append(alone, i)
+		} else {
+			errs[i] = ErrHeld
+		}
+	}
+	for _, i := range alone {
+		if ctx.Err() != nil {
+			errs[i] = ctx.Err()
+			continue
+		}
+		r.send(ctx, msgs, []int{i}, errs)
+	}
+	blocked = map[string]bool{}
+	for i := range rows {
+		if blocked[rows[i].key] && errs[i] == nil {
+			errs[i] = ErrHeld
+		}
+		if errs[i] != nil {
+			blocked[rows[i].key] = true
+		}
+	}
+	return errs
+}
+
+// send publishes msgs[idx...] and stores each outcome in errs.
+func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
+	sub := msgs
+	if len(idx) < len(msgs) {
+		sub = make([]Message, len(idx))
+		for j, i := range idx {
+			sub[j] = msgs[i]
+		}
+	}
+	err := r.pub.Publish(ctx, sub)
+	var be *BatchError
+	for j, i := range idx {
+		switch {
+		case err == nil:
+			errs[i] = nil
+		case errors.As(err, &be):
+			errs[i] = be.Failed[j]
+		default:
+			errs[i] = err
+		}
+	}
+}
+
+// record marks the acknowledged events published and counts an attempt on
+// each permanently failed one, parking those out of attempts, in one round
+// trip. It returns which failed rows were parked.
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int) (map[int64]bool, error) {
+	b := &pgx.Batch{}
+	if len(ids) > 0 {
+		b.Queue(r.q.mark, ids)
+	}
+	parked := map[int64]bool{}
+	if len(failed) > 0 {
+		fids := make([]int64, len(failed))
+		msgs := make([]string, len(failed))
+		limits := make([]int32, len(failed))
+		for j, i := range failed {
+			fids[j], msgs[j] = rows[i].id, truncate(errs[i].Error(), 1000)
+			switch {
+			case r.cfg.Poison == Hold:
+				limits[j] = 0 // never park
+			case errors.Is(errs[i], errCannotSend):
+				limits[j] = 1 // can never be sent: park at once
+			default:
+				limits[j] = int32(r.cfg.MaxAttempts)
+			}
+		}
+		b.Queue(r.q.attempt, fids, msgs, limits).Query(func(rows pgx.Rows) error {
+			var id int64
+			var p bool
+			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
+				if p {
+					parked[id] = true
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("relay: mark %d events published, %d failed: %w", len(ids), len(failed), err)
+	}
+	return parked, nil
+}
+
+func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[int64]bool) {
+	for _, i := range failed {
+		x := rows[i]
+		if parked[x.id] {
+			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; fix the cause, then relay.Requeue it or delete it",
+				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i])
+		} else {
+			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
+				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i])
+		}
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
 }
 
 // messages turns rows into Kafka messages, each with a publish span whose
@@ -107,45 +297,9 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 	return msgs, spans
 }
 
-// acknowledged returns the ids to mark published and the error to report.
-// After a failed message, later messages of the same key are not marked
-// even if acknowledged: they are sent again after it, so the key's events
-// are redelivered in order.
-func acknowledged(rows []row, err error) ([]int64, error) {
-	if err == nil {
-		ids := make([]int64, len(rows))
-		for i, x := range rows {
-			ids[i] = x.id
-		}
-		return ids, nil
-	}
-	var be *BatchError
-	if !errors.As(err, &be) {
-		return nil, err
-	}
-	held := map[string]bool{}
-	ids := make([]int64, 0, len(rows))
-	for i, x := range rows {
-		if _, failed := be.Failed[i]; failed || held[x.key] {
-			held[x.key] = true
-			continue
-		}
-		ids = append(ids, x.id)
-	}
-	return ids, err
-}
-
-func endSpans(spans []trace.Span, err error) {
-	var be *BatchError
-	errors.As(err, &be)
+func endSpans(spans []trace.Span, errs []error) {
 	for i, s := range spans {
-		var e error
-		if be != nil {
-			e = be.Failed[i]
-		} else {
-			e = err
-		}
-		if e != nil {
+		if e := errs[i]; e != nil {
 			s.RecordError(e)
 			s.SetStatus(codes.Error, e.Error())
 		}

@@ -53,23 +53,28 @@ type queries struct {
 	lock    string // per key: try-lock candidate lanes
 	read    string // per key: the rows of locked lanes
 	mark    string
+	attempt string
 	cleanup string
 	ns      int32 // advisory lock namespace of the table
 }
 
 func newQueries(t outbox.Table) queries {
-	cols := "id, event_id, event_type, topic, partition_key, payload, headers"
+	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts"
 	h := fnv.New32a()
 	h.Write([]byte("fxoutbox:" + t.String()))
 	return queries{
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
-			" WHERE published_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
+			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		window: "SELECT lane, count(*)::int FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
-			" WHERE published_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane ORDER BY min(id)",
+			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane ORDER BY min(id)",
 		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
 		read: "SELECT " + cols + " FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
+			" WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
+			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
+			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
+			" RETURNING e.id, e.parked_at IS NOT NULL",
 		// created_at <= published_at, so the created_at condition (BRIN
 		// index) narrows the scan to old block ranges.
 		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
@@ -174,7 +179,7 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, sql string, args pgx.Na
 	}
 	out := make([]row, 0, r.cfg.BatchSize)
 	var x row
-	_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers}, func() error {
+	_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts}, func() error {
 		out = append(out, x)
 		x = row{}
 		return nil

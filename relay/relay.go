@@ -77,6 +77,21 @@ type Config struct {
 	// over more replicas; every relay on a table must use the same number
 	// (change it only with all relays stopped). 1-4096; default 64.
 	Lanes int
+	// MaxAttempts is how many permanent failures (see PermanentError) an
+	// event may have before it is parked. Messages the relay refuses before
+	// sending (invalid topic, over MaxMessageBytes) are parked at once.
+	// Default 5.
+	MaxAttempts int
+	// Poison says what happens to an event that keeps failing permanently:
+	// Park (default) sets it aside, so its key's later events flow on
+	// without it; Hold retries it forever, keeping its key's order but
+	// blocking the key until an operator acts.
+	Poison PoisonPolicy
+	// MaxMessageBytes is the largest record (key, value, headers) the relay
+	// sends; larger events are parked at once. Set it to the producer's
+	// limit (sarama Producer.MaxMessageBytes, which fxoutbox passes on).
+	// Default 1000000, Kafka's and sarama's default.
+	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
 	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
 	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
@@ -121,6 +136,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 50
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 1000000
 	}
 	if c.Retention == 0 {
 		c.Retention = 72 * time.Hour
@@ -167,6 +188,10 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
 	case c.BatchTimeout < 100*time.Millisecond:
 		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
+	case c.MaxAttempts < 1 || c.MaxMessageBytes < 1:
+		return &outbox.ConfigError{Field: "MaxAttempts/MaxMessageBytes", Reason: "must be positive (zero means the default)"}
+	case c.Poison != Park && c.Poison != Hold:
+		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use relay.Park or relay.Hold", c.Poison)}
 	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
 		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
 	case c.MaxBackoff < c.PollInterval:

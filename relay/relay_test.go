@@ -318,9 +318,8 @@ func TestPartialFailureHoldsTheRestOfTheKey(t *testing.T) {
 	})
 	r := s.relay(t, pub, relay.Config{})
 	n, err := r.RunOnce(s.ctx)
-	var be *relay.BatchError
-	if !errors.As(err, &be) || n != 4 {
-		t.Fatalf("RunOnce = %d, %v; want 4 marked and the BatchError", n, err)
+	if err == nil || !strings.Contains(err.Error(), "leader not available") || n != 4 {
+		t.Fatalf("RunOnce = %d, %v; want 4 marked and the transient error", n, err)
 	}
 	rows, _ := s.pool.Query(s.ctx, "SELECT partition_key, published_at IS NOT NULL FROM "+s.table.Ident()+" ORDER BY id")
 	var got []string

@@ -205,7 +205,7 @@ func (p *SaramaPublisher) connect() (sarama.AsyncProducer, error) {
 	go func() {
 		defer p.wg.Done()
 		for e := range prod.Errors() {
-			e.Msg.Metadata.(ticket).resolve(e.Err)
+			e.Msg.Metadata.(ticket).resolve(classifySarama(e.Err))
 		}
 	}()
 	return prod, nil

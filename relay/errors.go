@@ -1,0 +1,92 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// PermanentError marks a publish error that will happen again for the same
+// event however often it is retried: the message is too large, its topic is
+// invalid or missing, the broker rejects the record. The relay counts such
+// errors against the event (attempts, last_error) and parks it after
+// MaxAttempts. Every other error is transient: retried with backoff, never
+// counted against an event. A Publisher marks its permanent errors with
+// Permanent.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a PermanentError (nil stays nil).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err is, or wraps, a PermanentError.
+func IsPermanent(err error) bool {
+	var pe *PermanentError
+	return errors.As(err, &pe)
+}
+
+// ErrHeld is reported for a message not sent, or not marked, because an
+// earlier event of its key failed in the same batch. It is transient.
+var ErrHeld = errors.New("relay: held behind a failed event of the same key")
+
+// classifySarama marks the producer errors that cannot succeed for this
+// message as permanent.
+func classifySarama(err error) error {
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrInvalidRecord,
+			sarama.ErrInvalidMessage, sarama.ErrUnknownTopicOrPartition, sarama.ErrTopicAuthorizationFailed,
+			sarama.ErrPolicyViolation, sarama.ErrInvalidRequiredAcks:
+			return Permanent(err)
+		}
+	}
+	var cerr sarama.ConfigurationError
+	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
+		return Permanent(err)
+	}
+	return err
+}
+
+// topicLevel reports a permanent error that condemns every message to the
+// topic, not one message: it is charged to each event without isolating it.
+func topicLevel(err error) bool {
+	return errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) ||
+		errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, errCannotSend)
+}
+
+// messageSize estimates a record's size as Kafka counts it against
+// message.max.bytes: key, value and headers plus record overhead.
+func messageSize(m Message) int {
+	n := 70 + len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += 10 + len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// errCannotSend marks a message the relay refuses before sending: no retry
+// can change it, so it is parked at once (unless the policy is Hold).
+var errCannotSend = errors.New("cannot be sent")
+
+// precheck returns the permanent error of a message that cannot be
+// published, before it is sent.
+func (r *Relay) precheck(m Message) error {
+	if err := outbox.ValidateTopic(m.Topic); err != nil {
+		return Permanent(fmt.Errorf("%w: %w", errCannotSend, err))
+	}
+	if size := messageSize(m); size > r.cfg.MaxMessageBytes {
+		return Permanent(fmt.Errorf("%w: message of %d bytes exceeds MaxMessageBytes %d", errCannotSend, size, r.cfg.MaxMessageBytes))
+	}
+	return nil
+}
