@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -23,7 +22,7 @@ import (
 //	Producer.Retry.Max       = 10, Producer.Retry.Backoff = 100ms
 //	Producer.Timeout         = 10s (the broker's wait for replicas)
 //	Net.{Dial,Read,Write}Timeout = 10s
-//	Metadata.Retry.Max       = 3
+//	Metadata.Retry.Max       = 3, Metadata.Timeout = 15s (bounds connecting)
 //	Version                  = sarama.V2_8_0_0 (any broker 2.8 or newer, Kafka 4.x included)
 //	ClientID                 = "fxoutbox"
 //
@@ -43,6 +42,7 @@ func DefaultSaramaConfig() *sarama.Config {
 	c.Net.ReadTimeout = 10 * time.Second
 	c.Net.WriteTimeout = 10 * time.Second
 	c.Metadata.Retry.Max = 3
+	c.Metadata.Timeout = 15 * time.Second
 	c.Producer.Return.Successes = true
 	c.Producer.Return.Errors = true
 	return c
@@ -84,10 +84,13 @@ type SaramaPublisher struct {
 	addrs []string
 	cfg   *sarama.Config
 
-	mu       sync.Mutex
-	producer sarama.AsyncProducer
-	closed   bool
-	wg       sync.WaitGroup
+	mu         sync.Mutex
+	producer   sarama.AsyncProducer
+	connecting chan struct{} // closed when the connect in flight ends
+	connErr    error         // the last connect's error
+	stale      bool          // producer had a transient failure: replace it
+	closed     bool
+	wg         sync.WaitGroup
 }
 
 var _ Publisher = (*SaramaPublisher)(nil)
@@ -115,12 +118,17 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 	return &SaramaPublisher{addrs: addrs, cfg: &c}, nil
 }
 
-// batch collects the results of one Publish call.
+// batch collects the results of one Publish call. Every message handed to
+// the producer resolves exactly once (Return.Successes and Return.Errors
+// are on), and results has room for all of them, so resolving never blocks,
+// even for a batch whose Publish already returned.
 type batch struct {
-	failed  map[int]error
-	mu      sync.Mutex
-	pending atomic.Int64
-	done    chan struct{}
+	results chan result
+}
+
+type result struct {
+	idx int
+	err error
 }
 
 type ticket struct {
@@ -128,31 +136,52 @@ type ticket struct {
 	idx int
 }
 
-func (t ticket) resolve(err error) {
-	if err != nil {
-		t.b.mu.Lock()
-		t.b.failed[t.idx] = err
-		t.b.mu.Unlock()
-	}
-	if t.b.pending.Add(-1) == 0 {
-		close(t.b.done)
-	}
-}
+func (t ticket) resolve(err error) { t.b.results <- result{t.idx, err} }
 
-// Publish sends msgs and waits for every acknowledgement or ctx. Messages
-// with the same topic and key keep their order (same partition, idempotent
-// producer with one request in flight).
+// pkey identifies the messages whose order Publish keeps.
+type pkey struct{ topic, key string }
+
+// Publish sends msgs and waits for every acknowledgement or ctx.
+//
+// Of the messages that share a topic and key, Publish hands the producer
+// one at a time, the next when the previous one was acknowledged. So a key
+// never has a failed message followed by a delivered one: the later event
+// would be in Kafka before the failed one, which the relay sends again
+// after it. (sarama can fail one message and deliver the next of the same
+// partition: it fails each message that finds no leader, e.g. while its
+// circuit breaker is open after a broker crash, and goes on with the next
+// once the broker is back.) After a failure the rest of that key's messages
+// are not sent and fail with ErrHeld. Messages of different keys are in
+// flight together, so the producer still batches them per partition.
+//
+// After a transient failure, or when ctx ends, the producer is replaced
+// before the next batch: a new one starts without open circuit breakers and
+// with a new idempotent producer id, instead of recovering partition by
+// partition.
 func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	prod, err := p.connect()
+	prod, err := p.connect(ctx)
 	if err != nil {
 		return err
 	}
-	b := &batch{failed: map[int]error{}, done: make(chan struct{})}
-	b.pending.Store(int64(len(msgs)))
+	b := &batch{results: make(chan result, len(msgs))}
+	keys := make([]pkey, len(msgs))
+	queued := map[pkey][]int{} // each key's messages not sent yet, in order
+	var firsts []int
 	for i, m := range msgs {
+		k := pkey{m.Topic, string(m.Key)}
+		keys[i] = k
+		if _, ok := queued[k]; !ok {
+			firsts = append(firsts, i)
+			queued[k] = []int{}
+		} else {
+			queued[k] = append(queued[k], i)
+		}
+	}
+	send := func(i int) error {
+		m := msgs[i]
 		pm := &sarama.ProducerMessage{
 			Topic:    m.Topic,
 			Key:      sarama.ByteEncoder(m.Key),
@@ -165,36 +194,125 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 		}
 		select {
 		case prod.Input() <- pm:
+			return nil
 		case <-ctx.Done():
 			// Messages already queued resolve into this abandoned batch.
+			p.replace(prod)
 			return fmt.Errorf("relay: publish: %w", ctx.Err())
 		}
 	}
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		return fmt.Errorf("relay: publish: waiting for acknowledgements: %w", ctx.Err())
+	for _, i := range firsts {
+		if err := send(i); err != nil {
+			return err
+		}
 	}
-	if len(b.failed) > 0 {
-		return &BatchError{Failed: b.failed}
+	failed := map[int]error{}
+	for open := len(msgs); open > 0; {
+		select {
+		case r := <-b.results:
+			open--
+			k := keys[r.idx]
+			if r.err != nil {
+				failed[r.idx] = r.err
+				if !IsPermanent(r.err) {
+					p.replace(prod)
+				}
+				for _, j := range queued[k] {
+					failed[j] = ErrHeld
+					open--
+				}
+				queued[k] = nil
+				continue
+			}
+			if rest := queued[k]; len(rest) > 0 {
+				queued[k] = rest[1:]
+				if err := send(rest[0]); err != nil {
+					return err
+				}
+			}
+		case <-ctx.Done():
+			p.replace(prod)
+			return fmt.Errorf("relay: publish: waiting for acknowledgements: %w", ctx.Err())
+		}
+	}
+	if len(failed) > 0 {
+		return &BatchError{Failed: failed}
 	}
 	return nil
 }
 
-func (p *SaramaPublisher) connect() (sarama.AsyncProducer, error) {
+// replace marks prod to be closed and replaced by a new producer at the
+// next connect, unless it was already.
+func (p *SaramaPublisher) replace(prod sarama.AsyncProducer) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.producer == prod {
+		p.stale = true
+	}
+}
+
+// connect returns the producer, creating it on first use. Creating it talks
+// to the brokers without a context, so it runs in its own goroutine and a
+// caller whose ctx ends stops waiting (the attempt goes on, bounded by
+// Metadata.Timeout, and its producer serves the next call).
+func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, error) {
+	p.mu.Lock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil, ErrPublisherClosed
 	}
+	if p.producer != nil && p.stale {
+		// AsyncClose delivers or fails what the old producer still holds
+		// (messages of abandoned batches), then ends its two goroutines.
+		p.producer.AsyncClose()
+		p.producer, p.stale = nil, false
+	}
 	if p.producer != nil {
+		defer p.mu.Unlock()
 		return p.producer, nil
 	}
-	prod, err := sarama.NewAsyncProducer(p.addrs, p.cfg)
-	if err != nil {
-		return nil, fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, err)
+	if p.connecting == nil {
+		done := make(chan struct{})
+		p.connecting = done
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			prod, err := sarama.NewAsyncProducer(p.addrs, p.cfg)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			switch {
+			case err != nil:
+				p.connErr = fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, err)
+			case p.closed:
+				_ = prod.Close()
+			default:
+				p.producer, p.connErr = prod, nil
+				p.dispatch(prod)
+			}
+			p.connecting = nil
+			close(done)
+		}()
 	}
-	p.producer = prod
+	done := p.connecting
+	p.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, ctx.Err())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.producer == nil {
+		if p.closed {
+			return nil, ErrPublisherClosed
+		}
+		return nil, p.connErr
+	}
+	return p.producer, nil
+}
+
+// dispatch starts the two goroutines that resolve acknowledgements.
+func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) {
 	p.wg.Add(2)
 	go func() {
 		defer p.wg.Done()
@@ -208,22 +326,21 @@ func (p *SaramaPublisher) connect() (sarama.AsyncProducer, error) {
 			e.Msg.Metadata.(ticket).resolve(classifySarama(e.Err))
 		}
 	}()
-	return prod, nil
 }
 
-// Close flushes and closes the producer and waits for its goroutines. Call
-// it after the relay has stopped; Publish fails with ErrPublisherClosed after.
+// Close flushes and closes the producer and waits for its goroutines,
+// including a connect in flight (bounded by Metadata.Timeout). Call it after
+// the relay has stopped; Publish fails with ErrPublisherClosed after.
 func (p *SaramaPublisher) Close() error {
 	p.mu.Lock()
 	prod := p.producer
 	p.closed, p.producer = true, nil
 	p.mu.Unlock()
-	if prod == nil {
-		return nil
+	if prod != nil {
+		// AsyncClose flushes, then closes Successes and Errors, which ends
+		// the two goroutines that resolve acknowledgements.
+		prod.AsyncClose()
 	}
-	// AsyncClose flushes, then closes Successes and Errors, which ends the
-	// two goroutines that resolve acknowledgements.
-	prod.AsyncClose()
 	p.wg.Wait()
 	return nil
 }
