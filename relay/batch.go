@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,7 @@ type row struct {
 	payload   []byte
 	headers   []byte
 	attempts  int
+	createdAt time.Time
 }
 
 // RunOnce claims one batch, publishes it, marks what was acknowledged and
@@ -51,6 +53,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	msgs, spans := r.messages(ctx, rows)
 	errs := r.publish(ctx, rows, msgs)
+	acked := time.Now()
 	endSpans(spans, errs)
 
 	var (
@@ -85,6 +88,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		r.logFailures(rows, errs, failed, parked)
 	}
+	r.metrics.record(ctx, rows, errs, acked)
 	if transient != nil {
 		return len(ids), fmt.Errorf("relay: %d of %d events not published: %w", nTrans, len(rows), transient)
 	}

@@ -49,6 +49,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -124,6 +125,9 @@ type Config struct {
 	Logger *slog.Logger
 	// TracerProvider creates the publish spans. Default: otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
+	// MeterProvider creates the relay's metrics (see the Metric constants).
+	// Default: otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
@@ -167,6 +171,9 @@ func (c Config) withDefaults() Config {
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
@@ -203,11 +210,12 @@ func (c Config) validate() error {
 // Relay publishes committed outbox events. Start it once; Stop it once.
 // RunOnce may be used instead of Start, e.g. from a scheduler.
 type Relay struct {
-	db     DB
-	pub    Publisher
-	cfg    Config
-	q      queries
-	tracer trace.Tracer
+	db      DB
+	pub     Publisher
+	cfg     Config
+	q       queries
+	tracer  trace.Tracer
+	metrics *metrics
 
 	wake chan struct{}
 
@@ -218,6 +226,7 @@ type Relay struct {
 	done     chan struct{}      // closed when the publish loop has returned
 	bgCancel context.CancelFunc // ends the listener and the cleaner
 	bg       sync.WaitGroup
+	gauges   metric.Registration
 }
 
 // ErrStarted is returned by Start on a relay that was already started.
@@ -243,14 +252,20 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	if _, ok := db.(acquirer); c.Listen && !ok {
 		return nil, &outbox.ConfigError{Field: "Listen", Reason: "needs a dedicated connection: pass a *pgxpool.Pool as the DB"}
 	}
-	return &Relay{
+	r := &Relay{
 		db:     db,
 		pub:    pub,
 		cfg:    c,
 		q:      newQueries(c.Table),
 		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
 		wake:   make(chan struct{}, 1),
-	}, nil
+	}
+	m, err := newMetrics(r, c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("relay: metrics: %w", err)
+	}
+	r.metrics = m
+	return r, nil
 }
 
 // Start starts the relay's goroutine and returns at once. The goroutine does
@@ -261,7 +276,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	if r.started {
 		return ErrStarted
 	}
-	r.started = true
+	gauges, err := r.metrics.register()
+	if err != nil {
+		return fmt.Errorf("relay: register metrics: %w", err)
+	}
+	r.started, r.gauges = true, gauges
 	base := context.WithoutCancel(ctx)
 	runCtx, cancel := context.WithCancel(base)
 	bgCtx, bgCancel := context.WithCancel(base)
@@ -296,6 +315,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	r.bgCancel()
+	_ = r.gauges.Unregister()
 	defer r.bg.Wait()
 	select {
 	case <-r.done:

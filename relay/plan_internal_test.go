@@ -1,0 +1,91 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+)
+
+// The relay's statements must read the partial indexes in id order, never
+// scan or sort the table: with 200k published rows and a 20k backlog, every
+// plan is checked for sequential scans of the outbox table and for sorts of
+// its rows.
+func TestPlansUsePartialIndexes(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, created_at)"+
+		" SELECT gen_random_uuid(), 'a', 'k' || (g % 500), 'a.b', '{}', 't', 'k' || (g % 500),"+
+		" CASE WHEN g <= 200000 THEN now() END, now() - interval '1 day' + g * interval '1 ms'"+
+		" FROM generate_series(1, 220000) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE "+tbl.Ident()+" SET parked_at = now(), attempts = 5 WHERE id % 1000 = 7 AND published_at IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.q = newQueries(tbl)
+	lanes := make([]int32, r.cfg.Lanes)
+	for i := range lanes {
+		lanes[i] = int32(i)
+	}
+	for name, q := range map[string]struct {
+		sql  string
+		args pgx.NamedArgs
+	}{
+		"claim":   {r.q.claim, pgx.NamedArgs{"n": 500}},
+		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes}},
+		"read":    {r.q.read, pgx.NamedArgs{"locked": lanes[:20], "lanes": r.cfg.Lanes, "n": 500}},
+		"stats":   {r.q.stats, nil},
+		"cleanup": {"SELECT * FROM " + tbl.Ident() + " WHERE id IN (SELECT id FROM " + tbl.Ident() + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
+	} {
+		var plan []byte
+		args := []any{}
+		if q.args != nil {
+			args = append(args, q.args)
+		}
+		sql := "EXPLAIN (FORMAT JSON) " + q.sql
+		if err := pool.QueryRow(ctx, sql, args...).Scan(&plan); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var nodes []map[string]any
+		_ = json.Unmarshal(plan, &nodes)
+		var bad []string
+		walk(nodes[0]["Plan"].(map[string]any), func(n map[string]any) {
+			typ, _ := n["Node Type"].(string)
+			rel, _ := n["Relation Name"].(string)
+			if typ == "Seq Scan" && rel == tbl.Name {
+				bad = append(bad, "Seq Scan on "+rel)
+			}
+			if typ == "Sort" && name != "window" { // window sorts its few lanes, not rows
+				bad = append(bad, "Sort")
+			}
+		})
+		if len(bad) > 0 {
+			t.Errorf("%s plan has %s:\n%s", name, strings.Join(bad, ", "), plan)
+		}
+	}
+}
+
+func walk(n map[string]any, f func(map[string]any)) {
+	f(n)
+	if kids, ok := n["Plans"].([]any); ok {
+		for _, k := range kids {
+			walk(k.(map[string]any), f)
+		}
+	}
+}
