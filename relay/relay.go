@@ -216,6 +216,7 @@ type Relay struct {
 	q       queries
 	tracer  trace.Tracer
 	metrics *metrics
+	health  health
 
 	wake chan struct{}
 
@@ -347,6 +348,7 @@ func (r *Relay) loop(ctx context.Context) {
 	)
 	for {
 		n, err := r.RunOnce(ctx)
+		r.health.set(err)
 		select {
 		case <-r.stop:
 			return

@@ -86,6 +86,7 @@ type SaramaPublisher struct {
 
 	mu         sync.Mutex
 	producer   sarama.AsyncProducer
+	client     sarama.Client // the producer's; closed after it
 	connecting chan struct{} // closed when the connect in flight ends
 	connErr    error         // the last connect's error
 	stale      bool          // producer had a transient failure: replace it
@@ -277,7 +278,13 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			prod, err := sarama.NewAsyncProducer(p.addrs, p.cfg)
+			client, err := sarama.NewClient(p.addrs, p.cfg)
+			var prod sarama.AsyncProducer
+			if err == nil {
+				if prod, err = sarama.NewAsyncProducerFromClient(client); err != nil {
+					_ = client.Close()
+				}
+			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			switch {
@@ -285,8 +292,9 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 				p.connErr = fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, err)
 			case p.closed:
 				_ = prod.Close()
+				_ = client.Close()
 			default:
-				p.producer, p.connErr = prod, nil
+				p.producer, p.client, p.connErr = prod, client, nil
 				p.dispatch(prod)
 			}
 			p.connecting = nil
@@ -311,6 +319,35 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 	return p.producer, nil
 }
 
+// Ping checks that a broker answers: it connects if needed and asks the
+// cluster for its metadata. It implements Pinger for Relay.Health.
+func (p *SaramaPublisher) Ping(ctx context.Context) error {
+	if _, err := p.connect(ctx); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	client := p.client
+	p.mu.Unlock()
+	if client == nil {
+		return ErrPublisherClosed
+	}
+	done := make(chan error, 1)
+	p.wg.Add(1)
+	go func() { // sarama takes no context
+		defer p.wg.Done()
+		done <- client.RefreshMetadata()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("relay: kafka metadata from %v: %w", p.addrs, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("relay: kafka metadata from %v: %w", p.addrs, ctx.Err())
+	}
+}
+
 // dispatch starts the two goroutines that resolve acknowledgements.
 func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) {
 	p.wg.Add(2)
@@ -333,8 +370,8 @@ func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) {
 // the relay has stopped; Publish fails with ErrPublisherClosed after.
 func (p *SaramaPublisher) Close() error {
 	p.mu.Lock()
-	prod := p.producer
-	p.closed, p.producer = true, nil
+	prod, client := p.producer, p.client
+	p.closed, p.producer, p.client = true, nil, nil
 	p.mu.Unlock()
 	if prod != nil {
 		// AsyncClose flushes, then closes Successes and Errors, which ends
@@ -342,5 +379,8 @@ func (p *SaramaPublisher) Close() error {
 		prod.AsyncClose()
 	}
 	p.wg.Wait()
+	if client != nil {
+		_ = client.Close()
+	}
 	return nil
 }
