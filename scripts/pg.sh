@@ -55,15 +55,17 @@ is_root() { [[ "$(id -u)" -eq 0 ]]; }
 # run_as_pg CMD ARGS...: run a server-side command as the user that owns the
 # cluster (postgres when we are root, otherwise ourselves). It runs from / so
 # that an unreadable current directory does not bother it.
+# File descriptor 9 (our lock) is closed for it, so that a postmaster started
+# here does not inherit and hold the lock forever.
 run_as_pg() {
 	if ! is_root; then
-		(cd / && "$@")
+		(cd / && "$@") 9>&-
 	elif command -v runuser >/dev/null 2>&1; then
-		(cd / && runuser -u "$PG_USER_OS" -- "$@")
+		(cd / && runuser -u "$PG_USER_OS" -- "$@") 9>&-
 	else
 		local cmd
 		cmd="$(printf '%q ' "$@")"
-		(cd / && su "$PG_USER_OS" -s /bin/bash -c "$cmd")
+		(cd / && su "$PG_USER_OS" -s /bin/bash -c "$cmd") 9>&-
 	fi
 }
 
@@ -137,7 +139,7 @@ primary_dir() {
 
 fallback_dir() {
 	local h
-	h="$(printf '%s' "$REPO_DIR" | sha256sum | cut -c1-8)"
+	h="$(primary_dir | sha256sum | cut -c1-8)"
 	printf '/tmp/fxoutbox-pg-%s\n' "$h"
 }
 
@@ -169,17 +171,17 @@ choose_dir_for_up() {
 	log "user '$PG_USER_OS' cannot reach $p (a parent directory is not traversable) or its socket path is too long; using $PGROOT instead"
 }
 
-# choose_dir_existing sets PGROOT for the other commands: whichever of the
-# primary and fallback directories holds a cluster (primary first).
+# choose_dir_existing sets PGROOT for the other commands, by the same rule as
+# `up`, but a directory that already holds a cluster wins.
 choose_dir_existing() {
 	local p f
 	p="$(primary_dir)"
 	f="$(fallback_dir)"
 	if [[ -f "$p/data/PG_VERSION" ]]; then
 		PGROOT="$p"
-	elif [[ -z "${OUTBOX_PG_DIR:-}" && -f "$f/data/PG_VERSION" ]]; then
+	elif [[ -f "$f/data/PG_VERSION" ]]; then
 		PGROOT="$f"
-	elif [[ -n "${OUTBOX_PG_DIR:-}" ]] || usable_dir "$p" 2>/dev/null; then
+	elif usable_dir "$p" 2>/dev/null; then
 		PGROOT="$p"
 	else
 		PGROOT="$f"
@@ -200,11 +202,74 @@ lock() {
 	flock -w 120 9 || die 1 "timed out waiting for the lock on $PGROOT/.lock"
 }
 
+postmaster_pid() {
+	local p=""
+	if [[ -r "$PGDATA_DIR/postmaster.pid" ]]; then
+		p="$(sed -n 1p "$PGDATA_DIR/postmaster.pid" 2>/dev/null || true)"
+	fi
+	[[ "$p" =~ ^[0-9]+$ ]] && printf '%s\n' "$p"
+}
+
+# pid_is_zombie PID: has PID exited without being reaped yet? A killed
+# postmaster's parent is init, which may reap it late; until then kill -0
+# (and so pg_ctl status, and postgres' own lock file check) calls it alive.
+pid_is_zombie() {
+	local st
+	st="$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1 || true)"
+	[[ "$st" == "Z" || "$st" == "X" ]]
+}
+
 # running: is a postmaster alive for PGDATA_DIR? (pg_ctl status ignores a
-# stale postmaster.pid whose process is gone.)
+# stale postmaster.pid whose process is gone; we also ignore a zombie.)
 running() {
 	[[ -f "$PGDATA_DIR/PG_VERSION" ]] || return 1
-	run_as_pg "$BINDIR/pg_ctl" status -D "$PGDATA_DIR" >/dev/null 2>&1
+	local pid i
+	for ((i = 0; i < 40; i++)); do
+		run_as_pg "$BINDIR/pg_ctl" status -D "$PGDATA_DIR" >/dev/null 2>&1 || return 1
+		pid="$(postmaster_pid)" || return 0
+		pid_is_zombie "$pid" || return 0
+		# A zombie: wait a little for init to reap it, then ask again.
+		sleep 0.25
+	done
+	return 1
+}
+
+# clear_stale_pidfile removes postmaster.pid when its process is dead or a
+# zombie (postgres itself would refuse to start over a zombie's pid file).
+# Only call it when running() said no.
+clear_stale_pidfile() {
+	local pid
+	pid="$(postmaster_pid)" || return 0
+	if ! kill -0 "$pid" 2>/dev/null || pid_is_zombie "$pid"; then
+		log "removing stale postmaster.pid (pid $pid is gone)"
+		rm -f "$PGDATA_DIR/postmaster.pid"
+	fi
+}
+
+# port_busy PORT: does something accept TCP connections on 127.0.0.1:PORT?
+port_busy() {
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# check_ours PORT: the server answering on PORT must be the one in PGDATA_DIR
+# (not, say, another cluster that already had the port).
+check_ours() {
+	local port="$1" psql dd want
+	psql="$(client_tool psql)" || return 0
+	want="$(cd "$PGDATA_DIR" 2>/dev/null && pwd -P || printf '%s' "$PGDATA_DIR")"
+	dd="$("$psql" -X -q -A -t -h 127.0.0.1 -p "$port" -U postgres -d postgres -c 'show data_directory' 2>/dev/null || true)"
+	if [[ -n "$dd" && "$dd" != "$want" && "$dd" != "$PGDATA_DIR" ]]; then
+		die 1 "the server on 127.0.0.1:$port is not ours (its data directory is $dd, ours is $PGDATA_DIR); set OUTBOX_PG_PORT to a free port"
+	fi
+}
+
+start_server() {
+	clear_stale_pidfile
+	# -W: do not wait here; wait_ready polls pg_isready with our own bound.
+	if ! run_as_pg "$BINDIR/pg_ctl" start -W -D "$PGDATA_DIR" -l "$LOG_FILE" >/dev/null 2>&1; then
+		log_tail
+		die 1 "pg_ctl start failed for $PGDATA_DIR"
+	fi
 }
 
 # running_port prints the port of the running postmaster (line 4 of
@@ -230,12 +295,23 @@ log_tail() {
 	fi
 }
 
+# wait_ready PORT [RESTART]: wait until the server answers. With RESTART=1,
+# a postmaster that exits while starting (e.g. "pre-existing shared memory
+# block is still in use" right after a crash) is started again.
 wait_ready() {
-	local port="$1" isready i
+	local port="$1" restart="${2:-0}" isready deadline ticks=0
 	isready="$(client_tool pg_isready)" || die 1 "pg_isready not found"
-	for ((i = 0; i < READY_TIMEOUT * 4; i++)); do
+	deadline=$((SECONDS + READY_TIMEOUT))
+	while ((SECONDS < deadline)); do
 		if "$isready" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -t 1 >/dev/null 2>&1; then
 			return 0
+		fi
+		ticks=$((ticks + 1))
+		# Give a fresh postmaster 2 s to write its pid file before judging.
+		if [[ "$restart" == 1 ]] && ((ticks >= 8)) && ! running; then
+			log "the postmaster exited while starting; starting it again"
+			start_server
+			ticks=0
 		fi
 		sleep 0.25
 	done
@@ -334,7 +410,7 @@ cmd_up() {
 	lock
 	touch "$PGROOT/$MARKER"
 
-	local port
+	local port started=0
 	if running; then
 		port="$(running_port)"
 		log "reusing the running cluster in $PGDATA_DIR (port $port)"
@@ -350,14 +426,15 @@ cmd_up() {
 		fi
 		write_settings
 		port="$PG_PORT"
-		log "starting PostgreSQL ($BINDIR) on 127.0.0.1:$port, data in $PGDATA_DIR, log in $LOG_FILE"
-		# -W: do not wait here; we poll pg_isready below with our own bound.
-		if ! run_as_pg "$BINDIR/pg_ctl" start -W -D "$PGDATA_DIR" -l "$LOG_FILE" >/dev/null 2>&1; then
-			log_tail
-			die 1 "pg_ctl start failed for $PGDATA_DIR"
+		if port_busy "$port"; then
+			die 1 "127.0.0.1:$port is already in use by another process; set OUTBOX_PG_PORT to a free port"
 		fi
+		log "starting PostgreSQL ($BINDIR) on 127.0.0.1:$port, data in $PGDATA_DIR, log in $LOG_FILE"
+		start_server
+		started=1
 	fi
-	wait_ready "$port"
+	wait_ready "$port" "$started"
+	check_ours "$port"
 	ensure_db "$port"
 	local line
 	line="DATABASE_URL=$(url_for_port "$port")"
