@@ -19,9 +19,12 @@
 // deployment); [RelayModule] runs only the relay.
 //
 // The application supplies the *pgxpool.Pool and a [Config]. It may also
-// supply a *slog.Logger, a trace.TracerProvider, a
+// supply a *slog.Logger, a trace.TracerProvider, a metric.MeterProvider, a
 // propagation.TextMapPropagator and a relay.Publisher (instead of the sarama
 // producer the module builds from Config); each is optional.
+//
+// Health: inject *relay.Relay and call its Health method from your
+// readiness probe.
 //
 // The relay starts in OnStart without waiting for Kafka: a broker that is
 // down does not keep the application from starting (writers do not need
@@ -35,6 +38,7 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
@@ -135,6 +139,7 @@ type RelayParams struct {
 	Config         Config
 	Logger         *slog.Logger                  `optional:"true"`
 	TracerProvider trace.TracerProvider          `optional:"true"`
+	MeterProvider  metric.MeterProvider          `optional:"true"`
 	Propagator     propagation.TextMapPropagator `optional:"true"`
 	// Publisher replaces the sarama producer built from Config.
 	Publisher relay.Publisher `optional:"true"`
@@ -172,6 +177,7 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		Listen:         !cfg.DisableListen,
 		Logger:         p.Logger,
 		TracerProvider: p.TracerProvider,
+		MeterProvider:  p.MeterProvider,
 		Propagator:     p.Propagator,
 	})
 	if err != nil {
