@@ -16,7 +16,7 @@
 // the function rolls everything back: no event survives.
 //
 // Every event carries the W3C trace context of the ctx passed to Add
-// (through the configured OpenTelemetry propagator), so the relay's publish
+// (through the configured OpenTelemetry propagator, W3C by default), so the relay's publish
 // span and the Kafka consumer continue the trace of the request that wrote it.
 //
 // Ordering: events of one key are published in the order their rows were
@@ -35,7 +35,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
@@ -78,10 +77,8 @@ type Config struct {
 	// Limits bounds payload and header sizes. Default: see outbox.Limits.
 	Limits outbox.Limits
 	// Propagator writes the trace context of ctx into each event's headers.
-	// Default: otel.GetTextMapPropagator() at the time of each Add, so a
-	// global propagator set after New is honoured. Note that the otel default
-	// global propagator is a no-op: install propagation.TraceContext{} (the
-	// usual way is otel.SetTextMapPropagator) to carry traces.
+	// Default: W3C trace context and baggage, the same default as the relay,
+	// whatever the global otel propagator is.
 	Propagator propagation.TextMapPropagator
 	// TxOptions are used to begin Do's transactions. Default: the server's
 	// default isolation (READ COMMITTED), read-write.
@@ -115,6 +112,9 @@ func New(db Beginner, cfg *Config) (*UnitOfWork, error) {
 	c.Limits = c.Limits.WithDefaults()
 	if c.Topics == nil {
 		c.Topics = outbox.TopicPerEvent
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	if err := c.Table.Validate(); err != nil {
 		return nil, err
@@ -196,12 +196,8 @@ func (u *UnitOfWork) prepare(ctx context.Context, events []outbox.Event) ([]outb
 	if len(events) == 0 {
 		return nil, nil
 	}
-	prop := u.cfg.Propagator
-	if prop == nil {
-		prop = otel.GetTextMapPropagator()
-	}
 	carrier := propagation.MapCarrier{}
-	prop.Inject(ctx, carrier)
+	u.cfg.Propagator.Inject(ctx, carrier)
 	var trace map[string]string
 	if len(carrier) > 0 {
 		trace = carrier
