@@ -41,8 +41,19 @@ type Config struct {
 	// Sarama is the producer configuration. Default
 	// relay.DefaultSaramaConfig() (idempotent, acks=all); a configuration
 	// that breaks those guarantees is rejected. [KAFKA_CLIENT_ID,
-	// KAFKA_VERSION adjust the default.]
+	// KAFKA_VERSION adjust the default.] KafkaTLS and KafkaSASL are applied
+	// to a copy of it.
 	Sarama *sarama.Config
+	// KafkaTLS turns on TLS to the brokers, with server certificates
+	// verified [KAFKA_TLS=on, KAFKA_TLS_CA_FILE, KAFKA_TLS_CERT_FILE,
+	// KAFKA_TLS_KEY_FILE, KAFKA_TLS_SERVER_NAME,
+	// KAFKA_TLS_INSECURE_SKIP_VERIFY]. Default: plaintext.
+	KafkaTLS KafkaTLS
+	// KafkaSASL authenticates to the brokers with PLAIN or SCRAM; it needs
+	// KafkaTLS unless AllowPlaintext is set [KAFKA_SASL_MECHANISM,
+	// KAFKA_SASL_USER, KAFKA_SASL_PASSWORD, KAFKA_SASL_ALLOW_PLAINTEXT].
+	// Default: no SASL.
+	KafkaSASL KafkaSASL
 
 	// PollInterval is the relay's ticker period [OUTBOX_POLL_INTERVAL]. Default 500ms.
 	PollInterval time.Duration
@@ -144,6 +155,9 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			}
 		}
 		c.Sarama = sc
+	}
+	if err := kafkaSecurityFrom(get, lookup, &c); err != nil {
+		return c, err
 	}
 	for _, d := range []struct {
 		name string

@@ -156,9 +156,9 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 	pub := p.Publisher
 	var owned *relay.SaramaPublisher
 	if pub == nil {
-		sc := cfg.Sarama
-		if sc == nil {
-			sc = relay.DefaultSaramaConfig()
+		sc, err := cfg.saramaConfig()
+		if err != nil {
+			return nil, err
 		}
 		if owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err

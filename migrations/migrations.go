@@ -10,6 +10,10 @@
 // [outbox.Table] (names validated and quoted) and applies the ones not yet
 // applied, recording them in a table named <table>_migrations. Concurrent
 // callers (several pods starting at once) serialize on an advisory lock.
+//
+// roles.example.sql, beside them, is not a migration: a psql script that
+// grants least-privilege writer and relay roles on the table, to run after
+// the migrations as the role that owns the table.
 package migrations
 
 import (
@@ -28,7 +32,8 @@ import (
 	"github.com/fxoutbox/outbox"
 )
 
-// FS holds the migration files: NNNNNN_name.up.sql and NNNNNN_name.down.sql.
+// FS holds the migration files, NNNNNN_name.up.sql and NNNNNN_name.down.sql,
+// and roles.example.sql.
 //
 //go:embed *.sql
 var FS embed.FS
@@ -186,8 +191,17 @@ func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, 
 		return nil, fmt.Errorf("migrations: lock: %w", err)
 	}
 	if table.Schema != "" {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("migrations: create schema %s: %w", table.Schema, err)
+		// Only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
+		// database even when the schema exists, which a migration role that
+		// owns its schema does not have (see roles.example.sql).
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", table.Schema).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("migrations: look up schema %s: %w", table.Schema, err)
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
+				return nil, fmt.Errorf("migrations: create schema %s: %w", table.Schema, err)
+			}
 		}
 	}
 	if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+versions(table)+

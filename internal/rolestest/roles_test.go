@@ -1,0 +1,626 @@
+package rolestest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+const scriptFile = "roles.example.sql"
+
+// roles are a migrator, a writer and a relay role, created for one test.
+type roles struct {
+	admin                   *pgxpool.Pool
+	url                     string
+	migrator, writer, relay string
+	password                string
+}
+
+func newRoles(t *testing.T) *roles {
+	t.Helper()
+	admin := testenv.Pool(t)
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	r := &roles{
+		admin: admin, url: os.Getenv("DATABASE_URL"), password: hex.EncodeToString(b),
+		migrator: testenv.Name("outbox_mig_"), writer: testenv.Name("outbox_app_"), relay: testenv.Name("outbox_relay_"),
+	}
+	ctx := context.Background()
+	for _, name := range []string{r.migrator, r.writer, r.relay} {
+		if _, err := admin.Exec(ctx, "CREATE ROLE "+ident(name)+" LOGIN PASSWORD "+literal(r.password)); err != nil {
+			t.Fatalf("create role: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		all := ident(r.migrator) + ", " + ident(r.writer) + ", " + ident(r.relay)
+		if _, err := admin.Exec(ctx, "DROP OWNED BY "+all); err != nil {
+			t.Errorf("drop owned: %v", err)
+		}
+		if _, err := admin.Exec(ctx, "DROP ROLE "+all); err != nil {
+			t.Errorf("drop roles: %v", err)
+		}
+	})
+	return r
+}
+
+// pool connects as role with DATABASE_URL's host, port and database.
+func (r *roles) pool(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(r.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, r.password
+	cfg.MaxConns = 4
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// schema creates a schema owned by the migrator, applies the migrations as
+// the migrator (no superuser, no CREATE on the database), and then grants
+// far too much on the outbox objects, as loose defaults or earlier grants
+// might have: the script must take it all back.
+func (r *roles) schema(t *testing.T, mig *pgxpool.Pool) outbox.Table {
+	t.Helper()
+	ctx := context.Background()
+	tbl := outbox.Table{Schema: testenv.Name("roles_")}
+	if _, err := r.admin.Exec(ctx, "CREATE SCHEMA "+ident(tbl.Schema)+" AUTHORIZATION "+ident(r.migrator)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = r.admin.Exec(context.Background(), "DROP SCHEMA "+ident(tbl.Schema)+" CASCADE") })
+	if err := migrations.Up(ctx, mig, tbl); err != nil {
+		t.Fatalf("migrations.Up as the migration role: %v", err)
+	}
+	everyone := "PUBLIC, " + ident(r.writer) + ", " + ident(r.relay)
+	for _, sql := range []string{
+		"GRANT ALL ON TABLE " + tbl.Ident() + " TO " + everyone,
+		"GRANT ALL ON SEQUENCE " + seqIdent(tbl) + " TO " + everyone,
+		"GRANT ALL ON TABLE " + versionsIdent(tbl) + " TO " + everyone,
+		"GRANT UPDATE (payload, topic, headers) ON TABLE " + tbl.Ident() + " TO " + ident(r.relay),
+		"GRANT ALL ON SCHEMA " + ident(tbl.Schema) + " TO " + everyone,
+	} {
+		if _, err := r.admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	return tbl
+}
+
+// apply runs the script as the migrator, the way psql would with
+// -v schema=... -v table=... -v writer=... -v relay=...
+func (r *roles) apply(t *testing.T, tbl outbox.Table, script string) error {
+	t.Helper()
+	sql, err := render(script, map[string]string{
+		"schema": tbl.Schema, "table": tbl.WithDefaults().Name, "writer": r.writer, "relay": r.relay,
+	})
+	if err != nil {
+		t.Fatalf("render %s: %v", scriptFile, err)
+	}
+	cfg, err := pgx.ParseConfig(r.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Password = r.migrator, r.password
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+func readScript(t *testing.T) string {
+	t.Helper()
+	b, err := migrations.FS.ReadFile(scriptFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+var (
+	identVar   = regexp.MustCompile(`:"(\w+)"`)
+	literalVar = regexp.MustCompile(`:'(\w+)'`)
+	bareVar    = regexp.MustCompile(`(^|[^:]):\w`)
+)
+
+// render interprets the part of psql the script uses: -- comment lines,
+// \set NAME with :var and 'literal' arguments (concatenated, as psql does),
+// and :"var" (an identifier) and :'var' (a literal) in SQL. Anything else
+// psql would treat specially is an error, so the script stays runnable here.
+func render(script string, vars map[string]string) (string, error) {
+	vars = maps.Clone(vars)
+	var out strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(script))
+	for sc.Scan() {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "" || strings.HasPrefix(trimmed, "--"):
+			continue
+		case strings.HasPrefix(trimmed, `\set `):
+			f := strings.Fields(trimmed)
+			if len(f) < 3 {
+				return "", fmt.Errorf("bad \\set: %s", line)
+			}
+			var v strings.Builder
+			for _, a := range f[2:] {
+				switch {
+				case strings.HasPrefix(a, ":"):
+					val, ok := vars[a[1:]]
+					if !ok {
+						return "", fmt.Errorf("\\set uses undefined :%s", a[1:])
+					}
+					v.WriteString(val)
+				case len(a) >= 2 && a[0] == '\'' && a[len(a)-1] == '\'':
+					v.WriteString(a[1 : len(a)-1])
+				default:
+					v.WriteString(a)
+				}
+			}
+			vars[f[1]] = v.String()
+			continue
+		case strings.HasPrefix(trimmed, `\`):
+			return "", fmt.Errorf("unsupported psql meta-command: %s", line)
+		}
+		var missing error
+		sub := func(re *regexp.Regexp, quote func(string) string) {
+			line = re.ReplaceAllStringFunc(line, func(m string) string {
+				name := re.FindStringSubmatch(m)[1]
+				v, ok := vars[name]
+				if !ok {
+					missing = fmt.Errorf("undefined variable %s", name)
+				}
+				return quote(v)
+			})
+		}
+		sub(identVar, ident)
+		sub(literalVar, literal)
+		if missing != nil {
+			return "", missing
+		}
+		if bareVar.MatchString(line) {
+			return "", fmt.Errorf("unquoted psql variable (use :\"name\" or :'name'): %s", line)
+		}
+		out.WriteString(line + "\n")
+	}
+	return out.String(), sc.Err()
+}
+
+func ident(s string) string   { return pgx.Identifier{s}.Sanitize() }
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func seqIdent(t outbox.Table) string {
+	t = t.WithDefaults()
+	return pgx.Identifier{t.Schema, t.Name + "_id_seq"}.Sanitize()
+}
+
+func versionsIdent(t outbox.Table) string {
+	t = t.WithDefaults()
+	return pgx.Identifier{t.Schema, t.Name + "_migrations"}.Sanitize()
+}
+
+// violations compares every privilege the writer, the relay and PUBLIC
+// hold on the outbox objects (directly or through PUBLIC) with exactly what
+// the script should grant, and lists the differences. The columns come from
+// the catalog, so a column a later migration adds is checked too.
+func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
+	t.Helper()
+	ctx := context.Background()
+	tbl = tbl.WithDefaults()
+	rows, err := r.admin.Query(ctx, "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position", tbl.Schema, tbl.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(cols) < 10 {
+		t.Fatalf("columns of %s: %v, %v", tbl, cols, err)
+	}
+	relayUpdates := []string{"published_at", "attempts", "last_error", "parked_at"}
+	type check struct {
+		what, sql string
+		args      []any
+		want      bool
+	}
+	var checks []check
+	for _, role := range []string{r.writer, r.relay, "public"} {
+		name := role
+		if role != "public" {
+			name = map[string]string{r.writer: "writer", r.relay: "relay"}[role]
+		}
+		for _, p := range []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"} {
+			want := (name == "writer" && p == "INSERT") || (name == "relay" && (p == "SELECT" || p == "DELETE"))
+			checks = append(checks,
+				check{name + " " + p + " on the table", "SELECT has_table_privilege($1, $2, $3)", []any{role, tbl.Ident(), p}, want},
+				check{name + " " + p + " on the versions table", "SELECT has_table_privilege($1, $2, $3)", []any{role, versionsIdent(tbl), p}, false})
+		}
+		for _, c := range cols {
+			for _, p := range []string{"SELECT", "INSERT", "UPDATE", "REFERENCES"} {
+				want := (name == "writer" && p == "INSERT") || (name == "relay" && (p == "SELECT" || (p == "UPDATE" && slices.Contains(relayUpdates, c))))
+				checks = append(checks, check{name + " " + p + " on column " + c, "SELECT has_column_privilege($1, $2, $3, $4)", []any{role, tbl.Ident(), c, p}, want})
+			}
+		}
+		for _, p := range []string{"USAGE", "SELECT", "UPDATE"} {
+			checks = append(checks, check{name + " " + p + " on the id sequence", "SELECT has_sequence_privilege($1, $2, $3)", []any{role, seqIdent(tbl), p}, false})
+		}
+		checks = append(checks, check{name + " CREATE on the schema", "SELECT has_schema_privilege($1, $2, 'CREATE')", []any{role, tbl.Schema}, false})
+		if name != "public" {
+			checks = append(checks, check{name + " USAGE on the schema", "SELECT has_schema_privilege($1, $2, 'USAGE')", []any{role, tbl.Schema}, true})
+		}
+	}
+	var out []string
+	for _, c := range checks {
+		var got bool
+		if err := r.admin.QueryRow(ctx, c.sql, c.args...).Scan(&got); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		if got != c.want {
+			out = append(out, fmt.Sprintf("%s: has %v, want %v", c.what, got, c.want))
+		}
+	}
+	return out
+}
+
+// denied asserts that sql, run as the pool's role, fails with SQLSTATE
+// 42501 (insufficient_privilege).
+func denied(t *testing.T, who string, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string, args ...any) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), sql, args...)
+	if code := pgCode(err); code != "42501" {
+		t.Errorf("%s ran %q: err = %v, want SQLSTATE 42501", who, sql, err)
+	}
+}
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// okPublisher acknowledges everything and counts what it saw.
+type okPublisher struct {
+	mu  sync.Mutex
+	ids map[uuid.UUID]int
+}
+
+func (p *okPublisher) Publish(_ context.Context, msgs []relay.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ids == nil {
+		p.ids = map[uuid.UUID]int{}
+	}
+	for _, m := range msgs {
+		p.ids[m.EventID]++
+	}
+	return nil
+}
+
+func (p *okPublisher) seen(id uuid.UUID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ids[id] > 0
+}
+
+// warnings is a slog handler that keeps Warn and Error records.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	w.msgs = append(w.msgs, msg)
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.msgs)
+}
+
+// The writer and relay roles that roles.example.sql grants can do
+// everything the unit of work and the relay do, and are refused (42501)
+// everything else that matters.
+func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
+	t.Parallel()
+	r := newRoles(t)
+	ctx := context.Background()
+	mig := r.pool(t, r.migrator)
+	tbl := r.schema(t, mig)
+	if err := r.apply(t, tbl, readScript(t)); err != nil {
+		t.Fatalf("%s as the migration role: %v", scriptFile, err)
+	}
+	if v := r.violations(t, tbl); len(v) > 0 {
+		t.Fatalf("privileges differ from the script's intent:\n%s", strings.Join(v, "\n"))
+	}
+	// The writer's own business table, granted the way the script's
+	// comment suggests.
+	orders := pgx.Identifier{tbl.Schema, "orders"}.Sanitize()
+	if _, err := mig.Exec(ctx, "CREATE TABLE "+orders+" (id text PRIMARY KEY, total int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mig.Exec(ctx, "GRANT INSERT ON TABLE "+orders+" TO "+ident(r.writer)); err != nil {
+		t.Fatal(err)
+	}
+
+	writer := r.pool(t, r.writer)
+	relayDB := r.pool(t, r.relay)
+	notifier, err := unitofwork.NewNotifier(writer, tbl, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notifier.Close()
+	uow, err := unitofwork.New(writer, &unitofwork.Config{Service: "svc", Table: tbl, OnCommit: notifier.OnCommit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := func(id string, events int) []uuid.UUID {
+		t.Helper()
+		var ids []uuid.UUID
+		err := uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" (id, total) VALUES ($1, 10)", id); err != nil {
+				return err
+			}
+			var evs []outbox.Event
+			for i := range events {
+				e := outbox.Event{ID: uuid.Must(uuid.NewV7()), AggregateType: "order", AggregateID: fmt.Sprintf("%s-%d", id, i),
+					Type: "order.placed.v1", Topic: "orders", Payload: map[string]string{"id": id}, Headers: map[string]string{"tenant": "acme"}}
+				ids = append(ids, e.ID)
+				evs = append(evs, e)
+			}
+			return tx.Add(ctx, evs...)
+		})
+		if err != nil {
+			t.Fatalf("writer: unitofwork.Do: %v", err)
+		}
+		return ids
+	}
+	state := func(id uuid.UUID) (published, parked bool, attempts int) {
+		t.Helper()
+		err := r.admin.QueryRow(ctx, "SELECT published_at IS NOT NULL, parked_at IS NOT NULL, attempts FROM "+tbl.Ident()+" WHERE event_id = $1", id).
+			Scan(&published, &parked, &attempts)
+		if err != nil {
+			t.Fatalf("event %s: %v", id, err)
+		}
+		return
+	}
+
+	t.Run("writer", func(t *testing.T) {
+		order("o-1", 1) // one event: INSERT ... VALUES
+		order("o-2", 3) // several: INSERT ... SELECT FROM unnest
+		if err := migrations.CheckTable(ctx, writer, tbl); err != nil {
+			t.Errorf("CheckTable (fxoutbox's start without Migrate): %v", err)
+		}
+		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", tbl.Channel()); err != nil {
+			t.Errorf("NOTIFY: %v", err)
+		}
+		who := "writer"
+		denied(t, who, writer, "SELECT count(*) FROM "+tbl.Ident())
+		denied(t, who, writer, "UPDATE "+tbl.Ident()+" SET published_at = now()")
+		denied(t, who, writer, "UPDATE "+tbl.Ident()+" SET payload = '{}'")
+		denied(t, who, writer, "DELETE FROM "+tbl.Ident())
+		denied(t, who, writer, "TRUNCATE "+tbl.Ident())
+		denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k') RETURNING id")
+		denied(t, who, writer, "SELECT nextval($1::regclass)", seqIdent(tbl))
+		denied(t, who, writer, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
+		denied(t, who, writer, "SELECT * FROM "+versionsIdent(tbl))
+		denied(t, who, writer, "CREATE TABLE "+pgx.Identifier{tbl.Schema, "evil"}.Sanitize()+" (i int)")
+		if err := migrations.Up(ctx, writer, tbl); pgCode(err) != "42501" {
+			t.Errorf("writer ran migrations.Up: err = %v, want SQLSTATE 42501", err)
+		}
+	})
+
+	t.Run("relay", func(t *testing.T) {
+		ok := &okPublisher{}
+		for _, ordering := range []relay.Ordering{relay.PerKey, relay.Unordered} {
+			ids := order("o-"+ordering.String(), 2)
+			rl, err := relay.New(relayDB, ok, &relay.Config{Table: tbl, Ordering: ordering})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for {
+				n, err := rl.RunOnce(ctx)
+				if err != nil {
+					t.Fatalf("%v: relay RunOnce: %v", ordering, err)
+				}
+				if n == 0 {
+					break
+				}
+			}
+			for _, id := range ids {
+				if pub, _, _ := state(id); !pub || !ok.seen(id) {
+					t.Errorf("%v: event %s not published", ordering, id)
+				}
+			}
+		}
+
+		// Permanent failures: attempts counted, then parked; ListParked and
+		// Requeue work as the relay role too.
+		bad := order("o-bad", 2)
+		failing := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+			failed := map[int]error{}
+			for i := range msgs {
+				failed[i] = relay.Permanent(errors.New("kafka server: Message was too large"))
+			}
+			return &relay.BatchError{Failed: failed}
+		})
+		rl, err := relay.New(relayDB, failing, &relay.Config{Table: tbl, MaxAttempts: 2, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := rl.RunOnce(ctx); err != nil {
+				t.Fatalf("RunOnce with permanent failures: %v", err)
+			}
+		}
+		for _, id := range bad {
+			if pub, parked, attempts := state(id); pub || !parked || attempts != 2 {
+				t.Errorf("failing event %s: published %v, parked %v, attempts %d; want parked after 2", id, pub, parked, attempts)
+			}
+		}
+		parked, err := relay.ListParked(ctx, relayDB, tbl, 10)
+		if err != nil || len(parked) != 2 || !strings.Contains(parked[0].LastError, "too large") {
+			t.Fatalf("ListParked as relay: %+v, %v", parked, err)
+		}
+		if n, err := relay.Requeue(ctx, relayDB, tbl, bad...); err != nil || n != 2 {
+			t.Fatalf("Requeue as relay: %d, %v", n, err)
+		}
+		rl, err = relay.New(relayDB, ok, &relay.Config{Table: tbl, Retention: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := rl.RunOnce(ctx); err != nil || n != 2 {
+			t.Fatalf("RunOnce after requeue: %d, %v", n, err)
+		}
+
+		// Retention: the relay deletes what it published.
+		time.Sleep(20 * time.Millisecond)
+		var published int
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NOT NULL").Scan(&published); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := rl.Cleanup(ctx); err != nil || n != published || n == 0 {
+			t.Fatalf("Cleanup as relay: %d, %v; want %d", n, err, published)
+		}
+
+		who := "relay"
+		denied(t, who, relayDB, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k')")
+		for _, col := range []string{"payload = '{\"forged\": true}'", "topic = 'elsewhere'", "partition_key = 'k'", "headers = '{}'",
+			"event_id = gen_random_uuid()", "event_type = 'x'", "created_at = now()"} {
+			denied(t, who, relayDB, "UPDATE "+tbl.Ident()+" SET "+col)
+		}
+		denied(t, who, relayDB, "TRUNCATE "+tbl.Ident())
+		denied(t, who, relayDB, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
+		denied(t, who, relayDB, "SELECT * FROM "+versionsIdent(tbl))
+		denied(t, who, relayDB, "SELECT * FROM "+orders)
+		denied(t, who, relayDB, "CREATE TABLE "+pgx.Identifier{tbl.Schema, "evil"}.Sanitize()+" (i int)")
+	})
+
+	t.Run("listen", func(t *testing.T) {
+		// The relay LISTENs as its role and wakes on the writer's NOTIFY:
+		// with an hour-long poll interval, nothing else publishes in time.
+		ok := &okPublisher{}
+		logs := &warnings{}
+		rl, err := relay.New(relayDB, ok, &relay.Config{Table: tbl, Listen: true, PollInterval: time.Hour, Retention: -1, Logger: slog.New(logs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rl.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := rl.Stop(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitFor(t, "the relay's LISTEN", func() bool {
+			var n int
+			_ = r.admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND state = 'idle' AND query LIKE 'LISTEN %'", r.relay).Scan(&n)
+			return n == 1
+		})
+		time.Sleep(200 * time.Millisecond) // the wake-up after LISTEN has run
+		ids := order("o-listen", 1)
+		waitFor(t, "the event published after NOTIFY", func() bool { return ok.seen(ids[0]) })
+		if w := logs.all(); len(w) > 0 {
+			t.Errorf("relay warned: %q", w)
+		}
+	})
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Each REVOKE in the script is load-bearing, and no GRANT is wider than the
+// checks allow: applied without one of its REVOKEs, or with a GRANT
+// widened, the script leaves privileges that TestRolesDoTheirJobsAndNothingMore
+// would find. (Against the loose starting grants of roles.schema.)
+func TestRolesScriptGuardsAreLoadBearing(t *testing.T) {
+	t.Parallel()
+	r := newRoles(t)
+	mig := r.pool(t, r.migrator)
+	script := readScript(t)
+	type mutation struct{ name, from, to string }
+	var muts []mutation
+	for _, line := range strings.Split(script, "\n") {
+		if strings.HasPrefix(line, "REVOKE ") {
+			muts = append(muts, mutation{"without " + line, line, ""})
+		}
+	}
+	if len(muts) != 5 {
+		t.Fatalf("found %d REVOKE statements, want 5: update this test with the script", len(muts))
+	}
+	muts = append(muts,
+		mutation{"writer also SELECT", `GRANT INSERT ON TABLE`, `GRANT INSERT, SELECT ON TABLE`},
+		mutation{"writer also UPDATE", `GRANT INSERT ON TABLE`, `GRANT INSERT, UPDATE ON TABLE`},
+		mutation{"relay UPDATE on the whole table", `GRANT UPDATE (published_at, attempts, last_error, parked_at) ON TABLE`, `GRANT UPDATE ON TABLE`},
+		mutation{"relay UPDATE of payload", `GRANT UPDATE (published_at,`, `GRANT UPDATE (payload, published_at,`},
+		mutation{"relay also INSERT", `GRANT SELECT, DELETE ON TABLE`, `GRANT SELECT, INSERT, DELETE ON TABLE`},
+		mutation{"relay TRUNCATE", `GRANT SELECT, DELETE ON TABLE`, `GRANT SELECT, DELETE, TRUNCATE ON TABLE`},
+		mutation{"CREATE on the schema", `GRANT USAGE ON SCHEMA`, `GRANT USAGE, CREATE ON SCHEMA`},
+	)
+	for _, m := range muts {
+		mutated := strings.Replace(script, m.from, m.to, 1)
+		if mutated == script {
+			t.Fatalf("%s: %q not found in the script", m.name, m.from)
+		}
+		tbl := r.schema(t, mig)
+		if err := r.apply(t, tbl, mutated); err != nil {
+			t.Fatalf("%s: apply: %v", m.name, err)
+		}
+		if v := r.violations(t, tbl); len(v) == 0 {
+			t.Errorf("%s: no check noticed", m.name)
+		} else {
+			t.Logf("%s: caught: %s", m.name, v[0])
+		}
+	}
+}
