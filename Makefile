@@ -10,7 +10,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 # Runs a command with DATABASE_URL exported.
 WITH_PG = set -euo pipefail; eval "export $$(scripts/pg.sh up)";
 
-.PHONY: test test-kafka demo bench lint vet fmt pg-up pg-down kafka-up kafka-down devkafka-up devkafka-down clean
+.PHONY: test test-kafka demo bench lint vulncheck vet fmt pg-up pg-down kafka-up kafka-down devkafka-up devkafka-down clean
 
 ## test: every test, on PostgreSQL and the in-process development broker (kfake), with -race.
 test:
@@ -22,10 +22,11 @@ test:
 	OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
-## test-kafka: the same tests against a real Apache Kafka broker (KAFKA_BROKERS, or one scripts/kafka.sh starts).
+## test-kafka: the same tests against a real Apache Kafka broker (KAFKA_BROKERS, or one scripts/kafka.sh starts),
+## plus the broker-crash tests of internal/faulttest (on a broker of their own, started by scripts/kafka.sh).
 test-kafka:
 	@$(WITH_PG) \
-	eval "export $$(scripts/kafka.sh up)"; \
+	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
 	echo "== go test on Apache Kafka (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
 	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
@@ -33,6 +34,40 @@ test-kafka:
 ## demo: the example orders service end to end (embedded broker unless KAFKA_BROKERS is set).
 demo:
 	@$(WITH_PG) cd examples && $(GO) run ./cmd/demo
+
+## bench: fxoutbox vs the seed's relay vs watermill (bench/, own module) -> bench/results.json; BENCH_QUICK=1: < 2 min; KAFKA_BROKERS: real broker.
+bench:
+	@$(WITH_PG) cd bench && BENCH_QUICK='$(BENCH_QUICK)' KAFKA_BROKERS='$(KAFKA_BROKERS)' $(GO) run . && \
+	mkdir -p out && $(GO) run ./chart -out out/benchmarks.png
+
+## vulncheck: govulncheck on the library against the Go vulnerability database, built from the golang.org/x/vulndb module (VULNDB=latest or a version; VULNDB_URL=https://vuln.go.dev to use the online one).
+# vuln.go.dev is not reachable from every machine (a sandbox may reach only
+# a module proxy), but the database's source, golang.org/x/vulndb, is a Go
+# module: the target fetches it through GOPROXY, indexes it once per
+# version into .cache/vulndb/ with the module's own cmd/indexdb, and points
+# govulncheck at that copy. Exit status 3 means vulnerable code is called.
+GOVULNCHECK_VERSION ?= v1.9.0
+# The standard library is checked as of this toolchain (fetched through
+# GOPROXY when the local Go is older): build with it or newer.
+VULNCHECK_TOOLCHAIN ?= go1.26.10
+VULNDB ?= latest
+vulncheck:
+	@set -euo pipefail; \
+	if [ -n "$${VULNDB_URL:-}" ]; then db="$$VULNDB_URL"; else \
+		ver=$$(cd / && $(GO) list -m -f '{{.Version}}' golang.org/x/vulndb@$(VULNDB)); \
+		dir="$(CURDIR)/.cache/vulndb/$$ver"; \
+		if [ ! -f "$$dir/index/db.json" ]; then \
+			echo "== indexing golang.org/x/vulndb@$$ver into $$dir"; \
+			(cd / && $(GO) mod download golang.org/x/vulndb@$$ver); \
+			rm -rf "$(CURDIR)/.cache/vulndb"; mkdir -p "$(CURDIR)/.cache/vulndb"; \
+			(cd / && $(GO) run golang.org/x/vulndb/cmd/indexdb@$$ver \
+				-vulns "$$($(GO) env GOMODCACHE)/golang.org/x/vulndb@$$ver/data/osv" -out "$$dir.tmp"); \
+			mv "$$dir.tmp" "$$dir"; \
+		fi; \
+		db="file://$$dir"; \
+	fi; \
+	echo "== govulncheck $(GOVULNCHECK_VERSION), database $$db"; \
+	GOTOOLCHAIN=$(VULNCHECK_TOOLCHAIN) $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db "$$db" ./...
 
 ## lint: gofmt and go vet on both modules.
 lint:
