@@ -33,10 +33,11 @@ type row struct {
 // RunOnce claims one batch, publishes it, marks what was acknowledged and
 // records permanent failures, in one transaction bounded by BatchTimeout. It
 // returns the number of events marked published, and an error when a
-// transient failure (broker unavailable, timeout, database error) left
-// events unpublished; the caller should then back off. A permanent failure
-// (see PermanentError) is recorded on its event (attempts, last_error,
-// parked after MaxAttempts) and is not returned. RunOnce may run
+// failure left events to retry: a transient one (broker unavailable,
+// timeout, database error), or a permanent one (see PermanentError) that was
+// recorded on its event (attempts, last_error) but has attempts left; the
+// caller should then back off. An event parked in this batch is not an
+// error. RunOnce may run
 // concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
@@ -77,8 +78,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			}
 		}
 	}
+	var parked map[int64]bool
 	if len(ids) > 0 || len(failed) > 0 {
-		parked, err := r.record(ctx, tx, ids, rows, errs, failed)
+		parked, err = r.record(ctx, tx, ids, rows, errs, failed)
 		if err != nil {
 			return 0, err
 		}
@@ -91,6 +93,14 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	r.metrics.record(ctx, rows, errs, acked)
 	if transient != nil {
 		return len(ids), fmt.Errorf("relay: %d of %d events not published: %w", nTrans, len(rows), transient)
+	}
+	// Events charged but not parked are retried with backoff, so a failure
+	// that was not so permanent after all (a topic being created, a broker
+	// restarting) has time to pass before they run out of attempts.
+	for _, i := range failed {
+		if !parked[rows[i].id] {
+			return len(ids), fmt.Errorf("relay: %d of %d events failed permanently, retrying until parked: %w", len(failed)-len(parked), len(rows), errs[i])
+		}
 	}
 	return len(ids), nil
 }

@@ -138,7 +138,7 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 		}
 		transient.Store(false)
 		for range 4 {
-			if _, err := r.RunOnce(s.ctx); err != nil && !errors.Is(err, relay.ErrHeld) {
+			if _, err := r.RunOnce(s.ctx); err != nil && !relay.IsPermanent(err) {
 				t.Fatalf("%v: RunOnce: %v", policy, err)
 			}
 		}
