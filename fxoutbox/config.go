@@ -86,6 +86,14 @@ type Config struct {
 	// notifications on a dedicated connection; it then relies on
 	// in-process wake-ups and its ticker [OUTBOX_LISTEN=off]. Default false.
 	DisableListen bool
+	// MaxAttempts is how many permanent failures (too large, invalid or
+	// missing topic, rejected record) an event may have before it is parked
+	// [OUTBOX_MAX_ATTEMPTS]. Default 5.
+	MaxAttempts int
+	// Poison is relay.Park (default: set a failing event aside so its key
+	// flows on) or relay.Hold (retry it forever, blocking its key)
+	// [OUTBOX_POISON=park|hold].
+	Poison relay.PoisonPolicy
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -200,6 +208,21 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			c.Ordering = relay.Unordered
 		default:
 			return c, bad("OUTBOX_ORDERING", v, `"per-key" or "unordered"`)
+		}
+	}
+	if v, ok := get("OUTBOX_MAX_ATTEMPTS"); ok {
+		if c.MaxAttempts, err = strconv.Atoi(v); err != nil || c.MaxAttempts <= 0 {
+			return c, bad("OUTBOX_MAX_ATTEMPTS", v, "a positive number")
+		}
+	}
+	if v, ok := get("OUTBOX_POISON"); ok {
+		switch v {
+		case "park":
+			c.Poison = relay.Park
+		case "hold":
+			c.Poison = relay.Hold
+		default:
+			return c, bad("OUTBOX_POISON", v, `"park" or "hold"`)
 		}
 	}
 	if v, ok := get("OUTBOX_LANES"); ok {

@@ -27,6 +27,8 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_ORDERING":      "unordered",
 		"OUTBOX_LANES":         "128",
 		"OUTBOX_RETENTION":     "forever",
+		"OUTBOX_MAX_ATTEMPTS":  "9",
+		"OUTBOX_POISON":        "hold",
 	}
 	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
@@ -35,7 +37,7 @@ func TestConfigFromEnv(t *testing.T) {
 	if c.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
 		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.PollInterval != 100*time.Millisecond ||
 		c.BatchSize != 200 || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Ordering != relay.Unordered ||
-		c.Lanes != 128 || c.Retention >= 0 || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
+		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != relay.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
 	if topic, _ := c.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {
@@ -44,7 +46,7 @@ func TestConfigFromEnv(t *testing.T) {
 	for k, v := range map[string]string{
 		"OUTBOX_POLL_INTERVAL": "soon", "OUTBOX_BATCH_SIZE": "-1", "OUTBOX_MIGRATE": "maybe",
 		"OUTBOX_TOPIC_NAMING": "random", "KAFKA_VERSION": "latest", "OUTBOX_TABLE": "x;y", "OUTBOX_RELAY": "sometimes",
-		"OUTBOX_ORDERING": "random", "OUTBOX_LANES": "x", "OUTBOX_RETENTION": "-1h", "OUTBOX_LISTEN": "nah",
+		"OUTBOX_ORDERING": "random", "OUTBOX_LANES": "x", "OUTBOX_RETENTION": "-1h", "OUTBOX_LISTEN": "nah", "OUTBOX_MAX_ATTEMPTS": "0", "OUTBOX_POISON": "drop",
 	} {
 		_, err := configFrom(func(name string) (string, bool) { return v, name == k })
 		var ce *outbox.ConfigError

@@ -155,6 +155,7 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 	}
 	pub := p.Publisher
 	var owned *relay.SaramaPublisher
+	maxMessage := 0 // the relay's default, for a publisher of the app's own
 	if pub == nil {
 		sc, err := cfg.saramaConfig()
 		if err != nil {
@@ -163,22 +164,25 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		if owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err
 		}
-		pub = owned
+		pub, maxMessage = owned, sc.Producer.MaxMessageBytes
 	}
 	r, err := relay.New(p.Pool, pub, &relay.Config{
-		Table:          cfg.Table,
-		PollInterval:   cfg.PollInterval,
-		BatchSize:      cfg.BatchSize,
-		BatchTimeout:   cfg.BatchTimeout,
-		MaxBackoff:     cfg.MaxBackoff,
-		Ordering:       cfg.Ordering,
-		Lanes:          cfg.Lanes,
-		Retention:      cfg.Retention,
-		Listen:         !cfg.DisableListen,
-		Logger:         p.Logger,
-		TracerProvider: p.TracerProvider,
-		MeterProvider:  p.MeterProvider,
-		Propagator:     p.Propagator,
+		Table:           cfg.Table,
+		PollInterval:    cfg.PollInterval,
+		BatchSize:       cfg.BatchSize,
+		BatchTimeout:    cfg.BatchTimeout,
+		MaxBackoff:      cfg.MaxBackoff,
+		Ordering:        cfg.Ordering,
+		Lanes:           cfg.Lanes,
+		Retention:       cfg.Retention,
+		Listen:          !cfg.DisableListen,
+		MaxAttempts:     cfg.MaxAttempts,
+		Poison:          cfg.Poison,
+		MaxMessageBytes: maxMessage,
+		Logger:          p.Logger,
+		TracerProvider:  p.TracerProvider,
+		MeterProvider:   p.MeterProvider,
+		Propagator:      p.Propagator,
 	})
 	if err != nil {
 		return nil, err
