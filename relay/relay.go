@@ -4,30 +4,54 @@
 //
 // # The loop
 //
-// A started Relay runs one goroutine. It claims up to BatchSize rows with
-//
-//	SELECT ... WHERE published_at IS NULL ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED
-//
-// publishes them through its [Publisher] (acks=all, idempotent: see
+// A started Relay runs one goroutine. Each batch it claims up to BatchSize
+// events, publishes them through its [Publisher] (acks=all, idempotent: see
 // [NewSaramaPublisher]), sets published_at on the acknowledged ones and
 // commits. While batches come back full it claims the next one at once;
 // otherwise it waits for its time.Ticker (PollInterval, default 500 ms) or
-// for [Relay.Wake], which the fxoutbox module calls when an in-process
-// UnitOfWork commits events. Several relays, in one process or many, may
-// share a table: SKIP LOCKED hands each batch to one of them.
+// for a wake-up: [Relay.Wake], which the fxoutbox module calls when an
+// in-process UnitOfWork commits, or, with Listen, a NOTIFY from writers in
+// other processes (unitofwork.Notifier). [Relay.RunOnce] runs one batch
+// without the loop.
 //
-// A failed batch leaves its rows unpublished; the relay backs off
+// # Order per key, with many replicas
+//
+// Several relays, in one process or many, may share a table. Under the
+// default [PerKey] ordering, partition keys hash into Lanes (64). A claim
+// looks at the lanes of the oldest unpublished events, takes
+// transaction-scoped advisory locks on enough of them to cover a batch
+// (pg_try_advisory_xact_lock: lanes another relay holds are skipped, never
+// waited for), and then, in a new statement whose snapshot is taken after
+// the locks were granted, reads those lanes' events in id order. One relay
+// at a time publishes a lane, and it sees everything the previous holder
+// marked, so each key's first deliveries keep write order through crashes.
+// [Unordered] uses the classic "ORDER BY id FOR UPDATE SKIP LOCKED" claim:
+// a little faster, but two replicas can publish one key's events out of
+// order.
+//
+// # Failures
+//
+// A transient failure (broker unavailable, timeout, lost connection) leaves
+// its events unpublished and charges nothing; the relay backs off
 // exponentially with jitter (PollInterval up to MaxBackoff) instead of
-// spinning, logs the failure once and logs again when it recovers.
+// spinning, logs the failure once and logs again when it recovers. A
+// permanent failure ([PermanentError]: too large, invalid or missing topic,
+// rejected record) is charged to its event (attempts, last_error); after
+// MaxAttempts the event is parked ([Park]) and no longer blocks its key, or
+// it is retried forever with its key waiting ([Hold]). Events the relay
+// refuses before sending (invalid topic name, over MaxMessageBytes) are
+// parked at once. After any failure of a key, its later events in the batch
+// wait. [ListParked] and [Requeue] manage parked events.
 //
 // # Bounds
 //
 // Each batch runs under BatchTimeout (default 30 s). Its transaction also sets
 // idle_in_transaction_session_timeout, so a relay that hangs or is frozen
 // while holding rows loses its locks on the server side and another relay
-// takes them over.
+// takes them over. Published rows are deleted after Retention (72 h), in
+// statements of CleanupBatch rows.
 //
-// # Tracing
+// # Observability
 //
 // For every event the relay starts a span "publish <topic>" (kind producer,
 // attributes messaging.system=kafka, messaging.operation.name=publish,
@@ -35,7 +59,9 @@
 // messaging.message.id, messaging.kafka.message.key) whose parent is the
 // trace context stored with the event, and sends the span's context as the
 // W3C traceparent/tracestate headers. A consumer that extracts them continues
-// the trace of the request that wrote the event.
+// the trace of the request that wrote the event. The metrics are listed with
+// [MetricPublished]; [Relay.Health] serves readiness probes; logs never
+// carry payloads or header values.
 package relay
 
 import (
