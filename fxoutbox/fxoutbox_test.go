@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
-	"go.uber.org/goleak"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
@@ -21,9 +20,7 @@ import (
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 func TestModuleEndToEnd(t *testing.T) {
 	pool := testenv.Pool(t)

@@ -3,11 +3,9 @@ package relay_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	// go-metrics, used inside sarama, starts one global ticker goroutine on
-	// first use and never stops it.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
-}
+// TestMain checks for leaked goroutines (goleak) and skips the package
+// without DATABASE_URL.
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/migrations"
@@ -90,28 +91,62 @@ func Topic(t testing.TB, brokers []string, partitions int32) string {
 	return name
 }
 
-// CreateTopic creates the named topic, waiting until its metadata is visible.
+// CreateTopic creates the named topic and waits until every partition's
+// leader serves it.
+//
+// Visible metadata is not enough on Apache Kafka (KRaft): a broker publishes
+// a new metadata image to its metadata cache before its replica manager
+// creates the partitions, so for a moment Metadata names the broker as leader
+// while ListOffsets (and so sarama's ConsumePartition) still fails with
+// NOT_LEADER_OR_FOLLOWER. CreateTopic therefore waits until ListOffsets
+// answers for every partition.
 func CreateTopic(t testing.TB, brokers []string, name string, partitions int32) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
+	client, err := sarama.NewClient(brokers, saramaConfig())
 	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		_ = client.Close()
 		t.Fatalf("kafka admin: %v", err)
 	}
-	defer admin.Close()
+	defer admin.Close() // closes client too
 	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
 		t.Fatalf("create topic %s: %v", name, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		md, err := admin.DescribeTopics([]string{name})
-		if err == nil && len(md) == 1 && md[0].Err == sarama.ErrNoError && len(md[0].Partitions) == int(partitions) {
+		err := topicReady(client, name, partitions)
+		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("topic %s not ready: %v", name, err)
+			t.Fatalf("topic %s not ready after 30s: %v", name, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// topicReady reports why topic is not yet usable: its metadata must list
+// every partition with a leader, and each leader must answer ListOffsets.
+func topicReady(client sarama.Client, topic string, partitions int32) error {
+	if err := client.RefreshMetadata(topic); err != nil {
+		return err
+	}
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		return err
+	}
+	if len(ps) != int(partitions) {
+		return fmt.Errorf("metadata lists %d partitions, want %d", len(ps), partitions)
+	}
+	for _, p := range ps {
+		if _, err := client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
+			return fmt.Errorf("partition %d: %w", p, err)
+		}
+	}
+	return nil
 }
 
 func saramaConfig() *sarama.Config {
@@ -207,6 +242,36 @@ func (c *Consumer) WaitFor(n int, timeout time.Duration) []*sarama.ConsumerMessa
 	}
 }
 
+// RecordCount returns how many records the partitions of topic hold from
+// their oldest offset to their high-water mark: once everything was
+// published, Consumer.WaitFor(RecordCount(...)) has read all of it,
+// duplicates included.
+func RecordCount(t testing.TB, brokers []string, topic string) int {
+	t.Helper()
+	client, err := sarama.NewClient(brokers, saramaConfig())
+	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	defer client.Close()
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatalf("partitions of %s: %v", topic, err)
+	}
+	var n int64
+	for _, p := range ps {
+		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatalf("high-water mark of %s/%d: %v", topic, p, err)
+		}
+		lo, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatalf("oldest offset of %s/%d: %v", topic, p, err)
+		}
+		n += hw - lo
+	}
+	return int(n)
+}
+
 // Header returns the value of the named header of m, or "".
 func Header(m *sarama.ConsumerMessage, name string) string {
 	for _, h := range m.Headers {
@@ -215,4 +280,35 @@ func Header(m *sarama.ConsumerMessage, name string) string {
 		}
 	}
 	return ""
+}
+
+// Main runs a package's tests (and runnable examples, which cannot skip)
+// only when the services they need are configured: without DATABASE_URL it
+// reports why and exits 0, unless OUTBOX_TEST_REQUIRE=1. It then checks for
+// leaked goroutines with goleak, ignoring go-metrics' global ticker that
+// sarama starts on first use.
+func Main(m *testing.M) {
+	if os.Getenv("DATABASE_URL") == "" && os.Getenv("OUTBOX_TEST_REQUIRE") != "1" {
+		fmt.Println("skipping: DATABASE_URL is not set (run `make test`, which starts PostgreSQL)")
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
+}
+
+// ExampleDB connects to DATABASE_URL and migrates a fresh schema for a
+// runnable example; cleanup drops the schema and closes the pool.
+func ExampleDB() (pool *pgxpool.Pool, table outbox.Table, cleanup func()) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	table = outbox.Table{Schema: Name("ex_")}
+	if err := migrations.Up(ctx, pool, table); err != nil {
+		panic(err)
+	}
+	return pool, table, func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+table.Schema+" CASCADE")
+		pool.Close()
+	}
 }
