@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -86,10 +87,12 @@ type SaramaPublisher struct {
 
 	mu         sync.Mutex
 	producer   sarama.AsyncProducer
-	client     sarama.Client // the producer's; closed after it
-	connecting chan struct{} // closed when the connect in flight ends
-	connErr    error         // the last connect's error
-	stale      bool          // producer had a transient failure: replace it
+	client     sarama.Client   // the producer's; closed after it
+	drained    <-chan struct{} // closed when the producer's results are all resolved
+	connecting chan struct{}   // closed when the connect in flight ends
+	connErr    error           // the last connect's error
+	stale      bool            // producer had a transient failure: replace it
+	careful    atomic.Bool     // a recent batch failed: one message per key in flight
 	closed     bool
 	wg         sync.WaitGroup
 }
@@ -144,16 +147,18 @@ type pkey struct{ topic, key string }
 
 // Publish sends msgs and waits for every acknowledgement or ctx.
 //
-// Of the messages that share a topic and key, Publish hands the producer
-// one at a time, the next when the previous one was acknowledged. So a key
-// never has a failed message followed by a delivered one: the later event
-// would be in Kafka before the failed one, which the relay sends again
-// after it. (sarama can fail one message and deliver the next of the same
-// partition: it fails each message that finds no leader, e.g. while its
-// circuit breaker is open after a broker crash, and goes on with the next
-// once the broker is back.) After a failure the rest of that key's messages
-// are not sent and fail with ErrHeld. Messages of different keys are in
-// flight together, so the producer still batches them per partition.
+// Normally every message goes to the producer at once, which batches them
+// per partition; the idempotent producer keeps each partition's order
+// through its own retries. But sarama can fail one message and deliver the
+// next of the same partition: it fails each message that finds no leader,
+// e.g. while its circuit breaker is open after a broker crash, and goes on
+// with the next once the broker is back. A later event of a key would then
+// be in Kafka before the failed one, which the relay sends again after it.
+// So after a failed batch, until a batch succeeds whole, Publish is careful:
+// it hands the producer one message per key at a time, the next when the
+// previous one was acknowledged, and after a failure the rest of that key's
+// messages are not sent and fail with ErrHeld. Messages of different keys
+// are still in flight together.
 //
 // After a transient failure, or when ctx ends, the producer is replaced
 // before the next batch: a new one starts without open circuit breakers and
@@ -169,12 +174,16 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	}
 	b := &batch{results: make(chan result, len(msgs))}
 	keys := make([]pkey, len(msgs))
-	queued := map[pkey][]int{} // each key's messages not sent yet, in order
+	// Careful (after a failure, until a batch succeeds whole): one message
+	// per key in flight, so a failure cannot be followed by a later message
+	// of its key getting through. Otherwise everything goes at once.
+	careful := p.careful.Load()
+	queued := map[pkey][]int{} // careful: each key's messages not sent yet, in order
 	var firsts []int
 	for i, m := range msgs {
 		k := pkey{m.Topic, string(m.Key)}
 		keys[i] = k
-		if _, ok := queued[k]; !ok {
+		if _, ok := queued[k]; !ok || !careful {
 			firsts = append(firsts, i)
 			queued[k] = []int{}
 		} else {
@@ -236,6 +245,7 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 			return fmt.Errorf("relay: publish: waiting for acknowledgements: %w", ctx.Err())
 		}
 	}
+	p.careful.Store(len(failed) > 0)
 	if len(failed) > 0 {
 		return &BatchError{Failed: failed}
 	}
@@ -245,6 +255,7 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 // replace marks prod to be closed and replaced by a new producer at the
 // next connect, unless it was already.
 func (p *SaramaPublisher) replace(prod sarama.AsyncProducer) {
+	p.careful.Store(true)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.producer == prod {
@@ -264,9 +275,17 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 	}
 	if p.producer != nil && p.stale {
 		// AsyncClose delivers or fails what the old producer still holds
-		// (messages of abandoned batches), then ends its two goroutines.
-		p.producer.AsyncClose()
-		p.producer, p.stale = nil, false
+		// (messages of abandoned batches), then ends its two goroutines;
+		// its client is closed after them.
+		prod, client, drained := p.producer, p.client, p.drained
+		p.producer, p.client, p.drained, p.stale = nil, nil, nil, false
+		prod.AsyncClose()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			<-drained
+			_ = client.Close()
+		}()
 	}
 	if p.producer != nil {
 		defer p.mu.Unlock()
@@ -295,7 +314,7 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 				_ = client.Close()
 			default:
 				p.producer, p.client, p.connErr = prod, client, nil
-				p.dispatch(prod)
+				p.drained = p.dispatch(prod)
 			}
 			p.connecting = nil
 			close(done)
@@ -348,21 +367,33 @@ func (p *SaramaPublisher) Ping(ctx context.Context) error {
 	}
 }
 
-// dispatch starts the two goroutines that resolve acknowledgements.
-func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) {
-	p.wg.Add(2)
+// dispatch starts the two goroutines that resolve acknowledgements. The
+// returned channel is closed when both have ended (the producer is closed).
+func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) <-chan struct{} {
+	var both sync.WaitGroup
+	both.Add(2)
+	p.wg.Add(3)
 	go func() {
 		defer p.wg.Done()
+		defer both.Done()
 		for m := range prod.Successes() {
 			m.Metadata.(ticket).resolve(nil)
 		}
 	}()
 	go func() {
 		defer p.wg.Done()
+		defer both.Done()
 		for e := range prod.Errors() {
 			e.Msg.Metadata.(ticket).resolve(classifySarama(e.Err))
 		}
 	}()
+	drained := make(chan struct{})
+	go func() {
+		defer p.wg.Done()
+		both.Wait()
+		close(drained)
+	}()
+	return drained
 }
 
 // Close flushes and closes the producer and waits for its goroutines,

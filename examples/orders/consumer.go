@@ -145,6 +145,13 @@ func newConsumer(lc fx.Lifecycle, c Config, tp trace.TracerProvider, prop propag
 	con.sarama = sc
 	lc.Append(fx.Hook{
 		OnStart: func(context.Context) error {
+			// A service creates the topics it owns: brokers with
+			// auto-creation off (Apache Kafka's recommended setting) would
+			// otherwise reject its events. A broker that is down is not an
+			// error here: the relay retries until it is back.
+			if err := ensureTopics(cc.Brokers, sc, topics, 12); err != nil {
+				log.Warn("orders: could not create the event topics; the relay retries publishing until they exist", "topics", topics, "error", err)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			con.cancel = cancel
 			go con.run(ctx)
@@ -327,4 +334,22 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// ensureTopics creates the topics that do not exist yet, with the given
+// partitions and replication factor 1 (a development setting: production
+// topics belong to your platform's tooling).
+func ensureTopics(brokers []string, sc *sarama.Config, topics []string, partitions int32) error {
+	admin, err := sarama.NewClusterAdmin(brokers, sc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	for _, t := range topics {
+		err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false)
+		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", t, err)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,331 @@
+package faulttest
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// Relay settings of the fault tests.
+const (
+	batchSize    = 50
+	pollInterval = 50 * time.Millisecond
+	// maxBackoff keeps the relay's retry wait short, so it notices the
+	// broker's return within seconds (the default, 30s, would too, only
+	// slower).
+	maxBackoff = 2 * time.Second
+	// writerPause is each writer's pause between commits.
+	writerPause = 5 * time.Millisecond
+)
+
+// world is one fault scenario: an outbox table, an aggregate table whose
+// rows writers lock, a topic on the fault broker, a unit of work.
+type world struct {
+	ctx     context.Context
+	pool    *pgxpool.Pool
+	table   outbox.Table
+	account string // the aggregate table, quoted
+	uow     *unitofwork.UnitOfWork
+	brokers []string
+	topic   string
+	keys    int
+}
+
+// payload is what every event carries: its aggregate and that aggregate's
+// sequence number, 1, 2, 3, ... in commit order.
+type payload struct {
+	Account string `json:"account"`
+	Seq     int64  `json:"seq"`
+}
+
+func newWorld(t *testing.T, b *broker, keys int) *world {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	w := &world{
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: b.brokers(),
+		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+w.account+" (id) SELECT 'acct-' || lpad(i::text, 3, '0') FROM generate_series(0, $1 - 1) i", keys); err != nil {
+		t.Fatal(err)
+	}
+	w.topic = testenv.Topic(t, w.brokers, 6)
+	uow, err := unitofwork.New(pool, &unitofwork.Config{Table: tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.uow = uow
+	return w
+}
+
+func (w *world) key(i int) string { return fmt.Sprintf("acct-%03d", i%w.keys) }
+
+// commit records the next event of account key. The UPDATE locks the
+// account's row (as SELECT ... FOR UPDATE would) until the commit, so
+// writers of one account serialize and its events are written in sequence
+// order: the locking DESIGN.md asks of writers that share an aggregate.
+func (w *world) commit(ctx context.Context, key string) error {
+	return w.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		var seq int64
+		if err := tx.QueryRow(ctx, "UPDATE "+w.account+" SET seq = seq + 1 WHERE id = $1 RETURNING seq", key).Scan(&seq); err != nil {
+			return err
+		}
+		return tx.Add(ctx, outbox.Event{
+			AggregateType: "account", AggregateID: key, Type: "account.changed.v1",
+			Topic: w.topic, Payload: payload{Account: key, Seq: seq},
+		})
+	})
+}
+
+// writers commit events on random accounts until stopped, each commit
+// bounded by its own timeout.
+type writers struct {
+	stop    chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+	commits atomic.Int64
+	mu      sync.Mutex
+	errs    []error
+}
+
+func (w *world) startWriters(t *testing.T, n int) *writers {
+	t.Helper()
+	ws := &writers{stop: make(chan struct{})}
+	for g := range n {
+		ws.wg.Add(1)
+		go func() {
+			defer ws.wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
+			for {
+				select {
+				case <-ws.stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+				err := w.commit(ctx, w.key(rng.IntN(w.keys)))
+				cancel()
+				if err != nil {
+					ws.mu.Lock()
+					ws.errs = append(ws.errs, err)
+					ws.mu.Unlock()
+				} else {
+					ws.commits.Add(1)
+				}
+				time.Sleep(writerPause) // a steady stream, not a flood
+			}
+		}()
+	}
+	t.Cleanup(func() { ws.halt() })
+	return ws
+}
+
+// halt stops the writers, waits for them and returns their errors.
+func (ws *writers) halt() []error {
+	ws.once.Do(func() { close(ws.stop) })
+	ws.wg.Wait()
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return slices.Clone(ws.errs)
+}
+
+// startRelay starts a relay with its own SaramaPublisher (default producer
+// configuration). The returned stop function stops the relay, then closes
+// the producer; it also runs at cleanup.
+func (w *world) startRelay(t *testing.T) (stop func()) {
+	t.Helper()
+	pub, err := relay.NewSaramaPublisher(w.brokers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(w.pool, pub, &relay.Config{
+		Table: w.table, BatchSize: batchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+			defer cancel()
+			if err := r.Stop(ctx); err != nil {
+				t.Errorf("relay stop: %v", err)
+			}
+			_ = pub.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// testWriter sends the relay's log lines to the test log.
+type testWriter struct{ t *testing.T }
+
+func (tw testWriter) Write(p []byte) (int, error) {
+	tw.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+func (w *world) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+w.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (w *world) unpublished(t *testing.T) int { return w.count(t, "published_at IS NULL") }
+func (w *world) published(t *testing.T) int   { return w.count(t, "published_at IS NOT NULL") }
+
+// waitFor polls cond every 50ms until it holds, or fails the test.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// committed is one row of the outbox table.
+type committed struct {
+	key string
+	seq int64
+}
+
+// verify consumes the whole topic from the oldest offset (everything is
+// published by now) and checks it against the outbox table: every committed
+// event delivered, nothing delivered that was not committed, the first
+// deliveries of each key in sequence order, and at most one batch of
+// duplicates per fault.
+func (w *world) verify(t *testing.T, faults int) {
+	t.Helper()
+	events := map[string]committed{}
+	want := map[string][]int64{} // per key, its sequence numbers in write (id) order
+	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+w.table.Ident()+" ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	var c committed
+	if _, err := pgx.ForEachRow(rows, []any{&id, &c.key, &c.seq}, func() error {
+		events[id] = c
+		want[c.key] = append(want[c.key], c.seq)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The writers' locking makes each key's sequence 1..n in id order; if
+	// not, the test itself is broken, not the relay.
+	for k, seqs := range want {
+		for i, s := range seqs {
+			if s != int64(i+1) {
+				t.Fatalf("test bug: key %s written out of sequence in the table: %v", k, seqs)
+			}
+		}
+	}
+
+	total := testenv.RecordCount(t, w.brokers, w.topic)
+	cons := testenv.Consume(t, w.brokers, w.topic)
+	msgs := cons.WaitFor(total, time.Minute)
+	cons.Close()
+	slices.SortFunc(msgs, func(a, b *sarama.ConsumerMessage) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
+
+	got := map[string][]int64{} // per key, the sequence numbers of first deliveries in log order
+	seen := map[string]bool{}
+	dups, strays := 0, 0
+	for _, m := range msgs {
+		eid := testenv.Header(m, outbox.HeaderEventID)
+		e, ok := events[eid]
+		if !ok {
+			strays++
+			if strays <= 3 {
+				t.Errorf("consumed %s/%d@%d with x-event-id %q, which is not in the outbox table", m.Topic, m.Partition, m.Offset, eid)
+			}
+			continue
+		}
+		var p payload
+		if err := json.Unmarshal(m.Value, &p); err != nil || p.Account != e.key || p.Seq != e.seq || string(m.Key) != e.key {
+			t.Errorf("record %s/%d@%d (event %s): key %q payload %s, want key %q seq %d (%v)", m.Topic, m.Partition, m.Offset, eid, m.Key, m.Value, e.key, e.seq, err)
+			continue
+		}
+		if seen[eid] {
+			dups++
+			continue
+		}
+		seen[eid] = true
+		got[e.key] = append(got[e.key], e.seq)
+	}
+
+	var missing []string
+	for eid := range events {
+		if !seen[eid] {
+			missing = append(missing, eid)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		t.Errorf("%d of %d committed events never reached Kafka, e.g. %v", len(missing), len(events), missing[:min(5, len(missing))])
+	}
+	disordered := 0
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if g, seqs := got[k], want[k]; !slices.Equal(g, seqs) {
+			disordered++
+			if disordered <= 5 {
+				t.Errorf("key %s: first deliveries %s, want seq 1..%d in order", k, firstDivergence(g, seqs), len(seqs))
+			}
+		}
+	}
+	if disordered > 0 {
+		t.Errorf("%d of %d keys: first deliveries not in write order", disordered, len(want))
+	}
+	if limit := batchSize * faults; dups > limit {
+		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
+	}
+	t.Logf("%d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
+		len(events), len(want), len(msgs), dups, batchSize*faults, strays)
+}
+
+// firstDivergence describes where got departs from want.
+func firstDivergence(got, want []int64) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("diverge at position %d: got seq %d, want %d (got %v...)", i, got[i], want[i], got[i:min(i+8, len(got))])
+		}
+	}
+	return fmt.Sprintf("got %d deliveries, want %d", len(got), len(want))
+}
