@@ -37,8 +37,7 @@ type row struct {
 // timeout, database error), or a permanent one (see PermanentError) that was
 // recorded on its event (attempts, last_error) but has attempts left; the
 // caller should then back off. An event parked in this batch is not an
-// error. RunOnce may run
-// concurrently with other relays on the same table.
+// error. RunOnce may run concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
