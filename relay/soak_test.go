@@ -53,9 +53,11 @@ func measure(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) tableSize {
 // while a relay publishes them to the broker and deletes them 5s after
 // publishing, and reports the table's size and dead tuples as it goes. It
 // passes when everything was published, the table is empty after the last
-// retention pass, and the heap never held more than ~30s worth of events:
-// the table is bounded by rate x retention, not by the event count. Not run
-// by default:
+// retention pass, and the heap reached a plateau: its peak over the second
+// half of the events is at most 1.5x its peak over the first half. (The
+// plateau is set by autovacuum's cadence, not by the event count: every
+// event leaves two dead versions, its insert after the mark and its mark
+// after the delete, until vacuum runs.) Not run by default:
 //
 //	OUTBOX_SOAK_EVENTS=1000000 go test -run Soak -v -timeout 60m ./relay
 func TestSoakTableStaysBounded(t *testing.T) {
@@ -108,7 +110,7 @@ func TestSoakTableStaysBounded(t *testing.T) {
 	}
 	before := measure(t, s.pool, s.table)
 	t.Logf("start: %v", before)
-	var peak tableSize
+	var peak, firstHalf tableSize
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	tick := time.NewTicker(10 * time.Second)
@@ -120,6 +122,9 @@ func TestSoakTableStaysBounded(t *testing.T) {
 		case <-tick.C:
 		}
 		z := measure(t, s.pool, s.table)
+		if written.Load() <= int64(total/2) {
+			firstHalf.heap = max(firstHalf.heap, z.heap)
+		}
 		peak.heap, peak.unpublished, peak.dead = max(peak.heap, z.heap), max(peak.unpublished, z.unpublished), max(peak.dead, z.dead)
 		t.Logf("%6.0fs written %d, backlog %d: %v", time.Since(start).Seconds(), written.Load(), s.unpublished(t), z)
 	}
@@ -138,8 +143,7 @@ func TestSoakTableStaysBounded(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d rows left after retention", left)
 	}
-	// A row takes ~400 bytes of heap with its old versions: 30s of writing.
-	if limit := int64(rate) * 30 * 400; peak.heap > limit {
-		t.Errorf("peak heap %s exceeds 30s of events (%s): the table grows with the event count", mib(peak.heap), mib(limit))
+	if firstHalf.heap == 0 || float64(peak.heap) > 1.5*float64(firstHalf.heap) {
+		t.Errorf("peak heap %s against %s in the first half: the table grows with the event count", mib(peak.heap), mib(firstHalf.heap))
 	}
 }
