@@ -29,14 +29,19 @@ func (e *HealthError) Error() string {
 }
 func (e *HealthError) Unwrap() error { return e.Err }
 
-// health remembers the outcome of the loop's last batch.
+// health remembers the outcome of the relay's latest batch that did
+// something: a worker that found nothing to claim says nothing about the
+// broker, so it does not clear another worker's failure.
 type health struct {
 	mu      sync.Mutex
 	lastErr error
-	since   time.Time // when the current failure run began
+	since   time.Time // when the current run of failed batches began
 }
 
-func (h *health) set(err error) {
+func (h *health) set(published int, err error) {
+	if published == 0 && err == nil {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err != nil && h.lastErr == nil {
@@ -45,8 +50,8 @@ func (h *health) set(err error) {
 	h.lastErr = err
 }
 
-// failing returns when the current run of failed batches began and its
-// last error, or a nil error when the last batch succeeded.
+// failing returns when the current run of failed batches began and its last
+// error, or a nil error when the latest batch succeeded.
 func (h *health) failing() (time.Time, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

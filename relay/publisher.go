@@ -31,7 +31,8 @@ type Header struct {
 }
 
 // Publisher sends messages to a broker and waits for their acknowledgement.
-// The relay calls Publish from one goroutine at a time.
+// A relay with several Workers calls Publish concurrently, with batches
+// whose keys do not overlap under PerKey ordering.
 //
 // Publish must keep the order of messages that share a topic and key, and
 // must return only when every message was acknowledged (nil), or failed, or

@@ -96,6 +96,11 @@ type Config struct {
 	PollInterval time.Duration
 	// BatchSize is the most rows one claim takes (1-10000). Default 50.
 	BatchSize int
+	// Workers is how many batches one relay has in flight, each in its own
+	// transaction on its own lanes (under PerKey ordering a lane is still
+	// published by one worker at a time, so order holds). A second worker
+	// claims and publishes while the first commits. 1-64; default 2.
+	Workers int
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
 	Ordering Ordering
@@ -185,6 +190,9 @@ func (c Config) withDefaults() Config {
 	if c.Lanes == 0 {
 		c.Lanes = 64
 	}
+	if c.Workers == 0 {
+		c.Workers = 2
+	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = 30 * time.Second
 	}
@@ -217,6 +225,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
 	case c.Ordering != PerKey && c.Ordering != Unordered:
 		return &outbox.ConfigError{Field: "Ordering", Reason: fmt.Sprintf("is %v: use relay.PerKey or relay.Unordered", c.Ordering)}
+	case c.Workers < 1 || c.Workers > 64:
+		return &outbox.ConfigError{Field: "Workers", Reason: fmt.Sprintf("is %d: use 1 to 64 (default 2)", c.Workers)}
 	case c.Lanes < 1 || c.Lanes > 4096:
 		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
 	case c.BatchTimeout < 100*time.Millisecond:
@@ -244,7 +254,8 @@ type Relay struct {
 	metrics *metrics
 	health  health
 
-	wake chan struct{}
+	wakes   []chan struct{} // one per worker
+	failLog failLog
 
 	mu       sync.Mutex
 	started  bool
@@ -285,7 +296,10 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		cfg:    c,
 		q:      newQueries(c.Table),
 		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
-		wake:   make(chan struct{}, 1),
+		wakes:  make([]chan struct{}, c.Workers),
+	}
+	for i := range r.wakes {
+		r.wakes[i] = make(chan struct{}, 1)
 	}
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
@@ -312,7 +326,12 @@ func (r *Relay) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(base)
 	bgCtx, bgCancel := context.WithCancel(base)
 	r.stop, r.cancel, r.done, r.bgCancel = make(chan struct{}), cancel, make(chan struct{}), bgCancel
-	go r.loop(runCtx)
+	var loops sync.WaitGroup
+	for i := range r.wakes {
+		loops.Add(1)
+		go func() { defer loops.Done(); r.loop(runCtx, i) }()
+	}
+	go func() { loops.Wait(); close(r.done) }()
 	if r.cfg.Listen {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
@@ -358,23 +377,23 @@ func (r *Relay) Stop(ctx context.Context) error {
 // Wake makes an idle relay poll now instead of at its next tick. It never
 // blocks; wake-ups that arrive while the relay is busy coalesce into one.
 func (r *Relay) Wake() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
+	for _, w := range r.wakes {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
 	}
 }
 
-func (r *Relay) loop(ctx context.Context) {
-	defer close(r.done)
+// loop is one worker: it claims, publishes and marks batches until Stop.
+func (r *Relay) loop(ctx context.Context, worker int) {
+	wake := r.wakes[worker]
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
-	var (
-		failures int
-		failing  string // the kind of the current failure, logged once
-	)
+	failures := 0 // this worker's consecutive failures, for its backoff
 	for {
 		n, err := r.RunOnce(ctx)
-		r.health.set(err)
+		r.health.set(n, err)
 		select {
 		case <-r.stop:
 			return
@@ -382,8 +401,7 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 		if err != nil {
 			failures++
-			if kind := errorKind(err); kind != failing {
-				failing = kind
+			if r.failLog.failed(errorKind(err)) {
 				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
 					"table", r.cfg.Table.String(), "error", err, "consecutive_failures", failures)
 			}
@@ -392,10 +410,10 @@ func (r *Relay) loop(ctx context.Context) {
 			}
 			continue
 		}
-		if failing != "" {
+		if r.failLog.recovered() {
 			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
-			failing, failures = "", 0
 		}
+		failures = 0
 		if n == r.cfg.BatchSize {
 			continue // a full batch: more are likely waiting
 		}
@@ -403,9 +421,32 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-r.stop:
 			return
 		case <-ticker.C:
-		case <-r.wake:
+		case <-wake:
 		}
 	}
+}
+
+// failLog makes the workers of a relay log a failure once when it starts
+// (or changes kind) and once when publishing works again.
+type failLog struct {
+	mu   sync.Mutex
+	kind string
+}
+
+func (f *failLog) failed(kind string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	changed := f.kind != kind
+	f.kind = kind
+	return changed
+}
+
+func (f *failLog) recovered() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	was := f.kind != ""
+	f.kind = ""
+	return was
 }
 
 // sleep waits d, or returns false once the relay is stopping.

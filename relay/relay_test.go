@@ -88,7 +88,7 @@ func (s *setup) write(t *testing.T, topic string, n, keys int) {
 	}
 }
 
-func (s *setup) unpublished(t *testing.T) int {
+func (s *setup) unpublished(t testing.TB) int {
 	t.Helper()
 	var n int
 	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE published_at IS NULL").Scan(&n); err != nil {
@@ -97,7 +97,7 @@ func (s *setup) unpublished(t *testing.T) int {
 	return n
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -291,7 +291,8 @@ func TestPublishFailureBacksOffAndRecovers(t *testing.T) {
 		}
 		return nil
 	})
-	r := s.relay(t, pub, relay.Config{PollInterval: 10 * time.Millisecond, MaxBackoff: 5 * time.Second})
+	// One worker, so the count below is one backoff sequence.
+	r := s.relay(t, pub, relay.Config{PollInterval: 10 * time.Millisecond, MaxBackoff: 5 * time.Second, Workers: 1})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
