@@ -59,6 +59,9 @@ type Config struct {
 	PollInterval time.Duration
 	// BatchSize is the most events per claim, 1-10000 [OUTBOX_BATCH_SIZE]. Default 50.
 	BatchSize int
+	// Workers is how many batches one relay has in flight, on distinct
+	// lanes [OUTBOX_WORKERS]. Default 2.
+	Workers int
 	// BatchTimeout bounds one batch [OUTBOX_BATCH_TIMEOUT]. Default 30s.
 	BatchTimeout time.Duration
 	// MaxBackoff caps the wait between failing batches [OUTBOX_MAX_BACKOFF]. Default 30s.
@@ -208,6 +211,11 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			c.Ordering = relay.Unordered
 		default:
 			return c, bad("OUTBOX_ORDERING", v, `"per-key" or "unordered"`)
+		}
+	}
+	if v, ok := get("OUTBOX_WORKERS"); ok {
+		if c.Workers, err = strconv.Atoi(v); err != nil || c.Workers <= 0 {
+			return c, bad("OUTBOX_WORKERS", v, "a positive number")
 		}
 	}
 	if v, ok := get("OUTBOX_MAX_ATTEMPTS"); ok {
