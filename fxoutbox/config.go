@@ -60,7 +60,8 @@ type Config struct {
 	// BatchSize is the most events per claim, 1-10000 [OUTBOX_BATCH_SIZE]. Default 50.
 	BatchSize int
 	// Workers is how many batches one relay has in flight, on distinct
-	// lanes [OUTBOX_WORKERS]. Default 2.
+	// lanes; a crash repeats up to that many batches [OUTBOX_WORKERS].
+	// Default 1.
 	Workers int
 	// BatchTimeout bounds one batch [OUTBOX_BATCH_TIMEOUT]. Default 30s.
 	BatchTimeout time.Duration

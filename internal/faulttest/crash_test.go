@@ -45,6 +45,9 @@ func TestRelaySurvivesBrokerCrash(t *testing.T) {
 
 	took := waitFor(t, 90*time.Second, "the relay to publish every row after the restart", func() bool { return w.unpublished(t) == 0 })
 	t.Logf("backlog drained %v after the broker was back (%v after writers stopped)", time.Since(restarted).Round(time.Millisecond), took.Round(time.Millisecond))
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows charged an attempt or parked because of a broker crash: an outage is retried, never held against events", n)
+	}
 	stopRelay()
 	w.verify(t, 1)
 }

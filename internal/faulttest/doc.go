@@ -3,7 +3,7 @@
 // publishes and writers commit, followed by a restart on the same data
 // directory; and a broker that is down when the relay starts.
 //
-// The tests run only with OUTBOX_TEST_REAL_KAFKA=1 (make test-kafka sets it)
+// The broker-crash tests run only with OUTBOX_TEST_REAL_KAFKA=1 (make test-kafka sets it)
 // and need DATABASE_URL and what scripts/kafka.sh needs (Java 17+, Maven the
 // first time). They leave the broker in KAFKA_BROKERS alone, because the
 // other packages' tests use it at the same time: they run a broker of their
@@ -11,6 +11,27 @@
 // on 127.0.0.1:39192 (controller 39193; OUTBOX_FAULTTEST_KAFKA_PORT moves
 // both), crash it with `scripts/kafka.sh kill`, restart it with
 // `scripts/kafka.sh up`, and destroy it when the package's tests end.
+//
+// The other fault tests break something else and need no broker of their
+// own, so they also run in make test (KAFKA_BROKERS: the development broker
+// there, Apache Kafka under make test-kafka):
+//
+//   - TestRelayKilledBetweenAckAndCommit: a relay process (the test binary
+//     re-executed as TestHelperRelayProcess) SIGKILLs itself between a
+//     batch's Kafka ack and its commit; a fresh relay finishes the job.
+//   - TestFrozenRelayLosesItsLanes: a relay process is SIGSTOPped while it
+//     holds a batch; a second relay publishes the other lanes at once and
+//     the frozen relay's lanes once PostgreSQL ends its idle transaction.
+//   - TestRelaySurvivesPostgresRestart: PostgreSQL restarts under a relay
+//     with Listen and writers; the cluster is the tests' own, run by
+//     scripts/pg.sh in <repo>/.cache/pg-faulttest on 127.0.0.1:55433
+//     (OUTBOX_FAULTTEST_PG_PORT; a free port when 55433 is taken).
+//   - TestOrdersServiceSIGTERMLosesNothing: the example service
+//     (examples/cmd/orders, built by the test) gets SIGTERM under load, on its
+//     own development broker (examples/cmd/devkafka on a free port).
+//
+// TestBrokerOutage30sParksNothing (real broker only) keeps the broker down
+// for 30 s and checks that nothing was charged an attempt or parked.
 //
 // OUTBOX_FAULTTEST_SARAMA_LOG=1 sends sarama's own log to stderr, to watch
 // the producer through the crash.

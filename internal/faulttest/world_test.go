@@ -59,11 +59,18 @@ type payload struct {
 
 func newWorld(t *testing.T, b *broker, keys int) *world {
 	t.Helper()
+	return newWorldOn(t, testenv.Pool(t), b.brokers(), keys)
+}
+
+// newWorldOn builds a world on any database pool and Kafka-protocol brokers
+// (the fault tests that break neither use KAFKA_BROKERS; the PostgreSQL
+// restart test uses a cluster of its own).
+func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *world {
+	t.Helper()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	w := &world{
-		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: b.brokers(),
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers,
 		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
@@ -157,14 +164,25 @@ func (ws *writers) halt() []error {
 // the producer; it also runs at cleanup.
 func (w *world) startRelay(t *testing.T) (stop func()) {
 	t.Helper()
+	return w.startRelayWith(t, nil)
+}
+
+// startRelayWith is startRelay with the relay's configuration adjusted by
+// tune (nil: the fault tests' settings).
+func (w *world) startRelayWith(t *testing.T, tune func(*relay.Config)) (stop func()) {
+	t.Helper()
 	pub, err := relay.NewSaramaPublisher(w.brokers, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(w.pool, pub, &relay.Config{
+	cfg := &relay.Config{
 		Table: w.table, BatchSize: batchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-	})
+	}
+	if tune != nil {
+		tune(cfg)
+	}
+	r, err := relay.New(w.pool, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +250,19 @@ type committed struct {
 // duplicates per fault.
 func (w *world) verify(t *testing.T, faults int) {
 	t.Helper()
+	w.check(t, faults)
+}
+
+// delivery is what check found in the topic.
+type delivery struct {
+	events int            // committed events (rows of the outbox table)
+	dups   map[string]int // event id -> records beyond its first delivery
+}
+
+// check is verify, returning which events were delivered more than once.
+func (w *world) check(t *testing.T, faults int) delivery {
+	t.Helper()
+	dupIDs := map[string]int{}
 	events := map[string]committed{}
 	want := map[string][]int64{} // per key, its sequence numbers in write (id) order
 	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+w.table.Ident()+" ORDER BY id")
@@ -285,6 +316,7 @@ func (w *world) verify(t *testing.T, faults int) {
 		}
 		if seen[eid] {
 			dups++
+			dupIDs[eid]++
 			continue
 		}
 		seen[eid] = true
@@ -318,6 +350,7 @@ func (w *world) verify(t *testing.T, faults int) {
 	}
 	t.Logf("%d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
 		len(events), len(want), len(msgs), dups, batchSize*faults, strays)
+	return delivery{events: len(events), dups: dupIDs}
 }
 
 // firstDivergence describes where got departs from want.

@@ -1,0 +1,127 @@
+package faulttest
+
+import (
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// TestFrozenRelayLosesItsLanes freezes (SIGSTOP) a relay process while it
+// holds a claimed batch, and runs a second relay meanwhile:
+//
+//   - lanes the frozen relay does not hold keep flowing at once;
+//   - its lanes (and the rows it claimed) wait, and are taken over only when
+//     PostgreSQL ends the frozen transaction (idle_in_transaction_session_timeout
+//     = BatchTimeout + 5s), not earlier and not never;
+//   - woken with SIGCONT, the stale relay sends its old batch anyway (its
+//     mark then fails: its session is gone) and goes back to work.
+//
+// In the end nothing is lost, each key's first deliveries are in write
+// order, and the stale batch is the only duplicate.
+//
+// It needs DATABASE_URL and KAFKA_BROKERS, and runs in make test.
+func TestFrozenRelayLosesItsLanes(t *testing.T) {
+	pool := testenv.Pool(t)
+	w := newWorldOn(t, pool, testenv.Brokers(t), 40)
+	for i := range 400 {
+		if err := w.commit(w.ctx, w.key(i*7)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	app := testenv.Name("faulttest-frozen-")
+	child := startHelper(t, w, "freeze", envHelperApp+"="+app, envHelperHold+"=3s")
+	held := strings.Split(child.next("HOLDING", 60*time.Second), ",")
+	child.signal(syscall.SIGSTOP)
+	frozen := time.Now()
+	t.Logf("relay process (pid %d) frozen with SIGSTOP holding %d events", child.cmd.Process.Pid, len(held))
+
+	// The lanes it holds: its transaction's advisory locks.
+	var lanes []int32
+	var state string
+	if err := pool.QueryRow(w.ctx, `SELECT coalesce(array_agg(l.objid::int ORDER BY l.objid), '{}'), min(a.state)
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1`, app).Scan(&lanes, &state); err != nil {
+		t.Fatal(err)
+	}
+	if len(lanes) == 0 {
+		t.Fatalf("the frozen relay holds no lane locks (state %q)", state)
+	}
+	t.Logf("it holds lanes %v; its session is %q", lanes, state)
+	// Relay's lane of a row, for the default 64 lanes (relay/claim.go).
+	inHeld := "((hashtext(partition_key) & 2147483647) % 64) = ANY('{" + joinInts(lanes) + "}'::int[])"
+	heldRows := "event_id::text = ANY('{" + strings.Join(held, ",") + "}')"
+	var lastBefore int64
+	if err := pool.QueryRow(w.ctx, "SELECT max(id) FROM "+w.table.Ident()).Scan(&lastBefore); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := w.startRelayWith(t, func(c *relay.Config) { c.BatchTimeout = 10 * time.Second })
+	ws := w.startWriters(t, 2)
+
+	// Other lanes flow at once, long before the frozen session ends.
+	flow := waitFor(t, 20*time.Second, "the rows of the other lanes to be published", func() bool {
+		return w.count(t, "published_at IS NULL AND id <= "+strconv.FormatInt(lastBefore, 10)+" AND NOT "+inHeld) == 0
+	})
+	t.Logf("every other lane's backlog was published %v after the second relay started (%v after the freeze)",
+		flow.Round(time.Millisecond), time.Since(frozen).Round(time.Millisecond))
+	bound := helperBatchTimeout + 5*time.Second
+	if since := time.Since(frozen); since > bound-2*time.Second {
+		t.Errorf("other lanes took %v after the freeze: they must not wait for the frozen relay's bound (%v)", since, bound)
+	}
+	if n := w.count(t, "published_at IS NOT NULL AND "+heldRows); n != 0 && time.Since(frozen) < bound-time.Second {
+		t.Errorf("%d rows the frozen relay claimed were published while it still held them", n)
+	}
+
+	// Its rows are taken over once PostgreSQL ends the frozen transaction.
+	waitFor(t, 60*time.Second, "the frozen relay's rows to be published by the other relay", func() bool {
+		return w.count(t, "published_at IS NULL AND "+heldRows) == 0
+	})
+	after := time.Since(frozen)
+	t.Logf("the frozen relay's rows were published %v after the freeze (its idle-in-transaction bound is %v)", after.Round(time.Millisecond), bound)
+	if after < bound-1500*time.Millisecond {
+		t.Errorf("the frozen relay's rows were taken over after %v, before its transaction could have ended (bound %v): were its locks held at all?", after, bound)
+	}
+	var alive int
+	if err := pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'", app).Scan(&alive); err != nil {
+		t.Fatal(err)
+	}
+	if alive != 0 {
+		t.Errorf("the frozen relay still has %d session(s) idle in transaction after its rows were taken over", alive)
+	}
+
+	// Wake it: it sends its stale batch (duplicates), fails to mark it, and
+	// relays alongside the other one.
+	child.signal(syscall.SIGCONT)
+	t.Logf("relay process continued: stale batch %s", child.next("STALE", 60*time.Second))
+	time.Sleep(2 * time.Second)
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Errorf("%d writer commits failed, first: %v", len(errs), errs[0])
+	}
+	waitFor(t, 60*time.Second, "every row to be published", func() bool { return w.unpublished(t) == 0 })
+	child.signal(syscall.SIGKILL) // nothing left to publish: no batch in flight
+	child.wait(30 * time.Second)
+	stop()
+	d := w.check(t, 1)
+	stale := map[string]bool{}
+	for _, id := range held {
+		stale[id] = true
+	}
+	for id := range d.dups {
+		if !stale[id] {
+			t.Errorf("event %s delivered twice but was not in the frozen relay's batch", id)
+		}
+	}
+}
+
+func joinInts(xs []int32) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(int(x))
+	}
+	return strings.Join(s, ",")
+}
