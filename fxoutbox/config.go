@@ -137,9 +137,20 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad("OUTBOX_TOPIC_NAMING", v, `"per-event" or "per-aggregate"`)
 		}
 	}
-	if v, ok := get("OUTBOX_MAX_PAYLOAD_BYTES"); ok {
-		if c.Limits.MaxPayloadBytes, err = strconv.Atoi(v); err != nil || c.Limits.MaxPayloadBytes <= 0 {
-			return c, bad("OUTBOX_MAX_PAYLOAD_BYTES", v, "a positive number of bytes")
+	for _, n := range []struct {
+		name string
+		dst  *int
+	}{
+		{"OUTBOX_MAX_PAYLOAD_BYTES", &c.Limits.MaxPayloadBytes},
+		{"OUTBOX_BATCH_SIZE", &c.BatchSize},
+		{"OUTBOX_WORKERS", &c.Workers},
+		{"OUTBOX_MAX_ATTEMPTS", &c.MaxAttempts},
+		{"OUTBOX_LANES", &c.Lanes},
+	} {
+		if v, ok := get(n.name); ok {
+			if *n.dst, err = strconv.Atoi(v); err != nil || *n.dst <= 0 {
+				return c, bad(n.name, v, "a positive number")
+			}
 		}
 	}
 	if v, ok := get("OUTBOX_MIGRATE"); ok {
@@ -185,11 +196,6 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			}
 		}
 	}
-	if v, ok := get("OUTBOX_BATCH_SIZE"); ok {
-		if c.BatchSize, err = strconv.Atoi(v); err != nil || c.BatchSize <= 0 {
-			return c, bad("OUTBOX_BATCH_SIZE", v, "a positive number")
-		}
-	}
 	for _, f := range []struct {
 		name string
 		off  *bool
@@ -214,16 +220,6 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad("OUTBOX_ORDERING", v, `"per-key" or "unordered"`)
 		}
 	}
-	if v, ok := get("OUTBOX_WORKERS"); ok {
-		if c.Workers, err = strconv.Atoi(v); err != nil || c.Workers <= 0 {
-			return c, bad("OUTBOX_WORKERS", v, "a positive number")
-		}
-	}
-	if v, ok := get("OUTBOX_MAX_ATTEMPTS"); ok {
-		if c.MaxAttempts, err = strconv.Atoi(v); err != nil || c.MaxAttempts <= 0 {
-			return c, bad("OUTBOX_MAX_ATTEMPTS", v, "a positive number")
-		}
-	}
 	if v, ok := get("OUTBOX_POISON"); ok {
 		switch v {
 		case "park":
@@ -232,11 +228,6 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			c.Poison = relay.Hold
 		default:
 			return c, bad("OUTBOX_POISON", v, `"park" or "hold"`)
-		}
-	}
-	if v, ok := get("OUTBOX_LANES"); ok {
-		if c.Lanes, err = strconv.Atoi(v); err != nil || c.Lanes <= 0 {
-			return c, bad("OUTBOX_LANES", v, "a positive number")
 		}
 	}
 	if v, ok := get("OUTBOX_RETENTION"); ok {
