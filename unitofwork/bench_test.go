@@ -3,6 +3,7 @@ package unitofwork_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
@@ -27,7 +29,17 @@ import (
 func BenchmarkNotifyCost(b *testing.B) {
 	for _, writers := range []int{8, 32} {
 		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
-			pool := testenv.Pool(b)
+			// pgxpool's default size on this machine (4 on 2 cores): writers
+			// queue for connections, as in a default-configured service.
+			cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
 			tbl := testenv.Table(b, pool)
 			ctx := context.Background()
 			if _, err := pool.Exec(ctx, "CREATE TABLE "+tbl.Schema+".acct (id int PRIMARY KEY, n int NOT NULL)"); err != nil {

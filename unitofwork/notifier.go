@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 )
@@ -30,6 +32,7 @@ type Notifier struct {
 	log      *slog.Logger
 
 	signal chan struct{}
+	conn   *pgx.Conn       // the notifier's own connection, when db is a pool
 	ctx    context.Context // canceled by Close: ends the loop and a stuck NOTIFY
 	cancel context.CancelFunc
 	start  sync.Once
@@ -37,7 +40,8 @@ type Notifier struct {
 }
 
 // NewNotifier returns a notifier that sends on table's channel through db
-// (normally the *pgxpool.Pool), at most once per interval (default 5ms when
+// (normally the *pgxpool.Pool, from which it takes one connection of its
+// own for as long as it runs), at most once per interval (default 5ms when
 // zero). It logs a failed NOTIFY once per run of failures to log (default
 // slog.Default()).
 func NewNotifier(db interface {
@@ -90,8 +94,40 @@ func (n *Notifier) Close() {
 	<-n.done
 }
 
+// send sends one NOTIFY. With a pool it uses a connection of its own, taken
+// out of the pool once, so that it never waits for, nor holds up, the
+// application's transactions; a failed connection is replaced next time.
+func (n *Notifier) send(ctx context.Context) error {
+	const notify = "SELECT pg_notify($1, '')"
+	pool, ok := n.db.(interface {
+		Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	})
+	if !ok {
+		_, err := n.db.Exec(ctx, notify, n.channel)
+		return err
+	}
+	if n.conn == nil {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		n.conn = c.Hijack()
+	}
+	if _, err := n.conn.Exec(ctx, notify, n.channel); err != nil {
+		_ = n.conn.Close(context.WithoutCancel(ctx))
+		n.conn = nil
+		return err
+	}
+	return nil
+}
+
 func (n *Notifier) run() {
 	defer close(n.done)
+	defer func() {
+		if n.conn != nil {
+			_ = n.conn.Close(context.Background())
+		}
+	}()
 	failing := false
 	for {
 		select {
@@ -100,7 +136,7 @@ func (n *Notifier) run() {
 		case <-n.signal:
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
-		_, err := n.db.Exec(ctx, "SELECT pg_notify($1, '')", n.channel)
+		err := n.send(ctx)
 		cancel()
 		switch {
 		case err != nil && !failing && !errors.Is(err, context.Canceled):
