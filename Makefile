@@ -38,7 +38,7 @@ demo:
 ## bench: fxoutbox vs the seed's relay vs watermill (bench/, own module) -> bench/results.json; BENCH_QUICK=1: < 2 min; KAFKA_BROKERS: real broker.
 bench:
 	@$(WITH_PG) cd bench && BENCH_QUICK='$(BENCH_QUICK)' KAFKA_BROKERS='$(KAFKA_BROKERS)' $(GO) run . && \
-	mkdir -p out && $(GO) run ./chart -out out/benchmarks.png
+	mkdir -p out && $(GO) run ./chart -in "$${BENCH_OUT:-results.json}" -out out/benchmarks.png
 
 ## vulncheck: govulncheck on the library against the Go vulnerability database, built from the golang.org/x/vulndb module (VULNDB=latest or a version; VULNDB_URL=https://vuln.go.dev to use the online one).
 # vuln.go.dev is not reachable from every machine (a sandbox may reach only

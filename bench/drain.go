@@ -1,0 +1,481 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// drainRun is one contender's figure in one round.
+type drainRun struct {
+	Published int64   `json:"published"`
+	ElapsedS  float64 `json:"elapsed_s"`
+	EPS       float64 `json:"eps"`
+	Capped    bool    `json:"capped,omitempty"` // measured over a fixed window, not to the end of the backlog
+}
+
+// DrainContender is one contender over every round.
+type DrainContender struct {
+	Name   string     `json:"name"`
+	Desc   string     `json:"desc"`
+	Rounds []drainRun `json:"rounds"`
+	EPS    float64    `json:"median_eps"`
+	Kind   string     `json:"kind"` // contender, limit or diagnostic
+}
+
+func (c *DrainContender) series() []float64 {
+	out := make([]float64, len(c.Rounds))
+	for i, r := range c.Rounds {
+		out[i] = r.EPS
+	}
+	return out
+}
+
+// Drain holds section 1 of the report.
+type Drain struct {
+	FxoutboxEPS          float64 `json:"fxoutbox_eps"`      // default config (relay.New(db, pub, nil)), 1 relay
+	FxoutboxBestEPS      float64 `json:"fxoutbox_best_eps"` // best of the batch-500 configs
+	FxoutboxBestConfig   string  `json:"fxoutbox_best_config"`
+	FxoutboxB500x1EPS    float64 `json:"fxoutbox_b500_x1_eps"`
+	FxoutboxB500x2EPS    float64 `json:"fxoutbox_b500_x2_eps"`
+	FxoutboxB500x4EPS    float64 `json:"fxoutbox_b500_x4_eps"`
+	SeedEPS              float64 `json:"seed_eps"`
+	WatermillEPS         float64 `json:"watermill_eps"` // best of its two batch sizes
+	WatermillBestConfig  string  `json:"watermill_best_config"`
+	WatermillDefaultEPS  float64 `json:"watermill_default_eps"` // SubscribeBatchSize default (100)
+	WatermillB1000EPS    float64 `json:"watermill_b1000_eps"`
+	FxoutboxVsSeed       float64 `json:"fxoutbox_vs_seed"`
+	FxoutboxVsWatermill  float64 `json:"fxoutbox_vs_watermill"`
+	FxoutboxOfPostgres   float64 `json:"fxoutbox_of_postgres"`
+	FxoutboxB500OfPG     float64 `json:"fxoutbox_b500_x1_of_postgres"`
+	FxoutboxX4OfPostgres float64 `json:"fxoutbox_b500_x4_of_postgres"`
+	BestVsSeed           float64 `json:"fxoutbox_best_vs_seed"`
+	BestVsWatermill      float64 `json:"fxoutbox_best_vs_watermill"`
+	FxoutboxOfProducer   float64 `json:"fxoutbox_of_producer"`
+	BestOfProducer       float64 `json:"fxoutbox_best_of_producer"`
+	Note                 string  `json:"note"`
+
+	Contenders []*DrainContender `json:"contenders"`
+}
+
+// Limits holds section 4.
+type Limits struct {
+	ProducerEPS        float64 `json:"producer_eps"`                // sarama AsyncProducer alone, streaming
+	PublisherB500EPS   float64 `json:"publisher_b500_eps"`          // relay.SaramaPublisher alone, batches of 500
+	PostgresEPS        float64 `json:"postgres_eps"`                // claim+mark, batch 500, 1 worker, no publishing
+	PostgresX4EPS      float64 `json:"postgres_x4_eps"`             // same with 4 workers
+	PostgresB50EPS     float64 `json:"postgres_b50_eps"`            // same at the default batch 50
+	RelayNoPublishEPS  float64 `json:"relay_nopublish_eps"`         // relay.New with a no-op publisher, batch 500
+	RelayNoPubDefault  float64 `json:"relay_nopublish_default_eps"` // the same with every default (batch 50, lanes)
+	UnorderedB50EPS    float64 `json:"fxoutbox_unordered_b50_eps"`  // default batch, no lanes, publishing
+	RelayOfProducer    float64 `json:"relay_of_producer"`           // fxoutbox default / producer
+	RelayOfPostgres    float64 `json:"relay_of_postgres"`           // fxoutbox default / postgres
+	BestRelayOfProd    float64 `json:"best_relay_of_producer"`
+	BestRelayOfPG      float64 `json:"best_relay_of_postgres"`
+	B500x1OfPostgres   float64 `json:"b500_x1_of_postgres"`
+	B500x4OfPostgres   float64 `json:"b500_x4_of_postgres"`
+	B500x4OfPostgresX4 float64 `json:"b500_x4_of_postgres_x4"`
+}
+
+type contender struct {
+	name, desc, kind string
+	// prepare loads the backlog (untimed); run drains it and returns the figure.
+	prepare func(ctx context.Context, topic string) error
+	run     func(ctx context.Context, topic string) (drainRun, error)
+	// noTopic: the contender publishes nothing (PostgreSQL ceilings).
+	noTopic bool
+	skip    bool
+}
+
+func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
+	p := e.p
+	n := p.Backlog
+	warm, err := e.newTopic("warmup")
+	if err != nil {
+		return nil, nil, err
+	}
+	prepFx := func(ctx context.Context, topic string) error { return e.preloadOutbox(ctx, topic, n) }
+	fx := func(cfg *relay.Config, replicas int) func(context.Context, string) (drainRun, error) {
+		return func(ctx context.Context, topic string) (drainRun, error) {
+			return e.drainFx(ctx, topic, warm, n, cfg, replicas, false)
+		}
+	}
+	b500 := &relay.Config{BatchSize: 500}
+	wmPrep := func(ctx context.Context, topic string) error { return e.preloadWatermill(ctx, topic, n) }
+	wm := func(batch int) func(context.Context, string) (drainRun, error) {
+		return func(ctx context.Context, topic string) (drainRun, error) {
+			return e.drainWatermill(ctx, topic, warm, n, batch)
+		}
+	}
+	cs := []*contender{
+		{name: "fxoutbox default", desc: "relay.New with every default (only Table set), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
+		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
+		{name: "fxoutbox b500 x2", desc: "BatchSize 500, 2 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 2)},
+		{name: "fxoutbox b500 x4", desc: "BatchSize 500, 4 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 4)},
+		{name: "fxoutbox unordered b500", desc: "BatchSize 500, Ordering Unordered (plain SKIP LOCKED claim), 1 relay", kind: "contender", prepare: prepFx,
+			run: fx(&relay.Config{BatchSize: 500, Ordering: relay.Unordered}, 1)},
+		{name: "seed relay", desc: "Go transcription of the seed's @Interval(500) take(50) relay, fixed window", kind: "contender",
+			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) { return e.drainSeed(ctx, topic, warm, n) }},
+		{name: "watermill b100", desc: "watermill Forwarder, SQL subscriber default SubscribeBatchSize (100)", kind: "contender", prepare: wmPrep, run: wm(0)},
+		{name: "watermill b1000", desc: "watermill Forwarder, SubscribeBatchSize 1000", kind: "contender", prepare: wmPrep, run: wm(1000)},
+		{name: "postgres b500 x1", desc: "claim+mark by hand, no publishing: batch 500, 1 worker", kind: "limit", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 1) }},
+		{name: "postgres b500 x4", desc: "claim+mark by hand, no publishing: batch 500, 4 workers", kind: "limit", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 4) }},
+		{name: "postgres b50 x1", desc: "claim+mark by hand, no publishing: batch 50, 1 worker", kind: "diagnostic", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 50, 1) }},
+		{name: "relay no-publish b500", desc: "relay.New with a no-op Publisher, BatchSize 500: the library's loop without Kafka", kind: "diagnostic", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) {
+				return e.drainFx(ctx, topic, warm, n, b500, 1, true)
+			}},
+		{name: "relay no-publish default", desc: "relay.New with a no-op Publisher and every default (batch 50, per-key lanes): the library's loop without Kafka", kind: "diagnostic", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) {
+				return e.drainFx(ctx, topic, warm, n, nil, 1, true)
+			}},
+		{name: "fxoutbox unordered b50", desc: "BatchSize 50 (default), Ordering Unordered, 1 relay: the default config without lanes", kind: "diagnostic", prepare: prepFx,
+			run: fx(&relay.Config{Ordering: relay.Unordered}, 1)},
+		{name: "producer", desc: "sarama AsyncProducer alone (same config), streaming the backlog", kind: "limit",
+			run: func(ctx context.Context, topic string) (drainRun, error) { return e.drainProducer(ctx, topic, n) }},
+		{name: "publisher b500", desc: "relay.SaramaPublisher alone, batches of 500 (the relay's publish step without PostgreSQL)", kind: "diagnostic",
+			run: func(ctx context.Context, topic string) (drainRun, error) {
+				return e.drainPublisher(ctx, topic, warm, n, 500)
+			}},
+	}
+	if !p.Diagnostics {
+		for _, c := range cs {
+			c.skip = c.kind == "diagnostic"
+		}
+	}
+	if !p.runs("drain") { // limits only
+		for _, c := range cs {
+			c.skip = c.skip || c.kind == "contender"
+		}
+	}
+	if !p.runs("limits") {
+		for _, c := range cs {
+			c.skip = c.skip || c.kind != "contender"
+		}
+	}
+	results := map[string]*DrainContender{}
+	var order []*DrainContender
+	for _, c := range cs {
+		if c.skip {
+			continue
+		}
+		dc := &DrainContender{Name: c.name, Desc: c.desc, Kind: c.kind}
+		results[c.name] = dc
+		order = append(order, dc)
+	}
+	for r := range p.DrainRounds {
+		for _, c := range cs {
+			if c.skip {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, nil, err
+			}
+			topic := "fxbench.not-published"
+			if !c.noTopic {
+				if topic, err = e.newTopic("drain"); err != nil {
+					return nil, nil, err
+				}
+			}
+			if c.prepare != nil {
+				if err := c.prepare(ctx, topic); err != nil {
+					return nil, nil, fmt.Errorf("%s: prepare: %w", c.name, err)
+				}
+			}
+			e.checkpoint(ctx)
+			res, err := c.run(ctx, topic)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s (round %d): %w", c.name, r+1, err)
+			}
+			if !c.noTopic {
+				// Every published event must be in the broker.
+				got, err := e.topicCount(topic)
+				if err != nil {
+					return nil, nil, fmt.Errorf("%s: count topic: %w", c.name, err)
+				}
+				if got < res.Published {
+					return nil, nil, fmt.Errorf("%s: the broker holds %d records, the contender reported %d published", c.name, got, res.Published)
+				}
+			}
+			if !c.noTopic {
+				e.dropTopic(topic)
+			}
+			dc := results[c.name]
+			dc.Rounds = append(dc.Rounds, res)
+			extra := ""
+			if res.Capped {
+				extra = " (fixed window)"
+			}
+			log.Printf("drain round %d/%d  %-22s %9.0f events/s  (%d in %.2fs)%s", r+1, p.DrainRounds, c.name, res.EPS, res.Published, res.ElapsedS, extra)
+		}
+	}
+	for _, dc := range order {
+		dc.EPS = round1(median(dc.series()))
+	}
+	e.dropTopic(warm)
+
+	get := func(name string) *DrainContender {
+		if c := results[name]; c != nil {
+			return c
+		}
+		return &DrainContender{}
+	}
+	d := &Drain{Contenders: order}
+	fxd := get("fxoutbox default")
+	d.FxoutboxEPS = fxd.EPS
+	d.FxoutboxB500x1EPS = get("fxoutbox b500 x1").EPS
+	d.FxoutboxB500x2EPS = get("fxoutbox b500 x2").EPS
+	d.FxoutboxB500x4EPS = get("fxoutbox b500 x4").EPS
+	best := fxd
+	d.FxoutboxBestConfig = "default"
+	for _, name := range []string{"fxoutbox b500 x1", "fxoutbox b500 x2", "fxoutbox b500 x4"} {
+		if c := get(name); c.EPS > best.EPS {
+			best, d.FxoutboxBestConfig = c, name[len("fxoutbox "):]
+		}
+	}
+	d.FxoutboxBestEPS = best.EPS
+	seed := get("seed relay")
+	d.SeedEPS = seed.EPS
+	wm100, wm1000 := get("watermill b100"), get("watermill b1000")
+	d.WatermillDefaultEPS, d.WatermillB1000EPS = wm100.EPS, wm1000.EPS
+	wmBest := wm100
+	d.WatermillBestConfig = "SubscribeBatchSize 100 (default)"
+	if wm1000.EPS > wm100.EPS {
+		wmBest, d.WatermillBestConfig = wm1000, "SubscribeBatchSize 1000"
+	}
+	d.WatermillEPS = wmBest.EPS
+	pg, pg4 := get("postgres b500 x1"), get("postgres b500 x4")
+	prod := get("producer")
+	d.FxoutboxVsSeed = medianRatio(fxd.series(), seed.series())
+	d.FxoutboxVsWatermill = medianRatio(fxd.series(), wmBest.series())
+	d.FxoutboxOfPostgres = medianRatio(fxd.series(), pg.series())
+	d.FxoutboxB500OfPG = medianRatio(get("fxoutbox b500 x1").series(), pg.series())
+	d.FxoutboxX4OfPostgres = medianRatio(get("fxoutbox b500 x4").series(), pg.series())
+	d.BestVsSeed = medianRatio(best.series(), seed.series())
+	d.BestVsWatermill = medianRatio(best.series(), wmBest.series())
+	d.FxoutboxOfProducer = medianRatio(fxd.series(), prod.series())
+	d.BestOfProducer = medianRatio(best.series(), prod.series())
+	d.Note = fmt.Sprintf("backlog %d events; a contender still draining after %.0f s (the seed: after %.0f s) is measured over that fixed window; its rate is constant (one batch per poll)",
+		n, p.DrainCapS, p.SeedWindowS)
+
+	l := &Limits{
+		ProducerEPS:        prod.EPS,
+		PublisherB500EPS:   get("publisher b500").EPS,
+		PostgresEPS:        pg.EPS,
+		PostgresX4EPS:      pg4.EPS,
+		PostgresB50EPS:     get("postgres b50 x1").EPS,
+		RelayNoPublishEPS:  get("relay no-publish b500").EPS,
+		RelayNoPubDefault:  get("relay no-publish default").EPS,
+		UnorderedB50EPS:    get("fxoutbox unordered b50").EPS,
+		RelayOfProducer:    d.FxoutboxOfProducer,
+		RelayOfPostgres:    d.FxoutboxOfPostgres,
+		BestRelayOfProd:    d.BestOfProducer,
+		BestRelayOfPG:      medianRatio(best.series(), pg.series()),
+		B500x1OfPostgres:   d.FxoutboxB500OfPG,
+		B500x4OfPostgres:   d.FxoutboxX4OfPostgres,
+		B500x4OfPostgresX4: medianRatio(get("fxoutbox b500 x4").series(), pg4.series()),
+	}
+	return d, l, nil
+}
+
+// progress counts published events and says when the target is reached.
+type progress struct {
+	n      atomic.Int64
+	target int64
+	once   sync.Once
+	done   chan struct{}
+}
+
+func newProgress(target int) *progress {
+	return &progress{target: int64(target), done: make(chan struct{})}
+}
+
+func (p *progress) add(k int) {
+	if p.n.Add(int64(k)) >= p.target {
+		p.once.Do(func() { close(p.done) })
+	}
+}
+
+// wait returns when the target is reached or after limit, with the elapsed
+// time since t0 and whether the limit cut the run short.
+func (p *progress) wait(ctx context.Context, t0 time.Time, limit time.Duration) (time.Duration, bool) {
+	t := time.NewTimer(limit - time.Since(t0))
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return time.Since(t0), false
+	case <-t.C:
+		return time.Since(t0), true
+	case <-ctx.Done():
+		return time.Since(t0), true
+	}
+}
+
+func result(published int64, elapsed time.Duration, capped bool) drainRun {
+	s := elapsed.Seconds()
+	return drainRun{Published: published, ElapsedS: round3(s), EPS: round1(float64(published) / s), Capped: capped}
+}
+
+// acked returns how many of msgs a Publish error leaves acknowledged.
+func acked(msgs int, err error) int {
+	if err == nil {
+		return msgs
+	}
+	var be *relay.BatchError
+	if errors.As(err, &be) {
+		return msgs - len(be.Failed)
+	}
+	return 0
+}
+
+// drainFx drains the backlog with fxoutbox relays: replicas relays, each
+// with its own producer (as separate pods would have), all with cfg.
+func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay.Config, replicas int, noPublish bool) (drainRun, error) {
+	prog := newProgress(n)
+	var relays []*relay.Relay
+	var pubs []*relay.SaramaPublisher
+	defer func() {
+		for _, p := range pubs {
+			_ = p.Close()
+		}
+	}()
+	for range replicas {
+		var pub relay.Publisher
+		if noPublish {
+			pub = relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+				prog.add(len(msgs))
+				return nil
+			})
+		} else {
+			sp, err := relay.NewSaramaPublisher(e.brokers, producerConfig("fxoutbox"))
+			if err != nil {
+				return drainRun{}, err
+			}
+			pubs = append(pubs, sp)
+			// Connect before the clock starts (the producer connects lazily).
+			if err := sp.Publish(ctx, []relay.Message{{Topic: warm, Key: []byte("k"), Value: []byte(`{}`)}}); err != nil {
+				return drainRun{}, fmt.Errorf("warm up producer: %w", err)
+			}
+			pub = relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+				err := sp.Publish(ctx, msgs)
+				prog.add(acked(len(msgs), err))
+				return err
+			})
+		}
+		c := relay.Config{}
+		if cfg != nil {
+			c = *cfg
+		}
+		c.Table = e.table // the only setting the "default" contender changes
+		r, err := relay.New(e.pool, pub, &c)
+		if err != nil {
+			return drainRun{}, err
+		}
+		relays = append(relays, r)
+	}
+	t0 := time.Now()
+	for _, r := range relays {
+		if err := r.Start(ctx); err != nil {
+			return drainRun{}, err
+		}
+	}
+	elapsed, capped := prog.wait(ctx, t0, e.p.drainCap())
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, r := range relays {
+		if err := r.Stop(stopCtx); err != nil {
+			return drainRun{}, err
+		}
+	}
+	if !capped {
+		var left int
+		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&left); err != nil {
+			return drainRun{}, err
+		}
+		if left != 0 {
+			return drainRun{}, fmt.Errorf("%d events left unpublished after the drain", left)
+		}
+	}
+	return result(min(prog.n.Load(), int64(n)), elapsed, capped), nil
+}
+
+// drainPostgres is the PostgreSQL ceiling: the relay's claim and mark
+// statements, by hand, with nothing published in between.
+func (e *env) drainPostgres(ctx context.Context, n, batch, workers int) (drainRun, error) {
+	claim := "SELECT id, event_id, event_type, topic, partition_key, payload, headers FROM " + e.table.Ident() +
+		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+	mark := "UPDATE " + e.table.Ident() + " SET published_at = now() WHERE id = ANY($1)"
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	t0 := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				k, err := func() (int, error) {
+					tx, err := e.pool.Begin(ctx)
+					if err != nil {
+						return 0, err
+					}
+					defer tx.Rollback(ctx)
+					rows, err := tx.Query(ctx, claim, batch)
+					if err != nil {
+						return 0, err
+					}
+					ids := make([]int64, 0, batch)
+					var (
+						id                       int64
+						eid                      [16]byte
+						typ, topic, key          string
+						payloadBytes, headersRaw []byte
+					)
+					for rows.Next() {
+						if err := rows.Scan(&id, &eid, &typ, &topic, &key, &payloadBytes, &headersRaw); err != nil {
+							return 0, err
+						}
+						ids = append(ids, id)
+					}
+					if err := rows.Err(); err != nil {
+						return 0, err
+					}
+					if len(ids) == 0 {
+						return 0, nil
+					}
+					if _, err := tx.Exec(ctx, mark, ids); err != nil {
+						return 0, err
+					}
+					return len(ids), tx.Commit(ctx)
+				}()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if k == 0 {
+					return
+				}
+				total.Add(int64(k))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	close(errs)
+	if err := <-errs; err != nil {
+		return drainRun{}, err
+	}
+	if total.Load() != int64(n) {
+		return drainRun{}, fmt.Errorf("claimed %d events, want %d", total.Load(), n)
+	}
+	return result(total.Load(), elapsed, false), nil
+}

@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/google/uuid"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// LatencyRun is one contender at one offered rate in one round.
+type LatencyRun struct {
+	Contender string  `json:"contender"`
+	Rate      int     `json:"offered_eps"`
+	Achieved  float64 `json:"achieved_eps"`
+	Committed int     `json:"committed"`
+	Missing   int     `json:"missing"`    // committed but not consumed within the grace period
+	CatchUpS  float64 `json:"catch_up_s"` // from the last commit to the last arrival
+	P50       float64 `json:"p50_ms"`
+	P99       float64 `json:"p99_ms"`
+	P999      float64 `json:"p999_ms"`
+	Max       float64 `json:"max_ms"`
+	Mean      float64 `json:"mean_ms"`
+	Saturated bool    `json:"saturated,omitempty"`
+	// WritersShort: the writers committed under 90% of the offered rate.
+	WritersShort bool `json:"writers_short,omitempty"`
+}
+
+// LatencySeries is the median over rounds of one contender at one rate.
+type LatencySeries struct {
+	Contender    string       `json:"contender"`
+	Desc         string       `json:"desc"`
+	Rate         int          `json:"offered_eps"`
+	P50          float64      `json:"p50_ms"`
+	P99          float64      `json:"p99_ms"`
+	P999         float64      `json:"p999_ms"`
+	Achieved     float64      `json:"achieved_eps"`
+	Saturated    bool         `json:"saturated,omitempty"` // in most rounds
+	WritersShort bool         `json:"writers_short,omitempty"`
+	Rounds       []LatencyRun `json:"rounds"`
+}
+
+// Latency is section 2. The headline figures are fxoutbox with its defaults
+// and the in-process wake-up (what fxoutbox.Module wires) at 1k events/s.
+type Latency struct {
+	P50    float64          `json:"p50_ms"`
+	P99    float64          `json:"p99_ms"`
+	P999   float64          `json:"p999_ms"`
+	At5k   map[string]any   `json:"at_5k"`
+	Note   string           `json:"note"`
+	Series []*LatencySeries `json:"series"`
+}
+
+type latContender struct {
+	name, desc string
+	// start starts the publishing side and returns a write function (one
+	// business transaction recording one event with id) and a stop function.
+	start func(ctx context.Context, topic, warm string) (write func(ctx context.Context, id uuid.UUID, key, seq int) error, stop func(), err error)
+	rates map[int]bool // nil: every rate
+}
+
+func runLatency(ctx context.Context, e *env) (*Latency, error) {
+	p := e.p
+	warm, err := e.newTopic("warmup")
+	if err != nil {
+		return nil, err
+	}
+	defer e.dropTopic(warm)
+	fxStart := func(wake, listen bool, batch int) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+			if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+				return nil, nil, err
+			}
+			sp, err := relay.NewSaramaPublisher(e.brokers, producerConfig("fxoutbox"))
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := sp.Publish(ctx, []relay.Message{{Topic: warm, Key: []byte("k"), Value: []byte(`{}`)}}); err != nil {
+				return nil, nil, err
+			}
+			rc := &relay.Config{Table: e.table, Listen: listen, BatchSize: batch} // zero values: the defaults
+			r, err := relay.New(e.pool, sp, rc)
+			if err != nil {
+				return nil, nil, err
+			}
+			cfg := &unitofwork.Config{Table: e.table}
+			var notifier *unitofwork.Notifier
+			switch {
+			case wake:
+				cfg.OnCommit = func(int) { r.Wake() } // what fxoutbox.Module wires in one process
+			case listen:
+				// A writer in another process: the coalesced NOTIFY after commit.
+				if notifier, err = unitofwork.NewNotifier(e.pool, e.table, 0, nil); err != nil {
+					return nil, nil, err
+				}
+				cfg.OnCommit = notifier.OnCommit
+			}
+			uow, err := unitofwork.New(e.pool, cfg)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := r.Start(ctx); err != nil {
+				return nil, nil, err
+			}
+			write := func(ctx context.Context, id uuid.UUID, key, seq int) error {
+				return uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					return tx.Add(ctx, outbox.Event{ID: id, AggregateType: aggregateType, AggregateID: orderID(key), Type: eventType,
+						Topic: topic, Payload: json.RawMessage(payload(key, seq))})
+				})
+			}
+			stop := func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_ = r.Stop(sctx)
+				_ = sp.Close()
+				if notifier != nil {
+					notifier.Close()
+				}
+			}
+			return write, stop, nil
+		}
+	}
+	wmStart := func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+		if err := e.resetWatermill(ctx); err != nil {
+			return nil, nil, err
+		}
+		_, stopFwd, err := e.startForwarder(ctx, warm, 0, newProgress(1<<62))
+		if err != nil {
+			return nil, nil, err
+		}
+		write := func(ctx context.Context, id uuid.UUID, key, seq int) error {
+			tx, err := e.sqldb.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			m := wmMessage(key, seq)
+			m.UUID = id.String()
+			if err := wmPublishTx(tx, topic, m); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		}
+		return write, func() { _ = stopFwd() }, nil
+	}
+	cs := []latContender{
+		{name: "fxoutbox wake", desc: "defaults, woken in-process after each commit (fxoutbox.Module)", start: fxStart(true, false, 0)},
+		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0)},
+		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0)},
+		{name: "fxoutbox wake b500", desc: "BatchSize 500, woken in-process after each commit", start: fxStart(true, false, 500), rates: map[int]bool{5000: true}},
+		{name: "watermill", desc: "Forwarder with watermill-sql defaults (1 s poll, batch 100)", start: wmStart},
+	}
+	if p.Quick {
+		cs[1].rates = map[int]bool{1000: true}
+		cs[2].rates = map[int]bool{1000: true}
+		cs[3].rates = map[int]bool{} // not in the quick run
+		cs[4].rates = map[int]bool{1000: true}
+	}
+	series := map[string]*LatencySeries{}
+	var order []*LatencySeries
+	for r := range p.LatRounds {
+		for _, rate := range p.LatRates {
+			for _, c := range cs {
+				if c.rates != nil && !c.rates[rate] {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				key := fmt.Sprintf("%s@%d", c.name, rate)
+				s := series[key]
+				if s == nil {
+					s = &LatencySeries{Contender: c.name, Desc: c.desc, Rate: rate}
+					series[key] = s
+					order = append(order, s)
+				}
+				e.checkpoint(ctx)
+				run, err := e.measureLatency(ctx, c, warm, rate)
+				if err != nil {
+					return nil, fmt.Errorf("%s at %d/s: %w", c.name, rate, err)
+				}
+				s.Rounds = append(s.Rounds, run)
+				sat := ""
+				if run.Saturated {
+					sat = fmt.Sprintf("  SATURATED (%d not consumed, %.1f s to catch up)", run.Missing, run.CatchUpS)
+				}
+				if run.WritersShort {
+					sat += fmt.Sprintf("  (writers reached only %.0f/s)", run.Achieved)
+				}
+				log.Printf("latency round %d/%d  %-16s @%5d/s  p50 %7.1f ms  p99 %7.1f ms  p99.9 %7.1f ms  (n=%d)%s",
+					r+1, p.LatRounds, c.name, rate, run.P50, run.P99, run.P999, run.Committed, sat)
+			}
+		}
+	}
+	l := &Latency{Series: order, At5k: map[string]any{}}
+	for _, s := range order {
+		var p50, p99, p999, ach []float64
+		nSat, nShort := 0, 0
+		for _, r := range s.Rounds {
+			p50, p99, p999, ach = append(p50, r.P50), append(p99, r.P99), append(p999, r.P999), append(ach, r.Achieved)
+			if r.Saturated {
+				nSat++
+			}
+			if r.WritersShort {
+				nShort++
+			}
+		}
+		s.P50, s.P99, s.P999, s.Achieved = round2(median(p50)), round2(median(p99)), round2(median(p999)), round1(median(ach))
+		// Like the figures, the flags follow the majority of the rounds.
+		s.Saturated, s.WritersShort = 2*nSat > len(s.Rounds), 2*nShort > len(s.Rounds)
+		if s.Contender == "fxoutbox wake" && s.Rate == 1000 {
+			l.P50, l.P99, l.P999 = s.P50, s.P99, s.P999
+		}
+		if s.Rate == 5000 {
+			l.At5k[s.Contender] = map[string]float64{"p50_ms": s.P50, "p99_ms": s.P99, "p999_ms": s.P999}
+		}
+	}
+	l.Note = fmt.Sprintf("commit-to-consumer: %d writers commit one event per transaction at the offered rate for %.0f s; the commit time is taken when UnitOfWork.Do (or tx.Commit) returns, the arrival time when a sarama consumer (all partitions, same process) receives the record; medians over %d round(s). A contender still more than 1 s behind when the writers stop, or with a median over 1 s, is marked saturated (its percentiles cover what arrived within %.0f s); achieved/s below 90%% of the offered rate means the writers themselves could not commit faster on this machine.",
+		p.LatWriters, p.LatDurationS, p.LatRounds, graceFor(p).Seconds())
+	return l, nil
+}
+
+func graceFor(p params) time.Duration {
+	if p.Quick {
+		return 3 * time.Second
+	}
+	return 8 * time.Second
+}
+
+func (e *env) measureLatency(ctx context.Context, c latContender, warm string, rate int) (LatencyRun, error) {
+	p := e.p
+	topic, err := e.newTopic("lat")
+	if err != nil {
+		return LatencyRun{}, err
+	}
+	defer e.dropTopic(topic)
+
+	// The consumer, started first, reading every partition from the start.
+	var (
+		mu       sync.Mutex
+		arrivals = map[string]time.Time{}
+		consumed atomic.Int64
+	)
+	ccfg := sarama.NewConfig()
+	ccfg.Version = sarama.V2_8_0_0
+	ccfg.ClientID = "fxbench-consumer"
+	consumer, err := sarama.NewConsumer(e.brokers, ccfg)
+	if err != nil {
+		return LatencyRun{}, err
+	}
+	parts, err := consumer.Partitions(topic)
+	if err != nil {
+		consumer.Close()
+		return LatencyRun{}, err
+	}
+	var cwg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	defer func() {
+		for _, pc := range pcs {
+			pc.AsyncClose()
+		}
+		cwg.Wait()
+		consumer.Close()
+	}()
+	for _, part := range parts {
+		pc, err := consumer.ConsumePartition(topic, part, sarama.OffsetOldest)
+		if err != nil {
+			return LatencyRun{}, err
+		}
+		pcs = append(pcs, pc)
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			for m := range pc.Messages() {
+				now := time.Now()
+				var id string
+				for _, h := range m.Headers {
+					if k := string(h.Key); k == outbox.HeaderEventID || k == wmkafka.UUIDHeaderKey {
+						id = string(h.Value)
+						break
+					}
+				}
+				mu.Lock()
+				if _, dup := arrivals[id]; !dup {
+					arrivals[id] = now
+				}
+				mu.Unlock()
+				consumed.Add(1)
+			}
+		}()
+	}
+
+	write, stop, err := c.start(ctx, topic, warm)
+	if err != nil {
+		return LatencyRun{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+
+	total := int(float64(rate) * p.latDuration().Seconds())
+	tokens := make(chan int, total)
+	type commit struct {
+		id string
+		at time.Time
+	}
+	commits := make([][]commit, p.LatWriters)
+	var werr atomic.Value
+	var wg sync.WaitGroup
+	for w := range p.LatWriters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := range tokens {
+				id, _ := uuid.NewV7()
+				if err := write(ctx, id, randKey(p.Keys), seq); err != nil {
+					werr.CompareAndSwap(nil, err)
+					continue
+				}
+				commits[w] = append(commits[w], commit{id.String(), time.Now()})
+			}
+		}()
+	}
+	// Open-loop pacing: token i is due at t0 + i/rate.
+	t0 := time.Now()
+	for i := 0; i < total; {
+		due := min(total, int(time.Since(t0).Seconds()*float64(rate))+1)
+		for ; i < due; i++ {
+			tokens <- i
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	close(tokens)
+	wg.Wait()
+	writeElapsed := time.Since(t0)
+	if err, _ := werr.Load().(error); err != nil {
+		return LatencyRun{}, fmt.Errorf("write: %w", err)
+	}
+	var all []commit
+	for _, cs := range commits {
+		all = append(all, cs...)
+	}
+	// Grace period for the tail.
+	stopWrites := time.Now()
+	deadline := stopWrites.Add(graceFor(p))
+	for consumed.Load() < int64(len(all)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	catchUp := time.Since(stopWrites)
+	stop()
+	stopped = true
+
+	mu.Lock()
+	defer mu.Unlock()
+	lats := make([]time.Duration, 0, len(all))
+	missing := 0
+	var sum time.Duration
+	for _, c := range all {
+		a, ok := arrivals[c.id]
+		if !ok {
+			missing++
+			continue
+		}
+		d := max(0, a.Sub(c.at))
+		lats = append(lats, d)
+		sum += d
+	}
+	slices.Sort(lats)
+	run := LatencyRun{
+		Contender: c.name,
+		Rate:      rate,
+		Achieved:  round1(float64(len(all)) / writeElapsed.Seconds()),
+		Committed: len(all),
+		Missing:   missing,
+		P50:       percentileMS(lats, 0.50),
+		P99:       percentileMS(lats, 0.99),
+		P999:      percentileMS(lats, 0.999),
+		Max:       percentileMS(lats, 1),
+		CatchUpS:  round3(catchUp.Seconds()),
+		// The publishing side did not keep up: events left behind, a
+		// backlog that took over a second to clear after the writers
+		// stopped, or a median wait over a second.
+		Saturated: missing > 0 || catchUp > time.Second || percentileMS(lats, 0.5) > 1000,
+		// The writers themselves could not commit the offered rate.
+		WritersShort: float64(len(all))/writeElapsed.Seconds() < 0.9*float64(rate),
+	}
+	if len(lats) > 0 {
+		run.Mean = round2(float64(sum) / float64(len(lats)) / float64(time.Millisecond))
+	}
+	return run, nil
+}

@@ -1,0 +1,216 @@
+// Command bench measures fxoutbox side by side with a Go transcription of the
+// seed's NestJS relay and with watermill's Forwarder, on one PostgreSQL and
+// one Kafka-protocol broker, in one run, alternating the contenders round by
+// round and reporting medians.
+//
+//	cd bench && go run .            # full run (about 10-15 minutes on 2 cores)
+//	BENCH_QUICK=1 go run .          # quick run (under 2 minutes)
+//
+// It needs DATABASE_URL (make bench starts scripts/pg.sh). Without
+// KAFKA_BROKERS it starts an in-memory broker (kfake) in this process; with
+// it, it uses that broker (and reports "apache-kafka").
+//
+// Results: a table on stdout and results.json (BENCH_OUT to change the
+// path). `go run ./chart` turns results.json into ../docs/benchmarks.png.
+//
+// Environment knobs (all optional): BENCH_QUICK, BENCH_ROUNDS,
+// BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits),
+// BENCH_OUT, BENCH_CPUPROFILE (a pprof CPU profile of the whole run),
+// BENCH_LAT_WRITERS, BENCH_BROKER_KIND (the label of a KAFKA_BROKERS broker
+// that is not Apache Kafka).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// params sizes a run.
+type params struct {
+	Quick         bool    `json:"quick"`
+	Backlog       int     `json:"drain_backlog_events"`
+	PayloadBytes  int     `json:"payload_bytes"`
+	Partitions    int     `json:"partitions"`
+	Keys          int     `json:"distinct_keys"`
+	DrainRounds   int     `json:"drain_rounds"`
+	DrainCapS     float64 `json:"drain_cap_s"`
+	SeedWindowS   float64 `json:"seed_window_s"`
+	LatRounds     int     `json:"latency_rounds"`
+	LatDurationS  float64 `json:"latency_duration_s"`
+	LatRates      []int   `json:"latency_rates"`
+	LatWriters    int     `json:"latency_writers"`
+	WriteRounds   int     `json:"write_rounds"`
+	WriteDuration float64 `json:"write_duration_s"`
+	WriteWriters  []int   `json:"write_writers"`
+	Diagnostics   bool    `json:"write_diagnostics"`
+
+	only map[string]bool
+}
+
+func (p params) drainCap() time.Duration   { return dur(p.DrainCapS) }
+func (p params) seedWindow() time.Duration { return dur(p.SeedWindowS) }
+func (p params) latDuration() time.Duration {
+	return dur(p.LatDurationS)
+}
+func (p params) writeDuration() time.Duration { return dur(p.WriteDuration) }
+func dur(s float64) time.Duration             { return time.Duration(s * float64(time.Second)) }
+
+func (p params) runs(section string) bool { return len(p.only) == 0 || p.only[section] }
+
+func loadParams() params {
+	p := params{
+		Backlog:       100_000,
+		PayloadBytes:  256,
+		Partitions:    12,
+		Keys:          10_000,
+		DrainRounds:   3,
+		DrainCapS:     60,
+		SeedWindowS:   5,
+		LatRounds:     3,
+		LatDurationS:  10,
+		LatRates:      []int{1000, 5000},
+		LatWriters:    32,
+		WriteRounds:   5,
+		WriteDuration: 4,
+		WriteWriters:  []int{1, 16},
+		Diagnostics:   true,
+	}
+	if truthy(os.Getenv("BENCH_QUICK")) {
+		p.Quick = true
+		p.Backlog = 20_000
+		p.DrainRounds = 2
+		p.DrainCapS = 4
+		p.SeedWindowS = 2
+		p.LatRounds = 1
+		p.LatDurationS = 3
+		p.WriteRounds = 2
+		p.WriteDuration = 1
+		p.Diagnostics = false
+	}
+	if n, err := strconv.Atoi(os.Getenv("BENCH_LAT_WRITERS")); err == nil && n > 0 {
+		p.LatWriters = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("BENCH_ROUNDS")); err == nil && n > 0 {
+		p.DrainRounds, p.LatRounds, p.WriteRounds = n, n, n
+	}
+	if n, err := strconv.Atoi(os.Getenv("BENCH_BACKLOG")); err == nil && n > 0 {
+		p.Backlog = n
+	}
+	if s := os.Getenv("BENCH_ONLY"); s != "" {
+		p.only = map[string]bool{}
+		for _, x := range strings.Split(s, ",") {
+			p.only[strings.TrimSpace(x)] = true
+		}
+	}
+	return p
+}
+
+func truthy(s string) bool {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "0", "false", "no", "off":
+		return false
+	}
+	return true
+}
+
+func main() {
+	log.SetFlags(log.Ltime)
+	log.SetPrefix("bench: ")
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	p := loadParams()
+	started := time.Now()
+	e, err := setup(ctx, p)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	res := &results{
+		Schema:    1,
+		Command:   command(p),
+		StartedAt: started.UTC().Format(time.RFC3339),
+		Broker:    e.brokerKind,
+		Machine:   e.machine(ctx),
+		Params:    p,
+		Library:   libraryInfo(),
+	}
+	mode := "full"
+	if p.Quick {
+		mode = "quick"
+	}
+	log.Printf("%s run: broker %s %v, PostgreSQL %s, backlog %d x %d B, %d partitions",
+		mode, e.brokerKind, e.brokers, res.Machine.PGVersion, p.Backlog, p.PayloadBytes, p.Partitions)
+
+	if p.runs("limits") || p.runs("drain") {
+		if res.Drain, res.Limits, err = runDrain(ctx, e); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
+	}
+	if p.only["profile"] || len(p.only) == 0 && p.Diagnostics {
+		if res.Profile, err = runProfile(ctx, e, os.Stdout); err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
+	}
+	if p.runs("latency") {
+		if res.Latency, err = runLatency(ctx, e); err != nil {
+			return fmt.Errorf("latency: %w", err)
+		}
+	}
+	if p.runs("write") {
+		if res.Write, err = runWrite(ctx, e); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+	}
+	res.Machine.LoadAvgEnd = loadavg()
+	res.DurationS = round1(time.Since(started).Seconds())
+	res.Targets = evaluateTargets(res)
+	printReport(os.Stdout, res)
+	out := os.Getenv("BENCH_OUT")
+	if out == "" {
+		out = "results.json"
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	log.Printf("wrote %s (%.0f s in all)", out, res.DurationS)
+	return nil
+}
+
+func command(p params) string {
+	c := "make bench"
+	if p.Quick {
+		c = "BENCH_QUICK=1 make bench"
+	}
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		c = "KAFKA_BROKERS=<host:port> " + c
+	}
+	return c
+}

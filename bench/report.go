@@ -1,0 +1,163 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+type results struct {
+	Schema    int       `json:"schema"`
+	Command   string    `json:"command"`
+	StartedAt string    `json:"started_at"`
+	DurationS float64   `json:"duration_s"`
+	Broker    string    `json:"broker"`
+	Machine   Machine   `json:"machine"`
+	Params    params    `json:"params"`
+	Library   Library   `json:"library"`
+	Drain     *Drain    `json:"drain,omitempty"`
+	Limits    *Limits   `json:"limits,omitempty"`
+	Latency   *Latency  `json:"latency,omitempty"`
+	Write     *Write    `json:"write,omitempty"`
+	Profile   []Profile `json:"relay_profile,omitempty"`
+	Targets   []Target  `json:"targets"`
+}
+
+// Target is one of the issue's goals, checked against this run.
+type Target struct {
+	Name  string  `json:"name"`
+	Goal  string  `json:"goal"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+	Met   bool    `json:"met"`
+	Gap   string  `json:"gap,omitempty"`
+}
+
+func evaluateTargets(r *results) []Target {
+	var ts []Target
+	atLeast := func(name, goal string, v, want float64, unit string) {
+		t := Target{Name: name, Goal: goal, Value: v, Unit: unit, Met: v >= want}
+		if !t.Met && want > 0 {
+			t.Gap = fmt.Sprintf("%.0f%% short (%.3g of %.3g)", 100*(1-v/want), v, want)
+		}
+		ts = append(ts, t)
+	}
+	atMost := func(name, goal string, v, want float64, unit string) {
+		t := Target{Name: name, Goal: goal, Value: v, Unit: unit, Met: v <= want && v > 0}
+		if !t.Met && v > 0 {
+			t.Gap = fmt.Sprintf("%.1fx over (%.3g vs %.3g)", v/want, v, want)
+		}
+		ts = append(ts, t)
+	}
+	if d := r.Drain; d != nil && d.FxoutboxEPS > 0 {
+		atLeast("drain: default vs seed", ">= 200x the seed's relay", d.FxoutboxVsSeed, 200, "x")
+		atLeast("drain: b500 x1 vs seed", ">= 200x the seed's relay", medianRatio(seriesOf(d, "fxoutbox b500 x1"), seriesOf(d, "seed relay")), 200, "x")
+		atLeast("drain: default vs watermill", ">= 5x watermill at its best batch", d.FxoutboxVsWatermill, 5, "x")
+		atLeast("drain: b500 x1 vs watermill", ">= 5x watermill at its best batch", medianRatio(seriesOf(d, "fxoutbox b500 x1"), seriesOf(d, bestWM(d))), 5, "x")
+		atLeast("drain: default of PG ceiling", ">= 50% of claim+mark (1 relay)", d.FxoutboxOfPostgres, 0.5, "fraction")
+		atLeast("drain: b500 x1 of PG ceiling", ">= 50% of claim+mark (1 relay, both batch 500)", d.FxoutboxB500OfPG, 0.5, "fraction")
+		atLeast("drain: b500 x4 of PG ceiling", ">= 75% of claim+mark (4 replicas)", d.FxoutboxX4OfPostgres, 0.75, "fraction")
+	}
+	if l := r.Latency; l != nil && l.P50 > 0 {
+		atMost("latency: p50 at 1k/s (wake)", "<= 10 ms", l.P50, 10, "ms")
+		atMost("latency: p99 at 1k/s (wake)", "<= 50 ms", l.P99, 50, "ms")
+	}
+	if w := r.Write; w != nil && w.RawInsertTPS > 0 {
+		atLeast("write: outbox1 vs rawinsert (16 writers)", ">= 90% of the hand-written INSERT", w.Outbox1VsRaw, 0.9, "fraction")
+		ts = append(ts, Target{Name: "write: NOTIFY cost (16 writers)", Goal: "not the default (measured for reference)",
+			Value: w.NotifyVsOutbox1, Unit: "fraction of outbox1", Met: true})
+	}
+	return ts
+}
+
+func seriesOf(d *Drain, name string) []float64 {
+	for _, c := range d.Contenders {
+		if c.Name == name {
+			return c.series()
+		}
+	}
+	return nil
+}
+
+func bestWM(d *Drain) string {
+	if d.WatermillB1000EPS > d.WatermillDefaultEPS {
+		return "watermill b1000"
+	}
+	return "watermill b100"
+}
+
+func printReport(w io.Writer, r *results) {
+	line := strings.Repeat("-", 96)
+	fmt.Fprintf(w, "\n%s\nfxoutbox benchmark  (%s)\n", line, r.Command)
+	m := r.Machine
+	fmt.Fprintf(w, "machine: %d x %s, %.1f GiB, %s, %s; %s\n", m.NProc, m.CPU, m.MemoryGiB, m.Kernel, m.GoVersion, m.PGVersion)
+	fmt.Fprintf(w, "broker:  %s; PostgreSQL settings: %s; load avg %s -> %s\n%s\n", r.Broker, m.PGSettings, m.LoadAvgStart, m.LoadAvgEnd, line)
+	if d := r.Drain; d != nil {
+		fmt.Fprintf(w, "1. DRAIN  %d events x %d B, %d partitions; median of %d rounds\n", r.Params.Backlog, r.Params.PayloadBytes, r.Params.Partitions, r.Params.DrainRounds)
+		fmt.Fprintf(w, "   %-24s %12s  %s\n", "contender", "events/s", "rounds")
+		for _, c := range d.Contenders {
+			var rs []string
+			for _, x := range c.Rounds {
+				s := fmt.Sprintf("%.0f", x.EPS)
+				if x.Capped {
+					s += "*"
+				}
+				rs = append(rs, s)
+			}
+			fmt.Fprintf(w, "   %-24s %12.0f  %s   [%s]\n", c.Name, c.EPS, strings.Join(rs, " "), c.Kind)
+		}
+		fmt.Fprintf(w, "   (* = measured over a fixed window)\n")
+		fmt.Fprintf(w, "   fxoutbox default: %.0fx seed, %.1fx watermill (%s), %.0f%% of PG ceiling, %.0f%% of producer ceiling\n",
+			d.FxoutboxVsSeed, d.FxoutboxVsWatermill, d.WatermillBestConfig, 100*d.FxoutboxOfPostgres, 100*d.FxoutboxOfProducer)
+		fmt.Fprintf(w, "   fxoutbox best (%s): %.0fx seed, %.1fx watermill, %.0f%% of producer ceiling; b500 x1 %.0f%% / x4 %.0f%% of PG ceiling\n",
+			d.FxoutboxBestConfig, d.BestVsSeed, d.BestVsWatermill, 100*d.BestOfProducer, 100*d.FxoutboxB500OfPG, 100*d.FxoutboxX4OfPostgres)
+	}
+	if l := r.Limits; l != nil {
+		fmt.Fprintf(w, "4. LIMITS  producer %.0f ev/s; PostgreSQL claim+mark (no publishing) b500 x1 %.0f, x4 %.0f\n",
+			l.ProducerEPS, l.PostgresEPS, l.PostgresX4EPS)
+		if r.Params.Diagnostics {
+			fmt.Fprintf(w, "   publisher alone in batches of 500 %.0f; PostgreSQL claim+mark b50 x1 %.0f; relay without publishing: b500 %.0f, defaults %.0f; relay unordered b50 %.0f\n",
+				l.PublisherB500EPS, l.PostgresB50EPS, l.RelayNoPublishEPS, l.RelayNoPubDefault, l.UnorderedB50EPS)
+		}
+		fmt.Fprintf(w, "   fxoutbox default = %.1f%% of producer, %.1f%% of PostgreSQL; best = %.1f%% / %.1f%%; b500 x4 = %.0f%% of PostgreSQL x4\n",
+			100*l.RelayOfProducer, 100*l.RelayOfPostgres, 100*l.BestRelayOfProd, 100*l.BestRelayOfPG, 100*l.B500x4OfPostgresX4)
+	}
+	if l := r.Latency; l != nil {
+		fmt.Fprintf(w, "%s\n2. LATENCY  commit-to-consumer, ms (median of rounds)\n", line)
+		fmt.Fprintf(w, "   %-18s %7s %9s %9s %9s %11s\n", "contender", "rate/s", "p50", "p99", "p99.9", "achieved/s")
+		for _, s := range l.Series {
+			sat := ""
+			if s.Saturated {
+				sat = "  saturated (publishing fell behind)"
+			}
+			if s.WritersShort {
+				sat += "  (writers below the offered rate)"
+			}
+			fmt.Fprintf(w, "   %-18s %7d %9.1f %9.1f %9.1f %11.0f%s\n", s.Contender, s.Rate, s.P50, s.P99, s.P999, s.Achieved, sat)
+		}
+	}
+	if x := r.Write; x != nil {
+		fmt.Fprintf(w, "%s\n3. WRITE  business transactions/s and latency (median of rounds)\n", line)
+		fmt.Fprintf(w, "   %-22s %7s %10s %8s %8s\n", "variant", "writers", "tx/s", "p50 ms", "p99 ms")
+		for _, s := range x.Series {
+			fmt.Fprintf(w, "   %-22s %7d %10.0f %8.2f %8.2f\n", s.Variant, s.Writers, s.TPS, s.P50, s.P99)
+		}
+		fmt.Fprintf(w, "   16 writers: outbox1/rawinsert %.3f, outbox1/plain %.3f, rawinsert/plain %.3f, outbox10/rawinsert10 %.3f, outbox0/plain %.3f\n",
+			x.Outbox1VsRaw, x.Outbox1VsPlain, x.RawVsPlain, x.Outbox10VsRaw, x.Outbox0VsPlain)
+		fmt.Fprintf(w, "   16 writers: NOTIFY in every transaction/outbox1 %.3f, coalesced Notifier after commit/outbox1 %.3f; 1 writer: outbox1/rawinsert %.3f\n",
+			x.NotifyVsOutbox1, x.NotifierVsOut1, x.Outbox1VsRaw1W)
+		if r.Params.Diagnostics {
+			fmt.Fprintf(w, "   where the time goes (vs rawinsert): no secondary indexes %.3f, 18-byte payload %.3f, one round trip fewer %.3f\n",
+				x.Diagnostics["rawinsert_noindex_vs_rawinsert"], x.Diagnostics["rawinsert_smallrow_vs_rawinsert"], x.Diagnostics["rawinsert_pipelined_vs_rawinsert"])
+		}
+	}
+	fmt.Fprintf(w, "%s\nTARGETS\n", line)
+	for _, t := range r.Targets {
+		mark := "MET "
+		if !t.Met {
+			mark = "MISS"
+		}
+		fmt.Fprintf(w, "   [%s] %-42s %-48s value %.3g %s %s\n", mark, t.Name, t.Goal, t.Value, t.Unit, t.Gap)
+	}
+	fmt.Fprintln(w, line)
+}
