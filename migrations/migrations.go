@@ -1,9 +1,10 @@
 // Package migrations creates and drops the outbox table.
 //
 // The SQL files in this folder are the schema, in the layout golang-migrate
-// reads as it is ("000001_create_outbox_event.up.sql" and ".down.sql"); goose
-// and tern users can copy their statements into their own migrations. They
-// name the table outbox_event in the connection's search_path.
+// reads as it is ("000001_create_outbox_event.up.sql" and ".down.sql").
+// The folders goose/ and tern/ hold the same migrations in those tools'
+// formats, generated from the up/down files (a test keeps them in step).
+// They name the table outbox_event in the connection's search_path.
 //
 // For a table with another name or schema, or to skip a migration tool
 // altogether, call [Up]: it renders the same files for the configured
