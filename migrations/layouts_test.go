@@ -53,4 +53,3 @@ func TestToolLayouts(t *testing.T) {
 		}
 	}
 }
-
