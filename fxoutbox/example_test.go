@@ -22,7 +22,7 @@ func Example() {
 	pool, table, cleanup := testenv.ExampleDB()
 	defer cleanup()
 	published := make(chan struct{})
-	print := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+	printer := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 		for _, m := range msgs {
 			fmt.Printf("published %s key=%s\n", m.Topic, m.Key)
 		}
@@ -33,7 +33,7 @@ func Example() {
 	app := fx.New(
 		fx.NopLogger,
 		fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: table}),
-		fx.Supply(fx.Annotate(print, fx.As(new(relay.Publisher)))),
+		fx.Supply(fx.Annotate(printer, fx.As(new(relay.Publisher)))),
 		fxoutbox.Module,
 		fx.Invoke(func(lc fx.Lifecycle, uow *unitofwork.UnitOfWork) {
 			lc.Append(fx.StartHook(func(ctx context.Context) error {

@@ -24,7 +24,7 @@ func ExampleRelay_RunOnce() {
 			outbox.Event{AggregateType: "Order", AggregateID: "o-1", Type: "order.confirmed.v1", Payload: map[string]int{"total": 42}})
 	})
 
-	print := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+	printer := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 		for _, m := range msgs {
 			var typ string
 			for _, h := range m.Headers {
@@ -36,7 +36,7 @@ func ExampleRelay_RunOnce() {
 		}
 		return nil
 	})
-	r, err := relay.New(pool, print, &relay.Config{Table: table})
+	r, err := relay.New(pool, printer, &relay.Config{Table: table})
 	if err != nil {
 		panic(err)
 	}
