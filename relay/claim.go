@@ -88,30 +88,40 @@ func newQueries(t outbox.Table) queries {
 	}
 }
 
-// begin sets the transaction's server-side bound: a relay that hangs while
-// holding locks loses them after BatchTimeout + 5s.
-func (r *Relay) bound(ctx context.Context, tx pgx.Tx) error {
-	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
-	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle); err != nil {
-		return fmt.Errorf("relay: set transaction bound: %w", err)
+// query runs sql and hands its rows to scan. The claim's first statement
+// (first) goes in one round trip with the transaction's server-side bound:
+// a relay that hangs while holding locks loses them after BatchTimeout + 5s.
+func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
+	if !first {
+		rows, err := tx.Query(ctx, sql, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if err := scan(rows); err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
 	}
-	return nil
+	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
+	b.Queue(sql, args).Query(scan)
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // claim returns the next batch, locked for this transaction.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]row, error) {
-	if err := r.bound(ctx, tx); err != nil {
-		return nil, err
-	}
 	if r.cfg.Ordering == Unordered {
-		return r.readRows(ctx, tx, r.q.claim, pgx.NamedArgs{"n": r.cfg.BatchSize})
+		return r.readRows(ctx, tx, true, r.q.claim, pgx.NamedArgs{"n": r.cfg.BatchSize})
 	}
 	locked, err := r.lockLanes(ctx, tx)
 	if err != nil || len(locked) == 0 {
 		return nil, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
-	return r.readRows(ctx, tx, r.q.read, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes, "n": r.cfg.BatchSize})
+	return r.readRows(ctx, tx, false, r.q.read, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes, "n": r.cfg.BatchSize})
 }
 
 // lockLanes locks lanes that hold about BatchSize of the oldest unpublished
@@ -124,10 +134,6 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 	covered := 0
 	tried := map[int32]bool{}
 	for window := 2 * n; ; window *= 4 {
-		rows, err := tx.Query(ctx, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes})
-		if err != nil {
-			return nil, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
-		}
 		type laneCount struct {
 			lane  int32
 			count int
@@ -135,12 +141,15 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 		var cands []laneCount
 		seen := 0
 		var lc laneCount
-		_, err = pgx.ForEachRow(rows, []any{&lc.lane, &lc.count}, func() error {
-			seen += lc.count
-			if !tried[lc.lane] {
-				cands = append(cands, lc)
-			}
-			return nil
+		err := r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes}, func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&lc.lane, &lc.count}, func() error {
+				seen += lc.count
+				if !tried[lc.lane] {
+					cands = append(cands, lc)
+				}
+				return nil
+			})
+			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
@@ -177,17 +186,16 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 	}
 }
 
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) ([]row, error) {
-	rs, err := tx.Query(ctx, sql, args)
-	if err != nil {
-		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-	}
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs) ([]row, error) {
 	out := make([]row, 0, r.cfg.BatchSize)
 	var x row
-	_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt}, func() error {
-		out = append(out, x)
-		x = row{}
-		return nil
+	err := r.query(ctx, tx, first, sql, args, func(rs pgx.Rows) error {
+		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt}, func() error {
+			out = append(out, x)
+			x = row{}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
