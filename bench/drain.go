@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -68,7 +70,8 @@ type Drain struct {
 type Limits struct {
 	ProducerEPS        float64 `json:"producer_eps"`                // sarama AsyncProducer alone, streaming
 	PublisherB500EPS   float64 `json:"publisher_b500_eps"`          // relay.SaramaPublisher alone, batches of 500
-	PostgresEPS        float64 `json:"postgres_eps"`                // claim+mark, batch 500, 1 worker, no publishing
+	PostgresEPS        float64 `json:"postgres_eps"`                // claim+mark, batch 500, 1 worker, no publishing, asynchronous commit
+	PostgresSyncEPS    float64 `json:"postgres_sync_eps"`           // the same with synchronous commit
 	PostgresX4EPS      float64 `json:"postgres_x4_eps"`             // same with 4 workers
 	PostgresB50EPS     float64 `json:"postgres_b50_eps"`            // same at the default batch 50
 	RelayNoPublishEPS  float64 `json:"relay_nopublish_eps"`         // relay.New with a no-op publisher, batch 500
@@ -124,12 +127,14 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) { return e.drainSeed(ctx, topic, warm, n) }},
 		{name: "watermill b100", desc: "watermill Forwarder, SQL subscriber default SubscribeBatchSize (100)", kind: "contender", prepare: wmPrep, run: wm(0)},
 		{name: "watermill b1000", desc: "watermill Forwarder, SubscribeBatchSize 1000", kind: "contender", prepare: wmPrep, run: wm(1000)},
-		{name: "postgres b500 x1", desc: "claim+mark by hand, no publishing: batch 500, 1 worker", kind: "limit", noTopic: true,
-			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 1) }},
-		{name: "postgres b500 x4", desc: "claim+mark by hand, no publishing: batch 500, 4 workers", kind: "limit", noTopic: true,
-			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 4) }},
-		{name: "postgres b50 x1", desc: "claim+mark by hand, no publishing: batch 50, 1 worker", kind: "diagnostic", noTopic: true,
-			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 50, 1) }},
+		{name: "postgres b500 x1", desc: "claim+mark by hand, no publishing: batch 500, 1 worker, asynchronous commit (as the relay commits by default)", kind: "limit", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 1, false) }},
+		{name: "postgres b500 x4", desc: "claim+mark by hand, no publishing: batch 500, 4 workers, asynchronous commit", kind: "limit", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 4, false) }},
+		{name: "postgres b500 x1 sync", desc: "claim+mark by hand, no publishing: batch 500, 1 worker, synchronous commit", kind: "diagnostic", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 500, 1, true) }},
+		{name: "postgres b50 x1", desc: "claim+mark by hand, no publishing: batch 50, 1 worker, asynchronous commit", kind: "diagnostic", noTopic: true,
+			prepare: prepFx, run: func(ctx context.Context, _ string) (drainRun, error) { return e.drainPostgres(ctx, n, 50, 1, false) }},
 		{name: "relay no-publish b500", desc: "relay.New with a no-op Publisher, BatchSize 500: the library's loop without Kafka", kind: "diagnostic", noTopic: true,
 			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) {
 				return e.drainFx(ctx, topic, warm, n, b500, 1, true)
@@ -160,6 +165,11 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	if !p.runs("limits") {
 		for _, c := range cs {
 			c.skip = c.skip || c.kind != "contender"
+		}
+	}
+	if re := e.p.contenders; re != nil { // BENCH_CONTENDERS: a subset, while tuning
+		for _, c := range cs {
+			c.skip = c.skip || !re.MatchString(c.name)
 		}
 	}
 	results := map[string]*DrainContender{}
@@ -272,6 +282,7 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		PublisherB500EPS:   get("publisher b500").EPS,
 		PostgresEPS:        pg.EPS,
 		PostgresX4EPS:      pg4.EPS,
+		PostgresSyncEPS:    get("postgres b500 x1 sync").EPS,
 		PostgresB50EPS:     get("postgres b50 x1").EPS,
 		RelayNoPublishEPS:  get("relay no-publish b500").EPS,
 		RelayNoPubDefault:  get("relay no-publish default").EPS,
@@ -408,9 +419,19 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 	return result(min(prog.n.Load(), int64(n)), elapsed, capped), nil
 }
 
-// drainPostgres is the PostgreSQL ceiling: the relay's claim and mark
-// statements, by hand, with nothing published in between.
-func (e *env) drainPostgres(ctx context.Context, n, batch, workers int) (drainRun, error) {
+// drainPostgres is the PostgreSQL ceiling: the classic claim and mark
+// statements, by hand, with nothing published in between; syncCommit says whether
+// the commits wait for their WAL flush (the relay's default does not).
+func (e *env) drainPostgres(ctx context.Context, n, batch, workers int, syncCommit bool) (drainRun, error) {
+	pc := e.pool.Config()
+	if !syncCommit {
+		pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return drainRun{}, err
+	}
+	defer pool.Close()
 	claim := "SELECT id, event_id, event_type, topic, partition_key, payload, headers FROM " + e.table.Ident() +
 		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
 	mark := "UPDATE " + e.table.Ident() + " SET published_at = now() WHERE id = ANY($1)"
@@ -424,7 +445,7 @@ func (e *env) drainPostgres(ctx context.Context, n, batch, workers int) (drainRu
 			defer wg.Done()
 			for ctx.Err() == nil {
 				k, err := func() (int, error) {
-					tx, err := e.pool.Begin(ctx)
+					tx, err := pool.Begin(ctx)
 					if err != nil {
 						return 0, err
 					}

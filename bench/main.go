@@ -27,6 +27,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -53,6 +54,10 @@ type params struct {
 	Diagnostics   bool    `json:"write_diagnostics"`
 
 	only map[string]bool
+	// contenders, from BENCH_CONTENDERS (a regular expression), limits the
+	// drain to the contenders whose names match: for tuning, not for
+	// recorded results.
+	contenders *regexp.Regexp
 }
 
 func (p params) drainCap() time.Duration   { return dur(p.DrainCapS) }
@@ -103,6 +108,9 @@ func loadParams() params {
 	}
 	if n, err := strconv.Atoi(os.Getenv("BENCH_BACKLOG")); err == nil && n > 0 {
 		p.Backlog = n
+	}
+	if s := os.Getenv("BENCH_CONTENDERS"); s != "" {
+		p.contenders = regexp.MustCompile(s)
 	}
 	if s := os.Getenv("BENCH_ONLY"); s != "" {
 		p.only = map[string]bool{}

@@ -113,8 +113,8 @@ func printReport(w io.Writer, r *results) {
 			d.FxoutboxBestConfig, d.BestVsSeed, d.BestVsWatermill, 100*d.BestOfProducer, 100*d.FxoutboxB500OfPG, 100*d.FxoutboxX4OfPostgres)
 	}
 	if l := r.Limits; l != nil {
-		fmt.Fprintf(w, "4. LIMITS  producer %.0f ev/s; PostgreSQL claim+mark (no publishing) b500 x1 %.0f, x4 %.0f\n",
-			l.ProducerEPS, l.PostgresEPS, l.PostgresX4EPS)
+		fmt.Fprintf(w, "4. LIMITS  producer %.0f ev/s; PostgreSQL claim+mark (no publishing, asynchronous commit) b500 x1 %.0f, x4 %.0f; synchronous commit b500 x1 %.0f\n",
+			l.ProducerEPS, l.PostgresEPS, l.PostgresX4EPS, l.PostgresSyncEPS)
 		if r.Params.Diagnostics {
 			fmt.Fprintf(w, "   publisher alone in batches of 500 %.0f; PostgreSQL claim+mark b50 x1 %.0f; relay without publishing: b500 %.0f, defaults %.0f; relay unordered b50 %.0f\n",
 				l.PublisherB500EPS, l.PostgresB50EPS, l.RelayNoPublishEPS, l.RelayNoPubDefault, l.UnorderedB50EPS)

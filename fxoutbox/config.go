@@ -57,8 +57,19 @@ type Config struct {
 
 	// PollInterval is the relay's ticker period [OUTBOX_POLL_INTERVAL]. Default 500ms.
 	PollInterval time.Duration
-	// BatchSize is the most events per claim, 1-10000 [OUTBOX_BATCH_SIZE]. Default 50.
+	// BatchSize is the most events per claim while the relay keeps up,
+	// 1-10000 [OUTBOX_BATCH_SIZE]. Default 50.
 	BatchSize int
+	// MaxBatchSize is the most events per claim while a backlog drains:
+	// claims double after each full batch up to it [OUTBOX_MAX_BATCH_SIZE].
+	// Default 500 (or BatchSize, if larger); set it to BatchSize for fixed
+	// batches.
+	MaxBatchSize int
+	// SynchronousCommit makes the relay's commits wait for their WAL flush
+	// (see relay.Config.SynchronousCommit) [OUTBOX_SYNCHRONOUS_COMMIT=on].
+	// Default false: a database crash can only make the relay publish its
+	// last batches again.
+	SynchronousCommit bool
 	// Workers is how many batches one relay has in flight, on distinct
 	// lanes; a crash repeats up to that many batches [OUTBOX_WORKERS].
 	// Default 1.
@@ -143,6 +154,7 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 	}{
 		{"OUTBOX_MAX_PAYLOAD_BYTES", &c.Limits.MaxPayloadBytes},
 		{"OUTBOX_BATCH_SIZE", &c.BatchSize},
+		{"OUTBOX_MAX_BATCH_SIZE", &c.MaxBatchSize},
 		{"OUTBOX_WORKERS", &c.Workers},
 		{"OUTBOX_MAX_ATTEMPTS", &c.MaxAttempts},
 		{"OUTBOX_LANES", &c.Lanes},
@@ -208,6 +220,16 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			default:
 				return c, bad(f.name, v, "on or off")
 			}
+		}
+	}
+	if v, ok := get("OUTBOX_SYNCHRONOUS_COMMIT"); ok {
+		switch strings.ToLower(v) {
+		case "on", "true", "1":
+			c.SynchronousCommit = true
+		case "off", "false", "0":
+			c.SynchronousCommit = false
+		default:
+			return c, bad("OUTBOX_SYNCHRONOUS_COMMIT", v, "on or off")
 		}
 	}
 	if v, ok := get("OUTBOX_ORDERING"); ok {

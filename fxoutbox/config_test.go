@@ -12,23 +12,26 @@ import (
 
 func TestConfigFromEnv(t *testing.T) {
 	env := map[string]string{
-		"OUTBOX_SERVICE":       "order-service",
-		"OUTBOX_SCHEMA":        "app",
-		"OUTBOX_TABLE":         "events",
-		"OUTBOX_TOPIC_NAMING":  "per-aggregate",
-		"OUTBOX_MIGRATE":       "true",
-		"KAFKA_BROKERS":        "a:9092, b:9092,",
-		"KAFKA_CLIENT_ID":      "orders",
-		"KAFKA_VERSION":        "3.7.0",
-		"OUTBOX_POLL_INTERVAL": "100ms",
-		"OUTBOX_BATCH_SIZE":    "200",
-		"OUTBOX_RELAY":         "off",
-		"OUTBOX_NOTIFY":        "off",
-		"OUTBOX_ORDERING":      "unordered",
-		"OUTBOX_LANES":         "128",
-		"OUTBOX_RETENTION":     "forever",
-		"OUTBOX_MAX_ATTEMPTS":  "9",
-		"OUTBOX_POISON":        "hold",
+		"OUTBOX_SERVICE":            "order-service",
+		"OUTBOX_SCHEMA":             "app",
+		"OUTBOX_TABLE":              "events",
+		"OUTBOX_TOPIC_NAMING":       "per-aggregate",
+		"OUTBOX_MIGRATE":            "true",
+		"KAFKA_BROKERS":             "a:9092, b:9092,",
+		"KAFKA_CLIENT_ID":           "orders",
+		"KAFKA_VERSION":             "3.7.0",
+		"OUTBOX_POLL_INTERVAL":      "100ms",
+		"OUTBOX_BATCH_SIZE":         "200",
+		"OUTBOX_MAX_BATCH_SIZE":     "2000",
+		"OUTBOX_WORKERS":            "2",
+		"OUTBOX_SYNCHRONOUS_COMMIT": "on",
+		"OUTBOX_RELAY":              "off",
+		"OUTBOX_NOTIFY":             "off",
+		"OUTBOX_ORDERING":           "unordered",
+		"OUTBOX_LANES":              "128",
+		"OUTBOX_RETENTION":          "forever",
+		"OUTBOX_MAX_ATTEMPTS":       "9",
+		"OUTBOX_POISON":             "hold",
 	}
 	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
@@ -36,7 +39,7 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 	if c.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
 		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.PollInterval != 100*time.Millisecond ||
-		c.BatchSize != 200 || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Ordering != relay.Unordered ||
+		c.BatchSize != 200 || c.MaxBatchSize != 2000 || c.Workers != 2 || !c.SynchronousCommit || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Ordering != relay.Unordered ||
 		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != relay.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
@@ -47,6 +50,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_POLL_INTERVAL": "soon", "OUTBOX_BATCH_SIZE": "-1", "OUTBOX_MIGRATE": "maybe",
 		"OUTBOX_TOPIC_NAMING": "random", "KAFKA_VERSION": "latest", "OUTBOX_TABLE": "x;y", "OUTBOX_RELAY": "sometimes",
 		"OUTBOX_ORDERING": "random", "OUTBOX_LANES": "x", "OUTBOX_RETENTION": "-1h", "OUTBOX_LISTEN": "nah", "OUTBOX_MAX_ATTEMPTS": "0", "OUTBOX_POISON": "drop",
+		"OUTBOX_MAX_BATCH_SIZE": "lots", "OUTBOX_SYNCHRONOUS_COMMIT": "sometimes",
 	} {
 		_, err := configFrom(func(name string) (string, bool) { return v, name == k })
 		var ce *outbox.ConfigError

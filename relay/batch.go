@@ -39,17 +39,26 @@ type row struct {
 // caller should then back off. An event parked in this batch is not an
 // error. RunOnce may run concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	n, _, err := r.runOnce(ctx, r.cfg.BatchSize)
+	return n, err
+}
+
+// runOnce is RunOnce with a claim of up to size rows. next is the size of
+// the claim to run at once, when more events are waiting: twice size after a
+// full batch (up to MaxBatchSize), size after a batch that other relays'
+// lanes cut short; 0 when the relay has caught up.
+func (r *Relay) runOnce(ctx context.Context, size int) (n, next int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("relay: begin: %w", err)
+		return 0, 0, fmt.Errorf("relay: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	rows, err := r.claim(ctx, tx)
+	rows, more, err := r.claim(ctx, tx, size)
 	if err != nil || len(rows) == 0 {
-		return 0, err
+		return 0, 0, err
 	}
 	msgs, spans := r.messages(ctx, rows)
 	errs := r.publish(ctx, rows, msgs)
@@ -81,27 +90,33 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if len(ids) > 0 || len(failed) > 0 {
 		parked, err = r.record(ctx, tx, ids, rows, errs, failed)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := tx.Commit(ctx); err != nil {
 			// Acknowledged events will be sent again (same x-event-id).
-			return 0, fmt.Errorf("relay: commit: %w", err)
+			return 0, 0, fmt.Errorf("relay: commit: %w", err)
 		}
 		r.logFailures(rows, errs, failed, parked)
 	}
 	r.metrics.record(ctx, rows, errs, acked)
 	if transient != nil {
-		return len(ids), fmt.Errorf("relay: %d of %d events not published: %w", nTrans, len(rows), transient)
+		return len(ids), 0, fmt.Errorf("relay: %d of %d events not published: %w", nTrans, len(rows), transient)
 	}
 	// Events charged but not parked are retried with backoff, so a failure
 	// that was not so permanent after all (a topic being created, a broker
 	// restarting) has time to pass before they run out of attempts.
 	for _, i := range failed {
 		if !parked[rows[i].id] {
-			return len(ids), fmt.Errorf("relay: %d of %d events failed permanently, retrying until parked: %w", len(failed)-len(parked), len(rows), errs[i])
+			return len(ids), 0, fmt.Errorf("relay: %d of %d events failed permanently, retrying until parked: %w", len(failed)-len(parked), len(rows), errs[i])
 		}
 	}
-	return len(ids), nil
+	switch {
+	case len(ids) == size:
+		next = min(2*size, r.cfg.MaxBatchSize)
+	case more && len(ids) > 0:
+		next = size
+	}
+	return len(ids), next, nil
 }
 
 // isolateMax caps the events one batch sends alone to attribute a permanent

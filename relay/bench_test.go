@@ -14,9 +14,10 @@ import (
 
 // BenchmarkDrain measures how fast one relay publishes a preloaded backlog
 // of 20k events (256-byte payloads, 200 keys, one topic with 12 partitions)
-// to the broker at KAFKA_BROKERS, through the real sarama publisher, at
-// batch 50 (the default) and 500, with 1 and 2 workers (default 1), per-key
-// ordered and unordered. Each relay is started and runs until the backlog is
+// to the broker at KAFKA_BROKERS, through the real sarama publisher: the
+// defaults (batches of 50 growing to 500 while full, one worker,
+// asynchronous commit), fixed batches of 50, a synchronous commit, two
+// workers, batches of 500 from the start, and unordered claims. Each relay is started and runs until the backlog is
 // drained, so draining without waiting for ticks is part of the figure. The
 // variants alternate in rounds and the medians are reported in events/s,
 // with each one's ratio to the default.
@@ -47,12 +48,13 @@ func BenchmarkDrain(b *testing.B) {
 		}
 	}
 	variants := []relay.Config{
-		{BatchSize: 50, Workers: 1}, // the defaults
-		{BatchSize: 50, Workers: 2},
-		{BatchSize: 500, Workers: 1},
-		{BatchSize: 500, Workers: 2},
-		{BatchSize: 50, Workers: 2, Ordering: relay.Unordered},
-		{BatchSize: 500, Workers: 2, Ordering: relay.Unordered},
+		{}, // the defaults: batches of 50 growing to 500, one worker, asynchronous commit
+		{MaxBatchSize: 50},
+		{SynchronousCommit: true},
+		{Workers: 2},
+		{BatchSize: 500},
+		{Ordering: relay.Unordered},
+		{Workers: 2, Ordering: relay.Unordered},
 	}
 	rounds := 3
 	eps := make([][]float64, len(variants))
@@ -81,7 +83,13 @@ func BenchmarkDrain(b *testing.B) {
 	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
 	base := med(eps[0])
 	for i, cfg := range variants {
-		name := fmt.Sprintf("%v/b%d/w%d", cfg.Ordering, cfg.BatchSize, cfg.Workers)
+		cfg.Table = s.table
+		r, _ := relay.New(pool, pub, &cfg)
+		c := r.Config()
+		name := fmt.Sprintf("%v/b%d-%d/w%d", c.Ordering, c.BatchSize, c.MaxBatchSize, c.Workers)
+		if c.SynchronousCommit {
+			name += "/sync"
+		}
 		b.ReportMetric(med(eps[i]), name+"_eps")
 		if i > 0 {
 			b.ReportMetric(med(eps[i])/base, name+"/default")

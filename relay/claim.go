@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"time"
 
@@ -51,7 +52,8 @@ type queries struct {
 	claim   string // unordered: lock rows
 	window  string // per key: lanes with work among the first rows, in order of their first row
 	lock    string // per key: try-lock candidate lanes
-	read    string // per key: the rows of locked lanes
+	read    string // per key: the rows the window saw in locked lanes
+	readAll string // per key: the rows of locked lanes
 	mark    string
 	attempt string
 	stats   string
@@ -66,10 +68,25 @@ func newQueries(t outbox.Table) queries {
 	return queries{
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		window: "SELECT lane, count(*)::int FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane ORDER BY min(id)",
+		// window groups the oldest unpublished rows by lane, in order of
+		// each lane's first row, and try-locks the lanes that cover the first
+		// @n of them: true with their ids, false when another relay holds
+		// them; lanes past the first @n come back null.
+		window: "SELECT lane, cnt, CASE WHEN got THEN ids END, got FROM (" +
+			"SELECT lane, cnt, ids, first, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END AS got FROM (" +
+			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
+			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
+			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
+			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane) c) x ORDER BY first",
 		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
+		// read takes the rows the window saw in the locked lanes, in a new
+		// statement: its snapshot, taken after the locks were granted, drops
+		// the rows the lanes' previous holder published or parked meanwhile.
 		read: "SELECT " + cols + " FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
+		// readAll fills a batch that other relays' lanes cut short: every
+		// unpublished row of the locked lanes, in id order.
+		readAll: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
@@ -89,8 +106,9 @@ func newQueries(t outbox.Table) queries {
 }
 
 // query runs sql and hands its rows to scan. The claim's first statement
-// (first) goes in one round trip with the transaction's server-side bound:
-// a relay that hangs while holding locks loses them after BatchTimeout + 5s.
+// (first) goes in one round trip with the transaction's settings: the
+// server-side bound (a relay that hangs while holding locks loses them after
+// BatchTimeout + 5s) and, unless SynchronousCommit, an asynchronous commit.
 func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
 	if !first {
 		rows, err := tx.Query(ctx, sql, args)
@@ -106,33 +124,57 @@ func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, ar
 	}
 	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
+	if r.cfg.SynchronousCommit {
+		b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
+	} else {
+		b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('synchronous_commit', 'off', true)", idle)
+	}
 	b.Queue(sql, args).Query(scan)
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// claim returns the next batch, locked for this transaction.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]row, error) {
+// claim returns the next batch of up to n rows, locked for this
+// transaction (under PerKey, by the lanes' advisory locks), and whether more
+// unpublished rows are likely waiting behind them.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int) (rows []row, more bool, err error) {
 	if r.cfg.Ordering == Unordered {
-		return r.readRows(ctx, tx, true, r.q.claim, pgx.NamedArgs{"n": r.cfg.BatchSize})
+		rows, err = r.readRows(ctx, tx, true, n, r.q.claim, pgx.NamedArgs{"n": n})
+		return rows, len(rows) == n, err
 	}
-	locked, err := r.lockLanes(ctx, tx)
-	if err != nil || len(locked) == 0 {
-		return nil, err
+	lk, err := r.lockLanes(ctx, tx, n)
+	if err != nil || len(lk.lanes) == 0 {
+		return nil, false, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
-	return r.readRows(ctx, tx, false, r.q.read, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes, "n": r.cfg.BatchSize})
+	if lk.byID {
+		rows, err = r.readRows(ctx, tx, false, n, r.q.read, pgx.NamedArgs{"ids": lk.ids, "n": n})
+	} else {
+		rows, err = r.readRows(ctx, tx, false, n, r.q.readAll, pgx.NamedArgs{"locked": lk.lanes, "lanes": r.cfg.Lanes, "n": n})
+	}
+	return rows, lk.more || len(rows) == n, err
 }
 
-// lockLanes locks lanes that hold about BatchSize of the oldest unpublished
-// events, skipping lanes other relays hold. It looks at a window of the
-// oldest rows (2 x BatchSize, growing 4x up to 32 x BatchSize when the lanes
-// in it are taken), so each replica finds work past the others' lanes.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
-	n := r.cfg.BatchSize
-	var locked []int32
+// locked is what lockLanes locked.
+type locked struct {
+	lanes []int32
+	ids   []int64 // the locked lanes' rows in the window, in order
+	byID  bool    // ids covers the batch: read them, not all the lanes' rows
+	more  bool    // unpublished rows wait that this batch does not take
+}
+
+// lockLanes locks lanes that hold about n of the oldest unpublished events,
+// skipping lanes other relays hold. It looks at a window of the oldest rows
+// (2n, growing 4x up to 32n when the lanes in it are taken), so each replica
+// finds work past the others' lanes. A relay that is alone on its table, or
+// finds enough free lanes at once, locks them in the window's statement and
+// gets their rows' ids: every unpublished event of a locked lane older than
+// the window's last one is in the window, so reading those ids keeps each
+// key's order. Otherwise it tries further lanes a chunk at a time, and the
+// batch reads the locked lanes' rows.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err error) {
 	covered := 0
 	tried := map[int32]bool{}
+	lk.byID = true
 	for window := 2 * n; ; window *= 4 {
 		type laneCount struct {
 			lane  int32
@@ -140,22 +182,39 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 		}
 		var cands []laneCount
 		seen := 0
-		var lc laneCount
-		err := r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes}, func(rows pgx.Rows) error {
-			_, err := pgx.ForEachRow(rows, []any{&lc.lane, &lc.count}, func() error {
-				seen += lc.count
-				if !tried[lc.lane] {
-					cands = append(cands, lc)
-				}
-				return nil
+		var (
+			lc  laneCount
+			ids []int64
+			got *bool
+		)
+		err = r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n - covered, "ns": r.q.ns},
+			func(rows pgx.Rows) error {
+				_, err := pgx.ForEachRow(rows, []any{&lc.lane, &lc.count, &ids, &got}, func() error {
+					seen += lc.count
+					switch {
+					case tried[lc.lane]:
+						// Tried in a smaller window: held, or ours already
+						// (locked again, not counted twice).
+					case got == nil:
+						cands = append(cands, lc)
+					case *got:
+						tried[lc.lane] = true
+						lk.lanes = append(lk.lanes, lc.lane)
+						lk.ids = append(lk.ids, ids...)
+						covered += lc.count
+					default:
+						tried[lc.lane] = true
+					}
+					ids = nil
+					return nil
+				})
+				return err
 			})
-			return err
-		})
 		if err != nil {
-			return nil, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+			return locked{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
 		}
-		// Try lanes in order of their oldest event, a chunk at a time, until
-		// the locked lanes cover a batch.
+		// Lanes held by other relays left the batch short: try the next
+		// lanes in order of their oldest event, a chunk at a time.
 		for len(cands) > 0 && covered < n {
 			var chunk []int32
 			want := map[int32]int{}
@@ -167,27 +226,31 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 			}
 			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
 			if err != nil {
-				return nil, fmt.Errorf("relay: lock lanes: %w", err)
+				return locked{}, fmt.Errorf("relay: lock lanes: %w", err)
 			}
 			got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 			if err != nil {
-				return nil, fmt.Errorf("relay: lock lanes: %w", err)
+				return locked{}, fmt.Errorf("relay: lock lanes: %w", err)
 			}
 			for _, l := range got {
-				locked = append(locked, l)
+				lk.lanes = append(lk.lanes, l)
+				lk.byID = false
 				covered += want[l]
 			}
 		}
 		// Done when the batch is covered, the window held every unpublished
 		// row, or the window is as large as it gets.
 		if covered >= n || seen < window || window >= 32*n {
-			return locked, nil
+			slices.Sort(lk.ids)
+			lk.more = seen >= window || seen > covered
+			lk.byID = lk.byID && (covered >= n || seen < window)
+			return lk, nil
 		}
 	}
 }
 
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs) ([]row, error) {
-	out := make([]row, 0, r.cfg.BatchSize)
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, first bool, n int, sql string, args pgx.NamedArgs) ([]row, error) {
+	out := make([]row, 0, n)
 	var x row
 	err := r.query(ctx, tx, first, sql, args, func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt}, func() error {

@@ -39,17 +39,18 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.q = newQueries(tbl)
-	lanes := make([]int32, r.cfg.Lanes)
-	for i := range lanes {
-		lanes[i] = int32(i)
+	var ids []int64
+	if err := pool.QueryRow(ctx, "SELECT array_agg(id) FROM (SELECT id FROM "+tbl.Ident()+" WHERE published_at IS NULL AND id % 3 = 0 ORDER BY id LIMIT 600) x").Scan(&ids); err != nil {
+		t.Fatal(err)
 	}
 	for name, q := range map[string]struct {
 		sql  string
 		args pgx.NamedArgs
 	}{
 		"claim":   {r.q.claim, pgx.NamedArgs{"n": 500}},
-		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes}},
-		"read":    {r.q.read, pgx.NamedArgs{"locked": lanes[:20], "lanes": r.cfg.Lanes, "n": 500}},
+		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns}},
+		"read":    {r.q.read, pgx.NamedArgs{"ids": ids, "n": 500}},
+		"readAll": {r.q.readAll, pgx.NamedArgs{"locked": []int32{1, 5, 9, 20, 33}, "lanes": r.cfg.Lanes, "n": 500}},
 		"stats":   {r.q.stats, nil},
 		"cleanup": {"SELECT * FROM " + tbl.Ident() + " WHERE id IN (SELECT id FROM " + tbl.Ident() + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
 	} {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -252,7 +253,7 @@ func TestDrainsBacklogWithoutWaitingForTicks(t *testing.T) {
 	s.write(t, "drain.topic", 500, 10)
 	var calls atomic.Int64
 	pub := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error { calls.Add(1); return nil })
-	r := s.relay(t, pub, relay.Config{BatchSize: 50, PollInterval: time.Hour})
+	r := s.relay(t, pub, relay.Config{BatchSize: 50, MaxBatchSize: 50, PollInterval: time.Hour})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -260,6 +261,72 @@ func TestDrainsBacklogWithoutWaitingForTicks(t *testing.T) {
 	waitUntil(t, 20*time.Second, "backlog drained with a 1h ticker", func() bool { return s.unpublished(t) == 0 })
 	if c := calls.Load(); c < 10 {
 		t.Errorf("%d publish calls for 500 events at batch 50, want at least 10", c)
+	}
+}
+
+// A backlog drains in growing batches (doubling from BatchSize up to
+// MaxBatchSize); once the relay keeps up it claims BatchSize again.
+func TestBatchesGrowWhileABacklogDrains(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	writeBulk := func(n int) {
+		t.Helper()
+		for done := 0; done < n; done += 100 {
+			err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+				for i := done; i < min(done+100, n); i++ {
+					if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%97), Type: "order.updated.v1",
+						Topic: "grow.topic", Payload: map[string]int{"seq": i}}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		max       int
+		wantSizes []int
+	}{
+		{"default max", 0, []int{50, 100, 200, 400, 500, 500, 250}},
+		{"fixed", 50, []int{50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeBulk(2000)
+			var mu sync.Mutex
+			var sizes []int
+			pub := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				sizes = append(sizes, len(msgs))
+				return nil
+			})
+			r := s.relay(t, pub, relay.Config{MaxBatchSize: tc.max, PollInterval: time.Hour})
+			if err := r.Start(s.ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = r.Stop(s.ctx) }()
+			waitUntil(t, 20*time.Second, "backlog drained", func() bool { return s.unpublished(t) == 0 })
+			mu.Lock()
+			got := slices.Clone(sizes)
+			sizes = nil
+			mu.Unlock()
+			if !slices.Equal(got, tc.wantSizes) {
+				t.Errorf("batch sizes while draining 2000 events: %v, want %v", got, tc.wantSizes)
+			}
+			// Caught up: the next burst starts again at BatchSize.
+			writeBulk(120)
+			r.Wake()
+			waitUntil(t, 20*time.Second, "burst published", func() bool { return s.unpublished(t) == 0 })
+			mu.Lock()
+			defer mu.Unlock()
+			if len(sizes) == 0 || sizes[0] > 50 {
+				t.Errorf("batch sizes after the relay caught up: %v, want the first at most 50", sizes)
+			}
+		})
 	}
 }
 
@@ -413,6 +480,8 @@ func TestConfigValidation(t *testing.T) {
 	for _, c := range []relay.Config{
 		{BatchSize: -1},
 		{BatchSize: 20000},
+		{BatchSize: 100, MaxBatchSize: 50},
+		{MaxBatchSize: 20000},
 		{PollInterval: time.Microsecond},
 		{BatchTimeout: time.Millisecond},
 		{PollInterval: time.Second, MaxBackoff: time.Millisecond},

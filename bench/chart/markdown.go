@@ -140,7 +140,8 @@ func writeMarkdown(w io.Writer, raw []byte) error {
 		rows := []struct{ k, label, f string }{
 			{"producer_eps", "producer ceiling: sarama AsyncProducer alone, same config, events/s", "%.0f"},
 			{"publisher_b500_eps", "relay.SaramaPublisher alone, batches of 500, events/s", "%.0f"},
-			{"postgres_eps", "PostgreSQL ceiling: claim+mark by hand, batch 500, 1 worker, events/s", "%.0f"},
+			{"postgres_eps", "PostgreSQL ceiling: claim+mark by hand, batch 500, 1 worker, asynchronous commit (as the relay), events/s", "%.0f"},
+			{"postgres_sync_eps", "PostgreSQL claim+mark, batch 500, 1 worker, synchronous commit, events/s", "%.0f"},
 			{"postgres_x4_eps", "PostgreSQL claim+mark, batch 500, 4 workers, events/s", "%.0f"},
 			{"postgres_b50_eps", "PostgreSQL claim+mark, batch 50, 1 worker, events/s", "%.0f"},
 			{"relay_nopublish_default_eps", "relay (defaults) with a no-op publisher, events/s", "%.0f"},

@@ -86,7 +86,7 @@ func TestHelperRelayProcess(t *testing.T) {
 	defer inner.Close()
 	pub := &faultPublisher{inner: inner, mode: mode}
 	cfg := &relay.Config{
-		Table: outbox.Table{Schema: os.Getenv(envHelperSchema)}, BatchSize: batchSize,
+		Table: outbox.Table{Schema: os.Getenv(envHelperSchema)}, BatchSize: batchSize, MaxBatchSize: maxBatchSize,
 		PollInterval: pollInterval, MaxBackoff: maxBackoff,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}

@@ -40,8 +40,8 @@ func TestRelayKilledBetweenAckAndCommit(t *testing.T) {
 	}
 	t.Logf("relay process SIGKILLed after batch %d was acknowledged (%d events); %d events published before",
 		killAfter, len(killed), w.published(t))
-	if len(killed) == 0 || len(killed) > batchSize {
-		t.Fatalf("killed batch has %d events, want 1..%d", len(killed), batchSize)
+	if len(killed) == 0 || len(killed) > maxBatchSize {
+		t.Fatalf("killed batch has %d events, want 1..%d", len(killed), maxBatchSize)
 	}
 	// The crash hit between the ack and the commit: the acknowledged batch
 	// must still be unpublished in the table. A relay that marks (and
