@@ -20,6 +20,7 @@ type drainRun struct {
 	ElapsedS  float64 `json:"elapsed_s"`
 	EPS       float64 `json:"eps"`
 	Capped    bool    `json:"capped,omitempty"` // measured over a fixed window, not to the end of the backlog
+	CPU       *CPUUse `json:"cpu,omitempty"`
 }
 
 // DrainContender is one contender over every round.
@@ -202,10 +203,12 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 				}
 			}
 			e.checkpoint(ctx)
+			cpu0 := sampleCPU()
 			res, err := c.run(ctx, topic)
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s (round %d): %w", c.name, r+1, err)
 			}
+			res.CPU = cpu0.until(sampleCPU())
 			if !c.noTopic {
 				// Every published event must be in the broker.
 				got, err := e.topicCount(topic)
@@ -224,6 +227,9 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 			extra := ""
 			if res.Capped {
 				extra = " (fixed window)"
+			}
+			if u := res.CPU; u != nil {
+				extra += fmt.Sprintf("  cpu: %.0f%% of %d cores busy; bench %.2f, jvm broker %.2f, postgres+rest %.2f cores", 100*u.Busy, u.Cores, u.Bench, u.Broker, u.Postgres)
 			}
 			log.Printf("drain round %d/%d  %-22s %9.0f events/s  (%d in %.2fs)%s", r+1, p.DrainRounds, c.name, res.EPS, res.Published, res.ElapsedS, extra)
 		}

@@ -194,7 +194,9 @@ func (e *env) newTopic(prefix string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("create topic %s: %w", name, err)
 	}
-	// Wait until the metadata shows every partition with a leader.
+	// Wait until every partition's leader serves it: a KRaft broker
+	// publishes the metadata before it can take writes for a new partition,
+	// so a leader in the metadata is not enough; ListOffsets must answer.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		_ = e.client.RefreshMetadata(name)
@@ -202,8 +204,9 @@ func (e *env) newTopic(prefix string) (string, error) {
 		if err == nil && len(ps) == e.p.Partitions {
 			ok := true
 			for _, p := range ps {
-				if _, err := e.client.Leader(name, p); err != nil {
+				if _, err = e.client.GetOffset(name, p, sarama.OffsetNewest); err != nil {
 					ok = false
+					break
 				}
 			}
 			if ok {

@@ -247,7 +247,10 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 	var order []*WriteSeries
 	for r := range p.WriteRounds {
 		for _, w := range p.WriteWriters {
-			for _, v := range vs {
+			// Each round starts one variant later, so that no variant
+			// always runs right after the same other one.
+			for i := range vs {
+				v := vs[(i+r)%len(vs)]
 				if v.writers != nil && !slices.Contains(v.writers, w) || v.kind == "diagnostic" && !p.Diagnostics {
 					continue
 				}

@@ -70,9 +70,10 @@ func newQueries(t outbox.Table) queries {
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		// window groups the oldest unpublished rows by lane, in order of
 		// each lane's first row, and try-locks the lanes that cover the first
-		// @n of them: true with their ids, false when another relay holds
-		// them; lanes past the first @n come back null.
-		window: "SELECT lane, cnt, CASE WHEN got THEN ids END, got FROM (" +
+		// @n of them: true when locked, false when another relay holds them;
+		// lanes past the first @n come back null. It returns the ids of the
+		// lanes it locked and, with @ids, of every lane.
+		window: "SELECT lane, cnt, CASE WHEN got OR @ids THEN ids END, got FROM (" +
 			"SELECT lane, cnt, ids, first, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END AS got FROM (" +
 			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
 			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
@@ -165,12 +166,13 @@ type locked struct {
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
 // skipping lanes other relays hold. It looks at a window of the oldest rows
 // (2n, growing 4x up to 32n when the lanes in it are taken), so each replica
-// finds work past the others' lanes. A relay that is alone on its table, or
-// finds enough free lanes at once, locks them in the window's statement and
-// gets their rows' ids: every unpublished event of a locked lane older than
-// the window's last one is in the window, so reading those ids keeps each
-// key's order. Otherwise it tries further lanes a chunk at a time, and the
-// batch reads the locked lanes' rows.
+// finds work past the others' lanes. A relay alone on its table locks its
+// lanes in the window's statement; one that finds the first lanes held
+// tries further lanes a chunk at a time. The first window returns the ids
+// of its rows: every unpublished event of a locked lane older than the
+// window's last one is in the window, so the batch reads those ids and
+// keeps each key's order. Lanes found in a larger window come without ids,
+// and the batch then reads all of its lanes' rows.
 func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err error) {
 	covered := 0
 	tried := map[int32]bool{}
@@ -181,13 +183,15 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err
 			count int
 		}
 		var cands []laneCount
+		laneIDs := map[int32][]int64{}
 		seen := 0
 		var (
 			lc  laneCount
 			ids []int64
 			got *bool
 		)
-		err = r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n - covered, "ns": r.q.ns},
+		first := window == 2*n
+		err = r.query(ctx, tx, first, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n - covered, "ns": r.q.ns, "ids": first},
 			func(rows pgx.Rows) error {
 				_, err := pgx.ForEachRow(rows, []any{&lc.lane, &lc.count, &ids, &got}, func() error {
 					seen += lc.count
@@ -197,6 +201,9 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err
 						// (locked again, not counted twice).
 					case got == nil:
 						cands = append(cands, lc)
+						if ids != nil {
+							laneIDs[lc.lane] = ids
+						}
 					case *got:
 						tried[lc.lane] = true
 						lk.lanes = append(lk.lanes, lc.lane)
@@ -234,8 +241,12 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err
 			}
 			for _, l := range got {
 				lk.lanes = append(lk.lanes, l)
-				lk.byID = false
 				covered += want[l]
+				if ids, ok := laneIDs[l]; ok {
+					lk.ids = append(lk.ids, ids...)
+				} else {
+					lk.byID = false
+				}
 			}
 		}
 		// Done when the batch is covered, the window held every unpublished

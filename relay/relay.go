@@ -114,9 +114,10 @@ type Config struct {
 	// Workers is how many batches one relay has in flight, each in its own
 	// transaction on its own lanes (under PerKey ordering a lane is still
 	// published by one worker at a time, so order holds). A second worker
-	// claims and publishes while the first commits (about +15% at batch
-	// 50), but a crash of the process then repeats up to Workers batches
-	// instead of one. 1-64; default 1.
+	// claims while the first publishes: it helps when the broker is far
+	// (publishing waits on the network) and cores are free, and adds
+	// little when PostgreSQL already keeps the machine busy. A crash of the
+	// process repeats up to Workers batches instead of one. 1-64; default 1.
 	Workers int
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -52,6 +53,12 @@ type full struct {
 			Rounds []struct {
 				EPS    float64 `json:"eps"`
 				Capped bool    `json:"capped"`
+				CPU    *struct {
+					Busy     float64 `json:"machine_busy"`
+					Bench    float64 `json:"bench_cores"`
+					Broker   float64 `json:"jvm_broker_cores"`
+					Postgres float64 `json:"postgres_and_rest_cores"`
+				} `json:"cpu"`
 			} `json:"rounds"`
 		} `json:"contenders"`
 	} `json:"drain"`
@@ -117,21 +124,32 @@ func writeMarkdown(w io.Writer, raw []byte) error {
 	if d := r.Drain; d != nil {
 		p := r.Params
 		fmt.Fprintf(w, "### 1. Drain: %d events x %d B, %d partitions, %d keys (median of %d rounds)\n\n", p.Backlog, p.Payload, p.Partitions, p.Keys, p.DrainRounds)
-		fmt.Fprintf(w, "| contender | events/s | rounds | what |\n|---|---:|---|---|\n")
+		fmt.Fprintf(w, "| contender | events/s | rounds | CPU (median round): busy; bench / JVM broker / PostgreSQL+rest cores | what |\n|---|---:|---|---|---|\n")
 		for _, c := range d.Contenders {
 			var rs []string
+			var busy []float64
+			cpu := map[float64]string{}
 			for _, x := range c.Rounds {
 				s := fmt.Sprintf("%.0f", x.EPS)
 				if x.Capped {
 					s += "\\*"
 				}
 				rs = append(rs, s)
+				if u := x.CPU; u != nil {
+					busy = append(busy, u.Busy)
+					cpu[u.Busy] = fmt.Sprintf("%.0f%%; %.2f / %.2f / %.2f", 100*u.Busy, u.Bench, u.Broker, u.Postgres)
+				}
+			}
+			cpuCell := ""
+			if len(busy) > 0 {
+				slices.Sort(busy)
+				cpuCell = cpu[busy[len(busy)/2]]
 			}
 			name := c.Name
 			if c.Kind == "contender" && strings.HasPrefix(c.Name, "fxoutbox") {
 				name = "**" + name + "**"
 			}
-			fmt.Fprintf(w, "| %s | %.0f | %s | %s (%s) |\n", name, c.EPS, strings.Join(rs, ", "), c.Desc, c.Kind)
+			fmt.Fprintf(w, "| %s | %.0f | %s | %s | %s (%s) |\n", name, c.EPS, strings.Join(rs, ", "), cpuCell, c.Desc, c.Kind)
 		}
 		fmt.Fprintf(w, "\n\\* measured over a fixed window (%.0f s; the seed: %.0f s) instead of to the end of the backlog: the contender's rate is constant.\n\n", p.DrainCapS, p.SeedWindowS)
 	}
