@@ -118,7 +118,7 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		}
 	}
 	cs := []*contender{
-		{name: "fxoutbox default", desc: "relay.New with every default (only Table set), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
+		{name: "fxoutbox default", desc: "relay.New with every default (only Table set: batches of 50 growing to 500 while full, per-key lanes, asynchronous commit), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
 		{name: "fxoutbox b500 x2", desc: "BatchSize 500, 2 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 2)},
 		{name: "fxoutbox b500 x4", desc: "BatchSize 500, 4 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 4)},
@@ -140,11 +140,11 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) {
 				return e.drainFx(ctx, topic, warm, n, b500, 1, true)
 			}},
-		{name: "relay no-publish default", desc: "relay.New with a no-op Publisher and every default (batch 50, per-key lanes): the library's loop without Kafka", kind: "diagnostic", noTopic: true,
+		{name: "relay no-publish default", desc: "relay.New with a no-op Publisher and every default (batches of 50 growing to 500, per-key lanes): the library's loop without Kafka", kind: "diagnostic", noTopic: true,
 			prepare: prepFx, run: func(ctx context.Context, topic string) (drainRun, error) {
 				return e.drainFx(ctx, topic, warm, n, nil, 1, true)
 			}},
-		{name: "fxoutbox unordered b50", desc: "BatchSize 50 (default), Ordering Unordered, 1 relay: the default config without lanes", kind: "diagnostic", prepare: prepFx,
+		{name: "fxoutbox unordered b50", desc: "Ordering Unordered, otherwise the defaults (batches of 50 growing to 500), 1 relay: the default config without lanes", kind: "diagnostic", prepare: prepFx,
 			run: fx(&relay.Config{Ordering: relay.Unordered}, 1)},
 		{name: "producer", desc: "sarama AsyncProducer alone (same config), streaming the backlog", kind: "limit",
 			run: func(ctx context.Context, topic string) (drainRun, error) { return e.drainProducer(ctx, topic, n) }},

@@ -121,7 +121,7 @@ func runProfile(ctx context.Context, e *env, w io.Writer) ([]Profile, error) {
 		name string
 		cfg  relay.Config
 	}{
-		{"default (batch 50, per-key lanes)", relay.Config{}},
+		{"batch 50 (the default claim when keeping up), per-key lanes", relay.Config{}},
 		{"batch 500, per-key lanes", relay.Config{BatchSize: 500}},
 		{"batch 50, unordered", relay.Config{Ordering: relay.Unordered}},
 		{"batch 500, unordered", relay.Config{BatchSize: 500, Ordering: relay.Unordered}},
