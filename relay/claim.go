@@ -171,8 +171,8 @@ type locked struct {
 // tries further lanes a chunk at a time. The first window returns the ids
 // of its rows: every unpublished event of a locked lane older than the
 // window's last one is in the window, so the batch reads those ids and
-// keeps each key's order. Lanes found in a larger window come without ids,
-// and the batch then reads all of its lanes' rows.
+// keeps each key's order. Lanes locked a chunk at a time from a larger
+// window come without ids, and the batch then reads all its lanes' rows.
 func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err error) {
 	covered := 0
 	tried := map[int32]bool{}
