@@ -69,10 +69,10 @@ vulncheck:
 	echo "== govulncheck $(GOVULNCHECK_VERSION), database $$db"; \
 	GOTOOLCHAIN=$(VULNCHECK_TOOLCHAIN) $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db "$$db" ./...
 
-## lint: gofmt and go vet on both modules.
+## lint: gofmt on everything; go vet on the library, examples/ and bench/.
 lint:
-	@test -z "$$(gofmt -l . | tee /dev/stderr)" || { echo "gofmt: files above need formatting"; exit 1; }
-	@$(GO) vet ./... && (cd examples && $(GO) vet ./...)
+	@files="$$(gofmt -l .)"; if [ -n "$$files" ]; then echo "$$files"; echo "gofmt: the files above need formatting"; exit 1; fi
+	@$(GO) vet ./... && (cd examples && $(GO) vet ./...) && (cd bench && $(GO) vet ./...)
 
 pg-up:
 	@scripts/pg.sh up
