@@ -138,15 +138,9 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 	c.Service, _ = get("OUTBOX_SERVICE")
 	c.Table.Schema, _ = get("OUTBOX_SCHEMA")
 	c.Table.Name, _ = get("OUTBOX_TABLE")
-	if v, ok := get("OUTBOX_TOPIC_NAMING"); ok {
-		switch v {
-		case "per-event":
-			c.Topics = outbox.TopicPerEvent
-		case "per-aggregate":
-			c.Topics = outbox.TopicPerAggregate
-		default:
-			return c, bad("OUTBOX_TOPIC_NAMING", v, `"per-event" or "per-aggregate"`)
-		}
+	if err := choose(get, "OUTBOX_TOPIC_NAMING", `"per-event" or "per-aggregate"`,
+		map[string]outbox.TopicFunc{"per-event": outbox.TopicPerEvent, "per-aggregate": outbox.TopicPerAggregate}, &c.Topics, nil); err != nil {
+		return c, err
 	}
 	for _, n := range []struct {
 		name string
@@ -208,48 +202,19 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			}
 		}
 	}
-	for _, f := range []struct {
-		name string
-		off  *bool
-	}{{"OUTBOX_RELAY", &c.DisableRelay}, {"OUTBOX_NOTIFY", &c.DisableNotify}, {"OUTBOX_LISTEN", &c.DisableListen}} {
-		if v, ok := get(f.name); ok {
-			switch strings.ToLower(v) {
-			case "on", "true", "1":
-			case "off", "false", "0":
-				*f.off = true
-			default:
-				return c, bad(f.name, v, "on or off")
-			}
-		}
+	switches := func(name string, dst *bool, on bool) error {
+		return choose(get, name, "on or off", onOff(on), dst, strings.ToLower)
 	}
-	if v, ok := get("OUTBOX_SYNCHRONOUS_COMMIT"); ok {
-		switch strings.ToLower(v) {
-		case "on", "true", "1":
-			c.SynchronousCommit = true
-		case "off", "false", "0":
-			c.SynchronousCommit = false
-		default:
-			return c, bad("OUTBOX_SYNCHRONOUS_COMMIT", v, "on or off")
-		}
-	}
-	if v, ok := get("OUTBOX_ORDERING"); ok {
-		switch v {
-		case "per-key":
-			c.Ordering = relay.PerKey
-		case "unordered":
-			c.Ordering = relay.Unordered
-		default:
-			return c, bad("OUTBOX_ORDERING", v, `"per-key" or "unordered"`)
-		}
-	}
-	if v, ok := get("OUTBOX_POISON"); ok {
-		switch v {
-		case "park":
-			c.Poison = relay.Park
-		case "hold":
-			c.Poison = relay.Hold
-		default:
-			return c, bad("OUTBOX_POISON", v, `"park" or "hold"`)
+	for _, e := range []error{
+		switches("OUTBOX_RELAY", &c.DisableRelay, false),
+		switches("OUTBOX_NOTIFY", &c.DisableNotify, false),
+		switches("OUTBOX_LISTEN", &c.DisableListen, false),
+		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
+		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
+		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]relay.PoisonPolicy{"park": relay.Park, "hold": relay.Hold}, &c.Poison, nil),
+	} {
+		if e != nil {
+			return c, e
 		}
 	}
 	if v, ok := get("OUTBOX_RETENTION"); ok {
@@ -260,4 +225,30 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 		}
 	}
 	return c, c.Table.Validate()
+}
+
+// choose sets *dst to the choice named by the variable name, if it is set
+// (after fold, when not nil); any other value is a ConfigError saying what
+// is accepted (want).
+func choose[T any](get func(string) (string, bool), name, want string, choices map[string]T, dst *T, fold func(string) string) error {
+	v, ok := get(name)
+	if !ok {
+		return nil
+	}
+	key := v
+	if fold != nil {
+		key = fold(v)
+	}
+	x, found := choices[key]
+	if !found {
+		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
+	}
+	*dst = x
+	return nil
+}
+
+// onOff maps the spellings of a switch, in lower case, to on for on/true/1
+// and to !on for off/false/0.
+func onOff(on bool) map[string]bool {
+	return map[string]bool{"on": on, "true": on, "1": on, "off": !on, "false": !on, "0": !on}
 }

@@ -261,15 +261,8 @@ func kafkaSecurityFrom(get, lookup func(string) (string, bool), c *Config) error
 		{"KAFKA_TLS_INSECURE_SKIP_VERIFY", &c.KafkaTLS.InsecureSkipVerify},
 		{"KAFKA_SASL_ALLOW_PLAINTEXT", &c.KafkaSASL.AllowPlaintext},
 	} {
-		if v, ok := get(f.name); ok {
-			switch strings.ToLower(v) {
-			case "on", "true", "1":
-				*f.dst = true
-			case "off", "false", "0":
-				*f.dst = false
-			default:
-				return &outbox.ConfigError{Field: f.name, Reason: fmt.Sprintf("%q is not on or off", v)}
-			}
+		if err := choose(get, f.name, "on or off", onOff(true), f.dst, strings.ToLower); err != nil {
+			return err
 		}
 	}
 	for _, f := range []struct {
