@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -275,9 +276,14 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 	}
 }
 
+// truncate cuts s to at most n bytes, on a character boundary (the text
+// goes into a PostgreSQL text column, which refuses broken UTF-8).
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n]
 }
@@ -295,6 +301,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 			_ = json.Unmarshal(x.headers, &stored)
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
+		eventID := x.eventID.String()
 		_, span := r.tracer.Start(parent, "publish "+x.topic,
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
@@ -302,7 +309,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 				semconv.MessagingOperationName("publish"),
 				semconv.MessagingOperationTypeSend,
 				semconv.MessagingDestinationName(x.topic),
-				semconv.MessagingMessageID(x.eventID.String()),
+				semconv.MessagingMessageID(eventID),
 				semconv.MessagingKafkaMessageKey(x.key),
 			))
 		spans[i] = span
@@ -313,7 +320,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 			}
 		}
 		hs = append(hs,
-			Header{Key: outbox.HeaderEventID, Value: []byte(x.eventID.String())},
+			Header{Key: outbox.HeaderEventID, Value: []byte(eventID)},
 			Header{Key: outbox.HeaderEventType, Value: []byte(x.eventType)})
 		tc := propagation.MapCarrier{}
 		r.cfg.Propagator.Inject(trace.ContextWithSpan(parent, span), tc)

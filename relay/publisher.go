@@ -81,17 +81,13 @@ type PublisherFunc func(ctx context.Context, msgs []Message) error
 // Publish calls f.
 func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { return f(ctx, msgs) }
 
-// errorKind sums up an error for a log line without its details repeating.
+// errorKind sums up an error for telling failures apart in the logs: the
+// innermost error it wraps (a batch's error carries its counts, which
+// change from batch to batch; its cause does not), first line only.
 func errorKind(err error) string {
-	var be *BatchError
-	if errors.As(err, &be) {
-		for _, e := range be.Unwrap() {
-			return e.Error()
-		}
+	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(err) {
+		err = u
 	}
-	s := err.Error()
-	if i := strings.Index(s, "\n"); i > 0 {
-		s = s[:i]
-	}
+	s, _, _ := strings.Cut(err.Error(), "\n")
 	return s
 }

@@ -1,10 +1,12 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
@@ -289,10 +291,11 @@ func TestBatchesGrowWhileABacklogDrains(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		max       int
+		wantBurst []int // a burst of 120 after the relay caught up
 		wantSizes []int
 	}{
-		{"default max", 0, []int{50, 100, 200, 400, 500, 500, 250}},
-		{"fixed", 50, []int{50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50}},
+		{"default max", 0, []int{50, 70}, []int{50, 100, 200, 400, 500, 500, 250}},
+		{"fixed", 50, []int{50, 50, 20}, []int{50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeBulk(2000)
@@ -323,11 +326,52 @@ func TestBatchesGrowWhileABacklogDrains(t *testing.T) {
 			waitUntil(t, 20*time.Second, "burst published", func() bool { return s.unpublished(t) == 0 })
 			mu.Lock()
 			defer mu.Unlock()
-			if len(sizes) == 0 || sizes[0] > 50 {
-				t.Errorf("batch sizes after the relay caught up: %v, want the first at most 50", sizes)
+			if !slices.Equal(sizes, tc.wantBurst) {
+				t.Errorf("batch sizes of a burst of 120 after the relay caught up: %v, want %v", sizes, tc.wantBurst)
 			}
 		})
 	}
+}
+
+// A failure is logged once while it lasts, also when the failing batches
+// differ in size (their errors carry different counts).
+func TestFailureIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	var calls atomic.Int64
+	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error {
+		calls.Add(1)
+		return errors.New("broker down")
+	})
+	r := s.relay(t, pub, relay.Config{PollInterval: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Logger: logger})
+	s.write(t, "down.topic", 1, 1)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	waitUntil(t, 10*time.Second, "failing batches of 1 event", func() bool { return calls.Load() >= 3 })
+	s.write(t, "down.topic", 2, 2)
+	n := calls.Load()
+	waitUntil(t, 10*time.Second, "failing batches of 3 events", func() bool { return calls.Load() >= n+3 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Count(logs.String(), "batch failed"); got != 1 {
+		t.Errorf("%d warnings for one lasting failure, want 1:\n%s", got, logs.String())
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestWakePublishesBeforeTheTick(t *testing.T) {
