@@ -53,7 +53,6 @@ type queries struct {
 	window  string // per key: lanes with work among the first rows, in order of their first row
 	lock    string // per key: try-lock candidate lanes
 	read    string // per key: the rows the window saw in locked lanes
-	readAll string // per key: the rows of locked lanes
 	mark    string
 	attempt string
 	stats   string
@@ -69,26 +68,20 @@ func newQueries(t outbox.Table) queries {
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		// window groups the oldest unpublished rows by lane, in order of
-		// each lane's first row, and try-locks the lanes that cover the first
-		// @n of them: true when locked, false when another relay holds them;
-		// lanes past the first @n come back null. It returns the ids of the
-		// lanes it locked and, with @ids, of every lane.
-		window: "SELECT lane, cnt, CASE WHEN got OR @ids THEN ids END, got FROM (" +
-			"SELECT lane, cnt, ids, first, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END AS got FROM (" +
+		// each lane's first row, with their ids, and try-locks the lanes
+		// that cover the first @n of them: true when locked, false when
+		// another relay holds them; lanes past the first @n come back null.
+		window: "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
 			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
 			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
 			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane) c) x ORDER BY first",
+			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY first",
 		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
 		// read takes the rows the window saw in the locked lanes, in a new
 		// statement: its snapshot, taken after the locks were granted, drops
 		// the rows the lanes' previous holder published or parked meanwhile.
 		read: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
-		// readAll fills a batch that other relays' lanes cut short: every
-		// unpublished row of the locked lanes, in id order.
-		readAll: "SELECT " + cols + " FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = ANY(@locked::int[]) ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
 			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
@@ -142,120 +135,97 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int) (rows []row, more b
 		rows, err = r.readRows(ctx, tx, true, n, r.q.claim, pgx.NamedArgs{"n": n})
 		return rows, len(rows) == n, err
 	}
-	lk, err := r.lockLanes(ctx, tx, n)
-	if err != nil || len(lk.lanes) == 0 {
+	ids, more, err := r.lockLanes(ctx, tx, n)
+	if err != nil || len(ids) == 0 {
 		return nil, false, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
-	if lk.byID {
-		rows, err = r.readRows(ctx, tx, false, n, r.q.read, pgx.NamedArgs{"ids": lk.ids, "n": n})
-	} else {
-		rows, err = r.readRows(ctx, tx, false, n, r.q.readAll, pgx.NamedArgs{"locked": lk.lanes, "lanes": r.cfg.Lanes, "n": n})
-	}
-	return rows, lk.more || len(rows) == n, err
-}
-
-// locked is what lockLanes locked.
-type locked struct {
-	lanes []int32
-	ids   []int64 // the locked lanes' rows in the window, in order
-	byID  bool    // ids covers the batch: read them, not all the lanes' rows
-	more  bool    // unpublished rows wait that this batch does not take
+	rows, err = r.readRows(ctx, tx, false, n, r.q.read, pgx.NamedArgs{"ids": ids, "n": n})
+	return rows, more || len(rows) == n, err
 }
 
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
-// skipping lanes other relays hold. It looks at a window of the oldest rows
-// (2n, growing 4x up to 32n when the lanes in it are taken), so each replica
-// finds work past the others' lanes. A relay alone on its table locks its
-// lanes in the window's statement; one that finds the first lanes held
-// tries further lanes a chunk at a time. The first window returns the ids
-// of its rows: every unpublished event of a locked lane older than the
-// window's last one is in the window, so the batch reads those ids and
-// keeps each key's order. Lanes locked a chunk at a time from a larger
-// window come without ids, and the batch then reads all its lanes' rows.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (lk locked, err error) {
+// skipping lanes other relays hold, and returns the ids of their events in
+// order. It looks at a window of the oldest rows (2n, growing 4x up to 32n
+// when the lanes in it are taken), so each replica finds work past the
+// others' lanes. A relay alone on its table locks its lanes in the first
+// window's statement; one that finds lanes held tries further lanes a chunk
+// at a time. Every unpublished event of a lane older than the window's last
+// one is in the window, so reading the window's ids of a locked lane keeps
+// its keys' order. more reports unpublished rows this batch does not take.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (ids []int64, more bool, err error) {
 	covered := 0
 	tried := map[int32]bool{}
-	lk.byID = true
 	for window := 2 * n; ; window *= 4 {
-		type laneCount struct {
-			lane  int32
-			count int
+		type laneRows struct {
+			lane int32
+			ids  []int64
 		}
-		var cands []laneCount
-		laneIDs := map[int32][]int64{}
+		var cands []laneRows
 		seen := 0
 		var (
-			lc  laneCount
-			ids []int64
+			lr  laneRows
 			got *bool
 		)
-		first := window == 2*n
-		err = r.query(ctx, tx, first, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n - covered, "ns": r.q.ns, "ids": first},
+		// Only the first window locks in its statement: the lanes a larger
+		// one adds all come after those already tried.
+		lockUpTo := 0
+		if window == 2*n {
+			lockUpTo = n
+		}
+		err = r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns},
 			func(rows pgx.Rows) error {
-				_, err := pgx.ForEachRow(rows, []any{&lc.lane, &lc.count, &ids, &got}, func() error {
-					seen += lc.count
+				var cnt int
+				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
+					seen += cnt
 					switch {
-					case tried[lc.lane]:
-						// Tried in a smaller window: held, or ours already
-						// (locked again, not counted twice).
+					case tried[lr.lane]:
 					case got == nil:
-						cands = append(cands, lc)
-						if ids != nil {
-							laneIDs[lc.lane] = ids
-						}
+						cands = append(cands, lr)
 					case *got:
-						tried[lc.lane] = true
-						lk.lanes = append(lk.lanes, lc.lane)
-						lk.ids = append(lk.ids, ids...)
-						covered += lc.count
+						tried[lr.lane] = true
+						ids = append(ids, lr.ids...)
+						covered += len(lr.ids)
 					default:
-						tried[lc.lane] = true
+						tried[lr.lane] = true
 					}
-					ids = nil
+					lr = laneRows{}
 					return nil
 				})
 				return err
 			})
 		if err != nil {
-			return locked{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+			return nil, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
 		}
 		// Lanes held by other relays left the batch short: try the next
 		// lanes in order of their oldest event, a chunk at a time.
 		for len(cands) > 0 && covered < n {
 			var chunk []int32
-			want := map[int32]int{}
+			want := map[int32][]int64{}
 			for need := n - covered; len(cands) > 0 && need > 0; cands = cands[1:] {
 				chunk = append(chunk, cands[0].lane)
-				want[cands[0].lane] = cands[0].count
+				want[cands[0].lane] = cands[0].ids
 				tried[cands[0].lane] = true
-				need -= cands[0].count
+				need -= len(cands[0].ids)
 			}
 			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
 			if err != nil {
-				return locked{}, fmt.Errorf("relay: lock lanes: %w", err)
+				return nil, false, fmt.Errorf("relay: lock lanes: %w", err)
 			}
 			got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 			if err != nil {
-				return locked{}, fmt.Errorf("relay: lock lanes: %w", err)
+				return nil, false, fmt.Errorf("relay: lock lanes: %w", err)
 			}
 			for _, l := range got {
-				lk.lanes = append(lk.lanes, l)
-				covered += want[l]
-				if ids, ok := laneIDs[l]; ok {
-					lk.ids = append(lk.ids, ids...)
-				} else {
-					lk.byID = false
-				}
+				ids = append(ids, want[l]...)
+				covered += len(want[l])
 			}
 		}
 		// Done when the batch is covered, the window held every unpublished
 		// row, or the window is as large as it gets.
 		if covered >= n || seen < window || window >= 32*n {
-			slices.Sort(lk.ids)
-			lk.more = seen >= window || seen > covered
-			lk.byID = lk.byID && (covered >= n || seen < window)
-			return lk, nil
+			slices.Sort(ids)
+			return ids, seen >= window || seen > covered, nil
 		}
 	}
 }

@@ -50,7 +50,6 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 		"claim":   {r.q.claim, pgx.NamedArgs{"n": 500}},
 		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns}},
 		"read":    {r.q.read, pgx.NamedArgs{"ids": ids, "n": 500}},
-		"readAll": {r.q.readAll, pgx.NamedArgs{"locked": []int32{1, 5, 9, 20, 33}, "lanes": r.cfg.Lanes, "n": 500}},
 		"stats":   {r.q.stats, nil},
 		"cleanup": {"SELECT * FROM " + tbl.Ident() + " WHERE id IN (SELECT id FROM " + tbl.Ident() + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
 	} {
