@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -373,6 +374,61 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A batch commits its marks with synchronous_commit=off unless
+// SynchronousCommit is set: the setting travels with the claim's first
+// statement.
+func TestSynchronousCommitSetting(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	for _, sync := range []bool{false, true} {
+		tr := &sqlRecorder{}
+		pc := s.pool.Config()
+		pc.ConnConfig.Tracer = tr
+		pool, err := pgxpool.NewWithConfig(s.ctx, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.write(t, "sync.topic", 1, 1)
+		pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
+		r, err := relay.New(pool, pub, &relay.Config{Table: s.table, SynchronousCommit: sync})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := r.RunOnce(s.ctx); n != 1 || err != nil {
+			t.Fatalf("RunOnce = %d, %v", n, err)
+		}
+		pool.Close()
+		if off := tr.saw("set_config('synchronous_commit', 'off'"); off == sync {
+			t.Errorf("SynchronousCommit %v: the batch set synchronous_commit off: %v, want %v", sync, off, !sync)
+		}
+	}
+}
+
+// sqlRecorder records the SQL of every statement, batched or not.
+type sqlRecorder struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (r *sqlRecorder) add(sql string) { r.mu.Lock(); r.sql = append(r.sql, sql); r.mu.Unlock() }
+func (r *sqlRecorder) saw(part string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.sql, func(s string) bool { return strings.Contains(s, part) })
+}
+func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(d.SQL)
+	return ctx
+}
+func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *sqlRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.add(d.SQL)
+}
+func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func TestWakePublishesBeforeTheTick(t *testing.T) {
 	t.Parallel()
