@@ -85,40 +85,54 @@ func TestWriterModuleRunsNoRelay(t *testing.T) {
 	app.RequireStop()
 }
 
-// Every relay setting of Config reaches the relay the module builds.
+// Every relay setting of Config reaches the relay the module builds, set
+// and left at its default.
 func TestConfigReachesTheRelay(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
-	var r *relay.Relay
-	app := fxtest.New(t,
-		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: []string{"127.0.0.1:1"}, DisableRelay: true,
-			PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
-			BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
-			Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold}),
-		fxoutbox.Module,
-		fx.Populate(&r),
-	)
-	app.RequireStart()
-	defer app.RequireStop()
-	got := r.Config()
-	want := relay.Config{Table: tbl, PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
-		BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
-		Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold, Listen: true}
-	for _, f := range []struct {
-		name      string
-		got, want any
+	sc := relay.DefaultSaramaConfig()
+	sc.Producer.MaxMessageBytes = 12345
+	for _, tc := range []struct {
+		name string
+		cfg  fxoutbox.Config
+		want relay.Config
 	}{
-		{"Table", got.Table.String(), want.Table.String()}, {"PollInterval", got.PollInterval, want.PollInterval},
-		{"BatchSize", got.BatchSize, want.BatchSize}, {"MaxBatchSize", got.MaxBatchSize, want.MaxBatchSize},
-		{"Workers", got.Workers, want.Workers}, {"SynchronousCommit", got.SynchronousCommit, want.SynchronousCommit},
-		{"BatchTimeout", got.BatchTimeout, want.BatchTimeout}, {"MaxBackoff", got.MaxBackoff, want.MaxBackoff},
-		{"Ordering", got.Ordering, want.Ordering}, {"Lanes", got.Lanes, want.Lanes}, {"Retention", got.Retention, want.Retention},
-		{"MaxAttempts", got.MaxAttempts, want.MaxAttempts}, {"Poison", got.Poison, want.Poison}, {"Listen", got.Listen, want.Listen},
+		{"set", fxoutbox.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
+			BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
+			Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold, Sarama: sc},
+			relay.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
+				BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
+				Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold, Listen: true, MaxMessageBytes: 12345}},
+		{"defaults", fxoutbox.Config{DisableListen: true},
+			relay.Config{PollInterval: 500 * time.Millisecond, BatchSize: 50, MaxBatchSize: 500, Workers: 1,
+				BatchTimeout: 30 * time.Second, MaxBackoff: 30 * time.Second, Ordering: relay.PerKey, Lanes: 64,
+				Retention: 72 * time.Hour, MaxAttempts: 5, Poison: relay.Park, MaxMessageBytes: relay.DefaultSaramaConfig().Producer.MaxMessageBytes}},
 	} {
-		if f.got != f.want {
-			t.Errorf("relay %s = %v, want %v from fxoutbox.Config", f.name, f.got, f.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Service, cfg.Table, cfg.Brokers, cfg.DisableRelay = "svc", tbl, []string{"127.0.0.1:1"}, true
+			var r *relay.Relay
+			app := fxtest.New(t, fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module, fx.Populate(&r))
+			app.RequireStart()
+			defer app.RequireStop()
+			got, want := r.Config(), tc.want
+			for _, f := range []struct {
+				name      string
+				got, want any
+			}{
+				{"Table", got.Table.String(), tbl.String()}, {"PollInterval", got.PollInterval, want.PollInterval},
+				{"BatchSize", got.BatchSize, want.BatchSize}, {"MaxBatchSize", got.MaxBatchSize, want.MaxBatchSize},
+				{"Workers", got.Workers, want.Workers}, {"SynchronousCommit", got.SynchronousCommit, want.SynchronousCommit},
+				{"BatchTimeout", got.BatchTimeout, want.BatchTimeout}, {"MaxBackoff", got.MaxBackoff, want.MaxBackoff},
+				{"Ordering", got.Ordering, want.Ordering}, {"Lanes", got.Lanes, want.Lanes}, {"Retention", got.Retention, want.Retention},
+				{"MaxAttempts", got.MaxAttempts, want.MaxAttempts}, {"Poison", got.Poison, want.Poison}, {"Listen", got.Listen, want.Listen},
+				{"MaxMessageBytes", got.MaxMessageBytes, want.MaxMessageBytes},
+			} {
+				if f.got != f.want {
+					t.Errorf("relay %s = %v, want %v from fxoutbox.Config", f.name, f.got, f.want)
+				}
+			}
+		})
 	}
 }
 
