@@ -118,6 +118,9 @@ func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
 	}
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			if p.Relay != nil && !cfg.DisableRelay {
+				return nil // the relay's start hook, which runs first, did it
+			}
 			return ensureSchema(ctx, p.Pool, cfg)
 		},
 		OnStop: func(context.Context) error {
