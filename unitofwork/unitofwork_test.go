@@ -3,6 +3,7 @@ package unitofwork_test
 import (
 	"context"
 	"errors"
+	"github.com/jackc/pgx/v5/pgconn"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,50 @@ func TestErrorRollsBackEverything(t *testing.T) {
 	}
 	if n := s.count(t, s.table.Schema+".orders"); n != 0 {
 		t.Errorf("%d orders after rollback, want 0", n)
+	}
+}
+
+// When the outbox INSERT or the COMMIT fails, nothing of the transaction
+// stays and OnCommit is not called.
+func TestFailedInsertOrCommitKeepsNothing(t *testing.T) {
+	t.Parallel()
+	var commits atomic.Int64
+	s := newSetup(t, &unitofwork.Config{Service: "order-service", OnCommit: func(int) { commits.Add(1) }})
+	// A deferred unique constraint fails at COMMIT; a CHECK on the outbox
+	// table fails the outbox INSERT.
+	if _, err := s.pool.Exec(s.ctx, "CREATE TABLE "+s.table.Schema+".ledger (n int UNIQUE DEFERRABLE INITIALLY DEFERRED);"+
+		" INSERT INTO "+s.table.Schema+".ledger VALUES (1);"+
+		" ALTER TABLE "+s.table.Ident()+" ADD CONSTRAINT no_rejects CHECK (aggregate_id <> 'reject')"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, orderID, ledger, wantErr string
+	}{
+		{"commit", "o-1", "INSERT INTO " + s.table.Schema + ".ledger VALUES (1)", "commit"},
+		{"insert", "reject", "SELECT 1", "insert 1 outbox events"},
+	} {
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s.table.Schema+".orders VALUES ($1, 'new')", tc.orderID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, tc.ledger); err != nil {
+				return err
+			}
+			return tx.Add(ctx, created(tc.orderID))
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: Do = %v, want the database's error wrapped with %q", tc.name, err, tc.wantErr)
+		}
+	}
+	if n := s.count(t, s.table.Ident()); n != 0 {
+		t.Errorf("%d outbox rows after failed transactions, want 0", n)
+	}
+	if n := s.count(t, s.table.Schema+".orders"); n != 0 {
+		t.Errorf("%d orders after failed transactions, want 0", n)
+	}
+	if n := commits.Load(); n != 0 {
+		t.Errorf("OnCommit called %d times for failed transactions", n)
 	}
 }
 
