@@ -127,10 +127,11 @@ func TestCleanupDeletesOnlyOldPublishedRows(t *testing.T) {
 func TestLateCommitsLoseNothing(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	var got []string
+	var got, values []string
 	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 		for _, m := range msgs {
 			got = append(got, string(m.Key))
+			values = append(values, string(m.Value))
 		}
 		return nil
 	})
@@ -173,7 +174,7 @@ func TestLateCommitsLoseNothing(t *testing.T) {
 
 	// Same key, writers lock the aggregate: the second waits for the first,
 	// so its event gets the later id and commits later.
-	got = nil
+	got, values = nil, nil
 	if _, err := s.pool.Exec(s.ctx, "CREATE TABLE "+s.table.Schema+".acct (id text PRIMARY KEY, n int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -213,6 +214,12 @@ func TestLateCommitsLoseNothing(t *testing.T) {
 	payloads, _ = pgx.CollectRows(rows, pgx.RowTo[string])
 	if len(payloads) != 2 || payloads[0] != `{"n": 1}` || payloads[1] != `{"n": 2}` {
 		t.Errorf("same-key events in id order: %v, want n=1 then n=2", payloads)
+	}
+	if _, err := r.RunOnce(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(values) != 2 || values[0] != `{"n": 1}` || values[1] != `{"n": 2}` {
+		t.Errorf("same-key events published as %v, want n=1 then n=2", values)
 	}
 }
 
