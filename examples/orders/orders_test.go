@@ -355,13 +355,24 @@ func TestRolledBackConfirmRecordsNoEvent(t *testing.T) {
 	if r := h.do("POST", "/orders/"+id+"/confirm", "", ""); r.status != http.StatusOK {
 		t.Fatalf("confirm: %d %s", r.status, r.body)
 	}
-	var types []string
+	var types, ids []string
 	for _, d := range h.receive(2) {
-		types = append(types, d.EventType)
+		types, ids = append(types, d.EventType), append(ids, d.EventID)
 	}
 	slices.Sort(types)
 	if want := []string{orders.EventOrderConfirmed, orders.EventOrderCreated}; !slices.Equal(types, want) {
 		t.Errorf("events %v, want %v", types, want)
+	}
+	// The confirm delivered is the committed one: its id is a stored row's.
+	rows, _ := h.pool.Query(context.Background(), "SELECT event_id::text FROM "+h.schema+".outbox_event WHERE aggregate_id = $1", id)
+	stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ids)
+	slices.Sort(stored)
+	if !slices.Equal(ids, stored) {
+		t.Errorf("delivered event ids %v, want the committed rows' %v", ids, stored)
 	}
 	select {
 	case d := <-h.deliveries:
