@@ -173,21 +173,30 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 		return err
 	}
 	b := &batch{results: make(chan result, len(msgs))}
-	keys := make([]pkey, len(msgs))
 	// Careful (after a failure, until a batch succeeds whole): one message
 	// per key in flight, so a failure cannot be followed by a later message
 	// of its key getting through. Otherwise everything goes at once.
 	careful := p.careful.Load()
-	queued := map[pkey][]int{} // careful: each key's messages not sent yet, in order
-	var firsts []int
-	for i, m := range msgs {
-		k := pkey{m.Topic, string(m.Key)}
-		keys[i] = k
-		if _, ok := queued[k]; !ok || !careful {
+	var (
+		keys   []pkey         // careful: each message's key
+		queued map[pkey][]int // careful: each key's messages not sent yet, in order
+		firsts = make([]int, 0, len(msgs))
+	)
+	if careful {
+		keys, queued = make([]pkey, len(msgs)), map[pkey][]int{}
+		for i, m := range msgs {
+			k := pkey{m.Topic, string(m.Key)}
+			keys[i] = k
+			if rest, ok := queued[k]; ok {
+				queued[k] = append(rest, i)
+			} else {
+				queued[k] = nil
+				firsts = append(firsts, i)
+			}
+		}
+	} else {
+		for i := range msgs {
 			firsts = append(firsts, i)
-			queued[k] = []int{}
-		} else {
-			queued[k] = append(queued[k], i)
 		}
 	}
 	send := func(i int) error {
@@ -221,12 +230,17 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 		select {
 		case r := <-b.results:
 			open--
-			k := keys[r.idx]
 			if r.err != nil {
 				failed[r.idx] = r.err
 				if !IsPermanent(r.err) {
 					p.replace(prod)
 				}
+			}
+			if !careful {
+				continue
+			}
+			k := keys[r.idx]
+			if r.err != nil {
 				for _, j := range queued[k] {
 					failed[j] = ErrHeld
 					open--
