@@ -41,13 +41,13 @@ func (in inserter) exec(ctx context.Context, db execer, recs []outbox.Record) er
 		ids                             = make([][16]byte, len(recs))
 		aggTypes, aggIDs, types, topics = make([]string, len(recs)), make([]string, len(recs)), make([]string, len(recs)), make([]string, len(recs))
 		keys                            = make([]string, len(recs))
-		payloads                        = make([]string, len(recs))
+		payloads                        = make([][]byte, len(recs)) // sent as text: no copy of each payload
 		headers                         = make([]*string, len(recs))
 	)
 	for i, r := range recs {
 		ids[i] = r.ID
 		aggTypes[i], aggIDs[i], types[i], topics[i], keys[i] = r.AggregateType, r.AggregateID, r.Type, r.Topic, r.Key
-		payloads[i] = string(r.Payload)
+		payloads[i] = r.Payload
 		if h := headersArg(r.Headers); h != nil {
 			s := string(h)
 			headers[i] = &s
