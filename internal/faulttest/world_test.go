@@ -281,6 +281,22 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Every committed business change has its event: an account's seq
+	// counts its committed updates, each of which added one event.
+	accounts, err := w.pool.Query(w.ctx, "SELECT id, seq FROM "+w.account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acct string
+	var seq int64
+	if _, err := pgx.ForEachRow(accounts, []any{&acct, &seq}, func() error {
+		if int64(len(want[acct])) != seq {
+			t.Errorf("account %s: %d committed changes, %d outbox events", acct, seq, len(want[acct]))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The writers' locking makes each key's sequence 1..n in id order; if
 	// not, the test itself is broken, not the relay.
 	for k, seqs := range want {
