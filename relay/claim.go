@@ -99,10 +99,20 @@ func newQueries(t outbox.Table) queries {
 	}
 }
 
+// txSettings returns the statement that sets a batch transaction's
+// settings, and its argument: the server-side bound (a relay that hangs
+// while holding locks loses them after BatchTimeout + 5s) and, unless
+// SynchronousCommit, an asynchronous commit.
+func txSettings(cfg Config) (sql, idleMillis string) {
+	sql = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
+	if !cfg.SynchronousCommit {
+		sql += ", set_config('synchronous_commit', 'off', true)"
+	}
+	return sql, strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+}
+
 // query runs sql and hands its rows to scan. The claim's first statement
-// (first) goes in one round trip with the transaction's settings: the
-// server-side bound (a relay that hangs while holding locks loses them after
-// BatchTimeout + 5s) and, unless SynchronousCommit, an asynchronous commit.
+// (first) goes in one round trip with the transaction's settings.
 func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
 	if !first {
 		rows, err := tx.Query(ctx, sql, args)
@@ -116,13 +126,8 @@ func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, ar
 		rows.Close()
 		return rows.Err()
 	}
-	idle := strconv.FormatInt((r.cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 	b := &pgx.Batch{}
-	if r.cfg.SynchronousCommit {
-		b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
-	} else {
-		b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('synchronous_commit', 'off', true)", idle)
-	}
+	b.Queue(r.txSettings, r.idleMillis)
 	b.Queue(sql, args).Query(scan)
 	return tx.SendBatch(ctx, b).Close()
 }

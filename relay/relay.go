@@ -278,13 +278,15 @@ func (c Config) validate() error {
 // Relay publishes committed outbox events. Start it once; Stop it once.
 // RunOnce may be used instead of Start, e.g. from a scheduler.
 type Relay struct {
-	db      DB
-	pub     Publisher
-	cfg     Config
-	q       queries
-	tracer  trace.Tracer
-	metrics *metrics
-	health  health
+	db  DB
+	pub Publisher
+	cfg Config
+	q   queries
+	// txSettings and idleMillis set each batch transaction (see txSettings).
+	txSettings, idleMillis string
+	tracer                 trace.Tracer
+	metrics                *metrics
+	health                 health
 
 	wakes   []chan struct{} // one per worker
 	failLog failLog
@@ -333,6 +335,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
 	}
+	r.txSettings, r.idleMillis = txSettings(c)
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
