@@ -127,7 +127,7 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		return fail("AggregateID", "is empty: set the id of the entity the event is about")
 	}
 	for _, f := range []struct{ name, v string }{{"Type", e.Type}, {"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID}, {"Key", e.Key}} {
-		if !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
+		if !validText(f.v) {
 			return fail(f.name, "is not valid UTF-8 text")
 		}
 	}
@@ -177,13 +177,19 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 			return fail("Headers", fmt.Sprintf("uses the reserved name %q, which the outbox sets itself", k))
 		case len(k)+len(v) > limits.MaxHeaderBytes:
 			return fail("Headers", fmt.Sprintf("header %q is %d bytes, over the limit of %d", k, len(k)+len(v), limits.MaxHeaderBytes))
-		case !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0):
+		case !validText(k) || !validText(v):
 			return fail("Headers", fmt.Sprintf("header %q is not valid UTF-8 text", k))
 		}
 		r.Headers[k] = v
 	}
 	maps.Copy(r.Headers, trace)
 	return r, nil
+}
+
+// validText says whether PostgreSQL's text type takes s: valid UTF-8
+// without NUL bytes.
+func validText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 func encodePayload(p any) ([]byte, error) {
