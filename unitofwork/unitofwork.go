@@ -152,10 +152,8 @@ func (u *UnitOfWork) Do(ctx context.Context, fn func(ctx context.Context, tx Tx)
 	if err != nil {
 		return err
 	}
-	if len(t.pending) > 0 {
-		if err := u.insert.exec(ctx, ptx, t.pending); err != nil {
-			return fmt.Errorf("unitofwork: insert %d outbox events into %s: %w", len(t.pending), u.cfg.Table, err)
-		}
+	if err := u.write(ctx, ptx, t.pending); err != nil {
+		return err
 	}
 	if err := ptx.Commit(ctx); err != nil {
 		return fmt.Errorf("unitofwork: commit: %w", err)
@@ -183,10 +181,18 @@ type txBeginner interface {
 // called: the relay finds the events at its next poll.
 func (u *UnitOfWork) AddTx(ctx context.Context, ptx pgx.Tx, events ...outbox.Event) error {
 	recs, err := u.prepare(ctx, events)
-	if err != nil || len(recs) == 0 {
+	if err != nil {
 		return err
 	}
-	if err := u.insert.exec(ctx, ptx, recs); err != nil {
+	return u.write(ctx, ptx, recs)
+}
+
+// write inserts recs, if any, in one statement.
+func (u *UnitOfWork) write(ctx context.Context, db execer, recs []outbox.Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	if err := u.insert.exec(ctx, db, recs); err != nil {
 		return fmt.Errorf("unitofwork: insert %d outbox events into %s: %w", len(recs), u.cfg.Table, err)
 	}
 	return nil
