@@ -441,6 +441,10 @@ func TestWakePublishesBeforeTheTick(t *testing.T) {
 	defer func() { _ = r.Stop(s.ctx) }()
 	time.Sleep(50 * time.Millisecond) // the first poll found nothing; the relay now waits for its tick
 	s.write(t, "wake.topic", 1, 1)
+	time.Sleep(300 * time.Millisecond)
+	if n := s.unpublished(t); n != 1 {
+		t.Fatalf("%d unpublished before the wake-up, want 1: something other than Wake published", n)
+	}
 	r.Wake()
 	waitUntil(t, 10*time.Second, "woken relay to publish", func() bool { return s.unpublished(t) == 0 })
 }
