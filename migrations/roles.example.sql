@@ -13,14 +13,17 @@
 --   migrator  owns the schema and the outbox table: it runs migrations.Up (or
 --             the NNNNNN_*.up.sql files). Set Config.Migrate / OUTBOX_MIGRATE
 --             only in a process that connects as this role.
---   writer    the application's handlers: INSERT into the outbox, plus what
---             its own business tables need. It cannot read, change or delete
---             events, so it cannot forge what the relay has already seen.
+--   writer    the application's handlers: INSERT into the outbox (the
+--             event's own columns only), plus what its own business tables
+--             need. It cannot read, change or delete events, nor insert one
+--             that looks published, parked, retried or old, so it cannot
+--             forge what the relay has already seen.
 --   relay     the publisher: reads the outbox, marks events published,
 --             records failed attempts, parks events and deletes old ones. It
 --             can change only the bookkeeping columns (published_at,
 --             attempts, last_error, parked_at), never an event's payload,
---             topic, key or headers, and cannot add events.
+--             topic, key or headers, cannot add events, and can delete
+--             only published or parked events (row-level security).
 --
 -- Once, as an administrator (this file does not create roles or schemas):
 --
@@ -75,8 +78,14 @@ REVOKE ALL ON TABLE :"schema".:"table" FROM PUBLIC, :"writer", :"relay";
 REVOKE ALL ON SEQUENCE :"schema".:"id_seq" FROM PUBLIC, :"writer", :"relay";
 REVOKE ALL ON TABLE :"schema".:"versions" FROM PUBLIC, :"writer", :"relay";
 
--- The writer (unitofwork): INSERT only, without RETURNING.
-GRANT INSERT ON TABLE :"schema".:"table" TO :"writer";
+-- The writer (unitofwork): INSERT of the event's own columns only, without
+-- RETURNING. It cannot set the bookkeeping columns (published_at, parked_at,
+-- attempts, last_error), backdate created_at, or choose the id (OVERRIDING
+-- SYSTEM VALUE needs INSERT on id), so it cannot insert an event that looks
+-- published, parked or old. A column added by a later migration is not
+-- granted until you add it here.
+GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers)
+    ON TABLE :"schema".:"table" TO :"writer";
 
 -- The relay: read (claim, backlog metrics, ListParked), mark published,
 -- count attempts, park and requeue (UPDATE of the bookkeeping columns;
@@ -84,6 +93,28 @@ GRANT INSERT ON TABLE :"schema".:"table" TO :"writer";
 -- published rows after the retention (drop DELETE if Retention is negative).
 GRANT SELECT, DELETE ON TABLE :"schema".:"table" TO :"relay";
 GRANT UPDATE (published_at, attempts, last_error, parked_at) ON TABLE :"schema".:"table" TO :"relay";
+
+-- Row-level security: the relay may delete only published or parked rows
+-- (retention, and an operator deleting a parked event), never an event still
+-- waiting to be sent. PostgreSQL has no row condition on a DELETE grant, so
+-- the table gets row security and each role a policy. The table's owner (the
+-- migrator) and superusers bypass it. A DELETE of unpublished rows by the
+-- relay is not an error: it deletes nothing.
+--
+-- Row security applies to every role that is not the owner: a role that is
+-- not named below (a reporting role, say) sees no rows until you give it a
+-- policy, e.g. CREATE POLICY reporting_read ON ... FOR SELECT TO reporting USING (true).
+ALTER TABLE :"schema".:"table" ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS fxoutbox_writer_insert ON :"schema".:"table";
+DROP POLICY IF EXISTS fxoutbox_relay_select ON :"schema".:"table";
+DROP POLICY IF EXISTS fxoutbox_relay_update ON :"schema".:"table";
+DROP POLICY IF EXISTS fxoutbox_relay_delete ON :"schema".:"table";
+CREATE POLICY fxoutbox_writer_insert ON :"schema".:"table" FOR INSERT TO :"writer"
+    WITH CHECK (published_at IS NULL AND parked_at IS NULL);
+CREATE POLICY fxoutbox_relay_select ON :"schema".:"table" FOR SELECT TO :"relay" USING (true);
+CREATE POLICY fxoutbox_relay_update ON :"schema".:"table" FOR UPDATE TO :"relay" USING (true) WITH CHECK (true);
+CREATE POLICY fxoutbox_relay_delete ON :"schema".:"table" FOR DELETE TO :"relay"
+    USING (published_at IS NOT NULL OR parked_at IS NOT NULL);
 
 -- The writer's business tables are yours to grant, for example:
 --   GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".orders TO :"writer";

@@ -247,6 +247,8 @@ func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
 		t.Fatalf("columns of %s: %v, %v", tbl, cols, err)
 	}
 	relayUpdates := []string{"published_at", "attempts", "last_error", "parked_at"}
+	// The columns the unit of work inserts; the writer may insert no other.
+	writerInserts := []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "payload", "topic", "partition_key", "headers"}
 	type check struct {
 		what, sql string
 		args      []any
@@ -259,14 +261,15 @@ func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
 			name = map[string]string{r.writer: "writer", r.relay: "relay"}[role]
 		}
 		for _, p := range []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"} {
-			want := (name == "writer" && p == "INSERT") || (name == "relay" && (p == "SELECT" || p == "DELETE"))
+			want := name == "relay" && (p == "SELECT" || p == "DELETE")
 			checks = append(checks,
 				check{name + " " + p + " on the table", "SELECT has_table_privilege($1, $2, $3)", []any{role, tbl.Ident(), p}, want},
 				check{name + " " + p + " on the versions table", "SELECT has_table_privilege($1, $2, $3)", []any{role, versionsIdent(tbl), p}, false})
 		}
 		for _, c := range cols {
 			for _, p := range []string{"SELECT", "INSERT", "UPDATE", "REFERENCES"} {
-				want := (name == "writer" && p == "INSERT") || (name == "relay" && (p == "SELECT" || (p == "UPDATE" && slices.Contains(relayUpdates, c))))
+				want := (name == "writer" && p == "INSERT" && slices.Contains(writerInserts, c)) ||
+					(name == "relay" && (p == "SELECT" || (p == "UPDATE" && slices.Contains(relayUpdates, c))))
 				checks = append(checks, check{name + " " + p + " on column " + c, "SELECT has_column_privilege($1, $2, $3, $4)", []any{role, tbl.Ident(), c, p}, want})
 			}
 		}
@@ -278,7 +281,28 @@ func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
 			checks = append(checks, check{name + " USAGE on the schema", "SELECT has_schema_privilege($1, $2, 'USAGE')", []any{role, tbl.Schema}, true})
 		}
 	}
+	// Row-level security: on, and exactly these policies, so that the relay
+	// deletes only published or parked rows.
+	checks = append(checks, check{"row-level security on the table", "SELECT relrowsecurity FROM pg_class WHERE oid = $1::regclass", []any{tbl.Ident()}, true})
+	wantPolicies := map[string]string{
+		"INSERT " + r.writer: "",
+		"SELECT " + r.relay:  "true",
+		"UPDATE " + r.relay:  "true",
+		"DELETE " + r.relay:  "((published_at IS NOT NULL) OR (parked_at IS NOT NULL))",
+	}
+	prows, err := r.admin.Query(ctx, "SELECT cmd || ' ' || array_to_string(roles, ','), coalesce(qual, '') FROM pg_policies WHERE schemaname = $1 AND tablename = $2", tbl.Schema, tbl.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	var cmdRoles, qual string
+	if _, err := pgx.ForEachRow(prows, []any{&cmdRoles, &qual}, func() error { got[cmdRoles] = qual; return nil }); err != nil {
+		t.Fatal(err)
+	}
 	var out []string
+	if !maps.Equal(got, wantPolicies) {
+		out = append(out, fmt.Sprintf("row-level security policies: have %v, want %v", got, wantPolicies))
+	}
 	for _, c := range checks {
 		var got bool
 		if err := r.admin.QueryRow(ctx, c.sql, c.args...).Scan(&got); err != nil {
@@ -442,6 +466,17 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		denied(t, who, writer, "TRUNCATE "+tbl.Ident())
 		denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k') RETURNING id")
+		// Only the event's own columns: no event that looks published,
+		// parked, retried or old, and no id of the writer's choosing.
+		cols := "event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key"
+		vals := "gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k'"
+		for _, forged := range []struct{ col, val string }{
+			{"published_at", "now()"}, {"parked_at", "now()"}, {"attempts", "3"}, {"last_error", "'x'"},
+			{"created_at", "now() - interval '1 year'"},
+		} {
+			denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" ("+cols+", "+forged.col+") VALUES ("+vals+", "+forged.val+")")
+		}
+		denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" (id, "+cols+") OVERRIDING SYSTEM VALUE VALUES (1, "+vals+")")
 		denied(t, who, writer, "SELECT nextval($1::regclass)", seqIdent(tbl))
 		denied(t, who, writer, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
 		denied(t, who, writer, "SELECT * FROM "+versionsIdent(tbl))
@@ -525,6 +560,22 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 			t.Fatalf("Cleanup as relay: %d, %v; want %d", n, err, published)
 		}
 
+		// Row security: the relay cannot delete an event still waiting to
+		// be sent (the statement deletes nothing), only published or parked ones.
+		waiting := order("o-waiting", 1)
+		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE published_at IS NULL AND parked_at IS NULL"); err != nil || tag.RowsAffected() != 0 {
+			t.Errorf("relay deleted waiting events: %v rows, err %v; want none", tag.RowsAffected(), err)
+		}
+		if pub, parked, _ := state(waiting[0]); pub || parked {
+			t.Errorf("waiting event %s: published %v, parked %v", waiting[0], pub, parked)
+		}
+		if _, err := relayDB.Exec(ctx, "UPDATE "+tbl.Ident()+" SET parked_at = now() WHERE event_id = $1", waiting[0]); err != nil {
+			t.Fatal(err)
+		}
+		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE event_id = $1", waiting[0]); err != nil || tag.RowsAffected() != 1 {
+			t.Errorf("relay deleting a parked event: %v rows, err %v; want 1", tag.RowsAffected(), err)
+		}
+
 		who := "relay"
 		denied(t, who, relayDB, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k')")
@@ -601,8 +652,11 @@ func TestRolesScriptGuardsAreLoadBearing(t *testing.T) {
 		t.Fatalf("found %d REVOKE statements, want 5: update this test with the script", len(muts))
 	}
 	muts = append(muts,
-		mutation{"writer also SELECT", `GRANT INSERT ON TABLE`, `GRANT INSERT, SELECT ON TABLE`},
-		mutation{"writer also UPDATE", `GRANT INSERT ON TABLE`, `GRANT INSERT, UPDATE ON TABLE`},
+		mutation{"writer INSERT on every column", "GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers)\n    ON TABLE", `GRANT INSERT ON TABLE`},
+		mutation{"writer INSERT of published_at", `GRANT INSERT (event_id,`, `GRANT INSERT (published_at, event_id,`},
+		mutation{"writer also SELECT", "headers)\n    ON TABLE :\"schema\".:\"table\" TO :\"writer\";", "headers)\n    ON TABLE :\"schema\".:\"table\" TO :\"writer\"; GRANT SELECT ON TABLE :\"schema\".:\"table\" TO :\"writer\";"},
+		mutation{"without row-level security", `ALTER TABLE :"schema".:"table" ENABLE ROW LEVEL SECURITY;`, ""},
+		mutation{"relay deletes any row", `USING (published_at IS NOT NULL OR parked_at IS NOT NULL)`, `USING (true)`},
 		mutation{"relay UPDATE on the whole table", `GRANT UPDATE (published_at, attempts, last_error, parked_at) ON TABLE`, `GRANT UPDATE ON TABLE`},
 		mutation{"relay UPDATE of payload", `GRANT UPDATE (published_at,`, `GRANT UPDATE (payload, published_at,`},
 		mutation{"relay also INSERT", `GRANT SELECT, DELETE ON TABLE`, `GRANT SELECT, INSERT, DELETE ON TABLE`},
