@@ -1,6 +1,7 @@
 package fxoutbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -129,8 +130,10 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 	var err error
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
-		v = strings.TrimSpace(v)
-		return v, ok && v != ""
+		if v = strings.TrimSpace(v); !ok || v == "" {
+			return "", false
+		}
+		return v, true
 	}
 	bad := func(name, v, want string) error {
 		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
@@ -224,7 +227,17 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad("OUTBOX_RETENTION", v, `a positive duration such as 72h, or "forever"`)
 		}
 	}
-	return c, c.Table.Validate()
+	if err := c.Table.Validate(); err != nil {
+		// Name the variable the value came from, not the Go field.
+		var ce *outbox.ConfigError
+		if errors.As(err, &ce) {
+			if v, ok := map[string]string{"Table.Schema": "OUTBOX_SCHEMA", "Table.Name": "OUTBOX_TABLE"}[ce.Field]; ok {
+				return c, &outbox.ConfigError{Field: v, Reason: ce.Reason, Err: ce.Err}
+			}
+		}
+		return c, err
+	}
+	return c, nil
 }
 
 // choose sets *dst to the choice named by the variable name, if it is set
