@@ -5,6 +5,8 @@
 # is <repo>/.cache/m2, so nothing outside the repo is written).
 #
 #   scripts/kafka.sh up                    start (or reuse) the broker; prints KAFKA_BROKERS=host:port
+#   scripts/kafka.sh start                 start (or reuse) the broker without waiting until it serves
+#                                          (the nodes of a cluster: start each, then 'up' each)
 #   scripts/kafka.sh down                  SIGTERM the broker (SIGKILL after 30 s)
 #   scripts/kafka.sh kill                  SIGKILL the broker (crash tests); data is kept
 #   scripts/kafka.sh destroy               down + delete the data dir (the jar cache is kept)
@@ -20,6 +22,15 @@
 # ports (the fault tests in internal/faulttest run one that way, so killing it
 # does not disturb other tests); the jar cache is shared.
 #
+# A cluster of several nodes (each broker+controller, static voters) is one
+# state dir and pair of ports per node, started with the same
+# KAFKA_CLUSTER_ID (22 characters, Kafka's base64 Uuid) and:
+#   KAFKA_NODE_ID (1)              this node's id
+#   KAFKA_QUORUM_VOTERS            every node's id@host:controller-port, comma-separated
+#                                  (default: this node alone)
+#   KAFKA_REPLICATION_FACTOR (1)   default replication factor, also of the internal topics
+#   KAFKA_MIN_INSYNC_REPLICAS (1)  min.insync.replicas
+#
 # Only the `up` line goes to stdout, so a Makefile can do
 #   export $(scripts/kafka.sh up)
 set -euo pipefail
@@ -33,7 +44,10 @@ KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
 KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:--XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true}
 HOST=127.0.0.1
-NODE_ID=1
+NODE_ID=${KAFKA_NODE_ID:-1}
+QUORUM_VOTERS=${KAFKA_QUORUM_VOTERS:-$NODE_ID@$HOST:$KAFKA_CONTROLLER_PORT}
+REPLICATION_FACTOR=${KAFKA_REPLICATION_FACTOR:-1}
+MIN_ISR=${KAFKA_MIN_INSYNC_REPLICAS:-1}
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=$REPO/.cache
@@ -184,19 +198,20 @@ inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 # Static voter set: the controller endpoint lives in this file, not in the
 # metadata log, so the ports can change between runs on the same data dir.
-controller.quorum.voters=$NODE_ID@$HOST:$KAFKA_CONTROLLER_PORT
+controller.quorum.voters=$QUORUM_VOTERS
 log.dirs=$DATA
 num.partitions=12
-default.replication.factor=1
+default.replication.factor=$REPLICATION_FACTOR
+min.insync.replicas=$MIN_ISR
 auto.create.topics.enable=false
 delete.topic.enable=true
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$REPLICATION_FACTOR
 offsets.topic.num.partitions=12
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$REPLICATION_FACTOR
+transaction.state.log.min.isr=$MIN_ISR
 transaction.state.log.num.partitions=12
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$REPLICATION_FACTOR
+share.coordinator.state.topic.min.isr=$MIN_ISR
 group.initial.rebalance.delay.ms=0
 # After a SIGKILL the restarted node must wait for its old registration to be
 # fenced before it can register again: keep that wait short (defaults 9 s / 2 s).
@@ -264,8 +279,8 @@ format_storage() {
   if [[ -f $DATA/meta.properties ]]; then
     return 0
   fi
-  local id
-  id=$(new_cluster_id)
+  local id=${KAFKA_CLUSTER_ID:-}
+  [[ -n $id ]] || id=$(new_cluster_id)
   log "formatting $DATA (cluster id $id)"
   local out
   if ! out=$(run_tool kafka.tools.StorageTool format -t "$id" -c "$CONF" --ignore-formatted 2>&1); then
@@ -389,6 +404,13 @@ wait_gone() {
 # ---------------------------------------------------------------- commands
 
 cmd_up() {
+  cmd_start
+  wait_ready
+  log "broker ready (pid $(broker_pid))"
+  echo "KAFKA_BROKERS=$BROKERS"
+}
+
+cmd_start() {
   need_java
   take_lock
   local pid
@@ -406,9 +428,6 @@ cmd_up() {
     start_broker
     STARTED_HERE=1
   fi
-  wait_ready
-  log "broker ready (pid $(broker_pid))"
-  echo "KAFKA_BROKERS=$BROKERS"
 }
 
 # When reusing, keep the config the running broker was started with.
@@ -476,6 +495,7 @@ cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case $cmd in
   up) cmd_up ;;
+  start) cmd_start ;;
   down) cmd_down ;;
   kill) cmd_kill ;;
   destroy) cmd_destroy ;;

@@ -35,17 +35,7 @@ const defaultPort = 39192
 // returns the package's broker, running.
 func faultBroker(t *testing.T) *broker {
 	t.Helper()
-	if os.Getenv("OUTBOX_TEST_REAL_KAFKA") != "1" {
-		t.Skip("fault tests SIGKILL and restart a real Apache Kafka broker (scripts/kafka.sh): " +
-			"set OUTBOX_TEST_REAL_KAFKA=1 to run them (make test-kafka does)")
-	}
-	if _, err := exec.LookPath("java"); err != nil {
-		msg := "fault tests run their own Apache Kafka broker through scripts/kafka.sh, which needs Java 17+ (apt-get install openjdk-17-jre-headless)"
-		if os.Getenv("OUTBOX_TEST_REQUIRE") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	needRealKafka(t)
 	brokerMu.Lock()
 	defer brokerMu.Unlock()
 	if theBroker == nil {
@@ -73,6 +63,23 @@ func faultBroker(t *testing.T) *broker {
 	}
 	theBroker.up(t)
 	return theBroker
+}
+
+// needRealKafka skips the test unless OUTBOX_TEST_REAL_KAFKA=1, and fails
+// or skips it (OUTBOX_TEST_REQUIRE) when Java is missing.
+func needRealKafka(t *testing.T) {
+	t.Helper()
+	if os.Getenv("OUTBOX_TEST_REAL_KAFKA") != "1" {
+		t.Skip("fault tests SIGKILL and restart a real Apache Kafka broker (scripts/kafka.sh): " +
+			"set OUTBOX_TEST_REAL_KAFKA=1 to run them (make test-kafka does)")
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		msg := "fault tests run their own Apache Kafka broker through scripts/kafka.sh, which needs Java 17+ (apt-get install openjdk-17-jre-headless)"
+		if os.Getenv("OUTBOX_TEST_REQUIRE") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
 }
 
 // repoRoot walks up from the working directory (the package's directory

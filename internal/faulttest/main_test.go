@@ -16,10 +16,12 @@ func TestMain(m *testing.M) {
 		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.Ltime|log.Lmicroseconds)
 	}
 	code := m.Run()
-	if err := destroyBroker(); err != nil {
-		fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)
-		if code == 0 {
-			code = 1
+	for _, destroy := range []func() error{destroyBroker, destroyCluster} {
+		if err := destroy(); err != nil {
+			fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
 		}
 	}
 	if code == 0 {

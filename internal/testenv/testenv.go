@@ -102,6 +102,14 @@ func Topic(t testing.TB, brokers []string, partitions int32) string {
 // answers for every partition.
 func CreateTopic(t testing.TB, brokers []string, name string, partitions int32) {
 	t.Helper()
+	CreateTopicDetail(t, brokers, name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1})
+}
+
+// CreateTopicDetail is CreateTopic with the topic's replication factor and
+// configuration entries (e.g. min.insync.replicas, max.message.bytes).
+func CreateTopicDetail(t testing.TB, brokers []string, name string, detail *sarama.TopicDetail) {
+	t.Helper()
+	partitions := detail.NumPartitions
 	client, err := sarama.NewClient(brokers, saramaConfig())
 	if err != nil {
 		t.Fatalf("kafka client: %v", err)
@@ -112,7 +120,7 @@ func CreateTopic(t testing.TB, brokers []string, name string, partitions int32) 
 		t.Fatalf("kafka admin: %v", err)
 	}
 	defer admin.Close() // closes client too
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+	if err := admin.CreateTopic(name, detail, false); err != nil {
 		t.Fatalf("create topic %s: %v", name, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
