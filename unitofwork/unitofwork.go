@@ -26,6 +26,10 @@
 //
 // Teams with their own transaction helpers call [UnitOfWork.AddTx] with the
 // pgx.Tx they manage.
+//
+// Handlers that depend on the [Doer] interface rather than on *UnitOfWork
+// can be unit tested without a database: package outboxtest provides a
+// recorder that implements it and assertions on the events recorded.
 package unitofwork
 
 import (
@@ -56,6 +60,16 @@ type Tx interface {
 	// events of that call then.
 	Add(ctx context.Context, events ...outbox.Event) error
 }
+
+// Doer runs a function in a transaction that records outbox events: what a
+// handler needs of a [UnitOfWork]. A handler that depends on a Doer rather
+// than on *UnitOfWork can be unit tested without a database, with the
+// recorder of package outboxtest.
+type Doer interface {
+	Do(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error
+}
+
+var _ Doer = (*UnitOfWork)(nil)
 
 // Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
 type Beginner interface {
@@ -185,6 +199,15 @@ func (u *UnitOfWork) AddTx(ctx context.Context, ptx pgx.Tx, events ...outbox.Eve
 		return err
 	}
 	return u.write(ctx, ptx, recs)
+}
+
+// Prepare validates events and applies their defaults exactly as Tx.Add and
+// AddTx do (topic, key, event id, trace context headers from ctx), without
+// writing anything: it returns the records they would insert, or the error
+// they would return. Test doubles such as outboxtest's recorder use it, so
+// they accept and refuse the same events as the real writer.
+func (u *UnitOfWork) Prepare(ctx context.Context, events ...outbox.Event) ([]outbox.Record, error) {
+	return u.prepare(ctx, events)
 }
 
 // write inserts recs, if any, in one statement.

@@ -1,0 +1,47 @@
+// Package outboxtest helps applications test the handlers that record
+// outbox events, with or without a database, in the style of river's
+// rivertest.
+//
+// # Unit tests without a database
+//
+// A handler that depends on [unitofwork.Doer] instead of
+// *unitofwork.UnitOfWork takes a [Recorder] in its unit tests. The
+// recorder's Do runs the handler's function with a Tx whose Add validates
+// events with the same code as the real writer (same errors, same derived
+// topic and key for the same Service and Topics) and records them when the
+// function returns nil; an error or a panic records nothing, as a rollback
+// would. Assert on what was recorded with [RequireEvent], [RequireEvents] and
+// [RequireNoEvents], and decode a payload with [Payload]:
+//
+//	rec := outboxtest.NewRecorder(t, &outboxtest.RecorderConfig{UnitOfWork: unitofwork.Config{Service: "payment-service"}})
+//	h := payments.Handler{UOW: rec}
+//	if err := h.Capture(ctx, "p-1", 1250); err != nil {
+//		t.Fatal(err)
+//	}
+//	ev := outboxtest.RequireEvent(t, rec, outboxtest.Want{Type: "payment.captured.v1", Key: "p-1"})
+//	got := outboxtest.Payload[payments.Captured](t, ev)
+//
+// The recorder's Tx has no database: its Exec, Query, QueryRow, CopyFrom
+// and SendBatch fail with [ErrNoDB] unless [RecorderConfig.DB] names one to
+// delegate to (a pgx.Tx, a pool, or a mock such as pgxmock). The recorder
+// neither begins nor rolls back anything on that database.
+//
+// # Tests against PostgreSQL
+//
+// [RequireInserted], [RequireManyInserted] and [RequireNotInserted] read the
+// rows of an outbox table through the connection they are given. Which one
+// sees the events depends on how they were written:
+//
+//   - UnitOfWork.Do inserts the events a function added just before it
+//     commits, so they are visible, through the pool, once Do has returned
+//     nil (and never inside the function itself).
+//   - UnitOfWork.AddTx inserts them at once into the caller's transaction,
+//     so a test can assert inside that transaction, passing the pgx.Tx, and
+//     roll it back afterwards: nothing is committed.
+//
+// [Table] gives a test a fresh migrated outbox table of its own, dropped when
+// the test ends.
+//
+// Every function reports failures through [T], which *testing.T satisfies,
+// and stops the test (Fatalf) when an expectation is not met.
+package outboxtest
