@@ -20,7 +20,8 @@ test:
 	trap '[ -n "$$started_kafka" ] && scripts/devkafka.sh down >/dev/null 2>&1 || true' EXIT; \
 	echo "== go test (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
 	OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
-	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
+	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...) ; \
+	(cd migrations/tooltest && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
 ## test-kafka: the same tests against a real Apache Kafka broker (KAFKA_BROKERS, or one scripts/kafka.sh starts),
 ## plus the broker-crash tests of internal/faulttest (on a broker of their own, started by scripts/kafka.sh).
@@ -69,10 +70,10 @@ vulncheck:
 	echo "== govulncheck $(GOVULNCHECK_VERSION), database $$db"; \
 	GOTOOLCHAIN=$(VULNCHECK_TOOLCHAIN) $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db "$$db" ./...
 
-## lint: gofmt on everything; go vet on the library, examples/ and bench/.
+## lint: gofmt on everything; go vet on the library, examples/, bench/ and migrations/tooltest/.
 lint:
 	@files="$$(gofmt -l .)"; if [ -n "$$files" ]; then echo "$$files"; echo "gofmt: the files above need formatting"; exit 1; fi
-	@$(GO) vet ./... && (cd examples && $(GO) vet ./...) && (cd bench && $(GO) vet ./...)
+	@$(GO) vet ./... && (cd examples && $(GO) vet ./...) && (cd bench && $(GO) vet ./...) && (cd migrations/tooltest && $(GO) vet ./...)
 
 pg-up:
 	@scripts/pg.sh up

@@ -1,12 +1,14 @@
 package migrations_test
 
 import (
+	"errors"
 	"flag"
-	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/migrations"
@@ -14,41 +16,92 @@ import (
 
 var update = flag.Bool("update", false, "rewrite migrations/goose and migrations/tern from the up/down files")
 
-// The goose and tern copies are generated from the up/down files (the
-// single source), so users of either tool take them as they are. This test
+// The goose and tern copies are what migrations.Goose and migrations.Tern
+// render for the default table from the up/down files (the single source),
+// so users of either tool's command line take them as they are. This test
 // fails when they drift; `go test ./migrations -run Layouts -update`
 // rewrites them.
 func TestToolLayouts(t *testing.T) {
-	all, err := migrations.All(outbox.Table{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{}
-	for _, m := range all {
-		up, down := strings.TrimSpace(m.Up), strings.TrimSpace(m.Down)
-		want[filepath.Join("goose", fmt.Sprintf("%05d_%s", m.Version, m.Name)+".sql")] =
-			"-- +goose Up\n-- +goose StatementBegin\n" + up + "\n-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n" + down + "\n-- +goose StatementEnd\n"
-		want[filepath.Join("tern", fmt.Sprintf("%03d_%s", m.Version, m.Name)+".sql")] =
-			up + "\n\n---- create above / drop below ----\n\n" + down + "\n"
-	}
-	for path, content := range want {
-		if *update {
-			_ = os.MkdirAll(filepath.Dir(path), 0o755)
-			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-				t.Fatal(err)
+	for dir, render := range map[string]func(outbox.Table) (fs.FS, string, error){"goose": migrations.Goose, "tern": migrations.Tern} {
+		fsys, _, err := render(outbox.Table{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{}
+		err = fs.WalkDir(fsys, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
 			}
-			continue
+			b, err := fs.ReadFile(fsys, path)
+			want[filepath.Join(dir, path)] = string(b)
+			return err
+		})
+		if err != nil || len(want) != 3 {
+			t.Fatalf("%s: rendered %d files: %v", dir, len(want), err)
 		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != content {
-			t.Errorf("%s is missing or differs from the up/down files: run go test ./migrations -run Layouts -update", path)
+		for path, content := range want {
+			if *update {
+				_ = os.MkdirAll(filepath.Dir(path), 0o755)
+				if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			got, err := os.ReadFile(path)
+			if err != nil || string(got) != content {
+				t.Errorf("%s is missing or differs from the up/down files: run go test ./migrations -run Layouts -update", path)
+			}
 		}
-	}
-	for _, dir := range []string{"goose", "tern"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
 		for _, f := range files {
 			if _, ok := want[f]; !ok {
 				t.Errorf("%s has no up/down source", f)
+			}
+		}
+	}
+}
+
+func TestToolFS(t *testing.T) {
+	table := outbox.Table{Schema: "billing", Name: "PaymentOutbox"}
+	for _, tc := range []struct {
+		render       func(outbox.Table) (fs.FS, string, error)
+		first        string
+		versionTable string
+		parts        []string
+	}{
+		{migrations.Goose, "00001_create_outbox_event.sql", "billing.paymentoutbox_goose_version",
+			[]string{"-- +goose Up\n", `CREATE TABLE "billing"."PaymentOutbox"`, `CREATE INDEX "PaymentOutbox_unpublished_idx"`, "-- +goose Down\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
+		{migrations.Tern, "001_create_outbox_event.sql", "billing.paymentoutbox_tern_version",
+			[]string{`CREATE TABLE "billing"."PaymentOutbox"`, "\n---- create above / drop below ----\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
+	} {
+		fsys, versions, err := tc.render(table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if versions != tc.versionTable {
+			t.Errorf("version table %q, want %q", versions, tc.versionTable)
+		}
+		if err := fstest.TestFS(fsys, tc.first); err != nil {
+			t.Errorf("%s: %v", tc.first, err)
+		}
+		b, err := fs.ReadFile(fsys, tc.first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range tc.parts {
+			if !strings.Contains(string(b), p) {
+				t.Errorf("%s does not contain %q:\n%s", tc.first, p, b)
+			}
+		}
+		if strings.Contains(string(b), "outbox_event") {
+			t.Errorf("%s still names outbox_event:\n%s", tc.first, b)
+		}
+		if _, v, _ := tc.render(outbox.Table{}); !strings.HasPrefix(v, "outbox_event_") || strings.Contains(v, ".") {
+			t.Errorf("default version table %q, want outbox_event_<tool>_version in the search_path", v)
+		}
+		for _, bad := range []outbox.Table{{Schema: "Billing"}, {Name: `x"; DROP TABLE y; --`}} {
+			if _, _, err := tc.render(bad); !errors.Is(err, outbox.ErrInvalidConfig) {
+				t.Errorf("%+v: err = %v, want ErrInvalidConfig", bad, err)
 			}
 		}
 	}

@@ -3,8 +3,15 @@
 // The SQL files in this folder are the schema, in the layout golang-migrate
 // reads as it is ("000001_create_outbox_event.up.sql" and ".down.sql").
 // The folders goose/ and tern/ hold the same migrations in those tools'
-// formats, generated from the up/down files (a test keeps them in step).
-// They name the table outbox_event in the connection's search_path.
+// formats, generated from the up/down files (a test keeps them in step), for
+// the table outbox_event in the connection's search_path.
+//
+// Programs that run goose or tern from Go take the migrations from [Goose]
+// or [Tern] instead: embedded, rendered for any table name and schema, with
+// the name of a version table of their own (<name>_goose_version,
+// <name>_tern_version), so the outbox's versions 1 to 3 never collide with
+// the application's own migrations. The library does not depend on either
+// tool: both return an fs.FS and a name to pass to it.
 //
 // For a table with another name or schema, or to skip a migration tool
 // altogether, call [Up]: it renders the same files for the configured
