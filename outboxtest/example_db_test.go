@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/outboxtest"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -51,4 +52,47 @@ func ExampleRequireInserted() {
 	// payment-service.payment.captured 1250 true
 	// capture p-declined: declined
 	// payments: 1
+}
+
+// A test that asserts inside its own transaction, as a team whose
+// transaction helpers write events with UnitOfWork.AddTx would: the rows are
+// visible in that transaction only, and its rollback leaves nothing behind.
+func ExampleRequireManyInserted() {
+	t := &exampleT{} // in a test: func TestRefundDB(t *testing.T)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer pool.Close()
+	defer t.runCleanups() // a test does not need this line
+
+	table := outboxtest.Table(t, pool)
+	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: table})
+	if err != nil {
+		t.Fatalf("unitofwork: %v", err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // nothing the test writes is committed
+
+	err = uow.AddTx(ctx, tx,
+		outbox.Event{AggregateType: "payment", AggregateID: "p-1", Type: "payment.captured.v1", Payload: PaymentCaptured{PaymentID: "p-1", AmountCents: 1250}},
+		outbox.Event{AggregateType: "payment", AggregateID: "p-1", Type: "payment.refunded.v1", Payload: map[string]int64{"amountCents": 250}})
+	if err != nil {
+		t.Fatalf("AddTx: %v", err)
+	}
+	rows := outboxtest.RequireManyInserted(ctx, t, tx, table,
+		outboxtest.Want{Type: "payment.captured.v1", Key: "p-1"},
+		outboxtest.Want{Type: "payment.refunded.v1", Key: "p-1", Payload: map[string]int64{"amountCents": 250}})
+	for _, r := range rows {
+		fmt.Println(r.Type, r.Topic)
+	}
+	// Other connections see nothing before COMMIT.
+	outboxtest.RequireNotInserted(ctx, t, pool, table, outboxtest.Want{})
+	// Output:
+	// payment.captured.v1 payment-service.payment.captured
+	// payment.refunded.v1 payment-service.payment.refunded
 }

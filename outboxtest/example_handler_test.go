@@ -67,6 +67,16 @@ func (s SQLStore) Capture(ctx context.Context, tx unitofwork.Tx, id string, cent
 	return nil
 }
 
+// fakeStore is the unit test's PaymentStore: no database.
+type fakeStore struct{ declined string }
+
+func (s fakeStore) Capture(_ context.Context, _ unitofwork.Tx, id string, _ int64) error {
+	if id == s.declined {
+		return fmt.Errorf("capture %s: %w", id, ErrDeclined)
+	}
+	return nil
+}
+
 // exampleT stands in for the t *testing.T of a test function, which an
 // example does not have: copy the body of an example into a test and drop
 // it.

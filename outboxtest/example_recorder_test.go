@@ -8,16 +8,6 @@ import (
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-// fakeStore is the unit test's PaymentStore: no database.
-type fakeStore struct{ declined string }
-
-func (s fakeStore) Capture(_ context.Context, _ unitofwork.Tx, id string, _ int64) error {
-	if id == s.declined {
-		return fmt.Errorf("capture %s: %w", id, ErrDeclined)
-	}
-	return nil
-}
-
 // A unit test of a handler without a database: the recorder stands in for
 // the UnitOfWork, validates events as it would and keeps those of the
 // transactions that succeed.

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("DATABASE_URL") == "" && os.Getenv("OUTBOX_TEST_REQUIRE") != "1" {
 		fmt.Println("DATABASE_URL is not set: the database tests and examples of outboxtest skip")
 		if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
-			_ = f.Value.Set("^ExampleRequireInserted$")
+			_ = f.Value.Set("^ExampleRequire(Many)?Inserted$")
 		}
 	}
 	goleak.VerifyTestMain(m)
