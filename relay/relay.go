@@ -186,6 +186,11 @@ type Config struct {
 	// MeterProvider creates the relay's metrics (see the Metric constants).
 	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
+	// StatsInterval is how often the relay that reports the table-wide
+	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
+	// and how often the other relays try to become that reporter; scrapes
+	// read the last result. Default 15s.
+	StatsInterval time.Duration
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
@@ -238,6 +243,9 @@ func (c Config) withDefaults() Config {
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = 15 * time.Second
+	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
@@ -269,6 +277,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use relay.Park or relay.Hold", c.Poison)}
 	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
 		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
+	case c.StatsInterval < 10*time.Millisecond:
+		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 15s)", c.StatsInterval)}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
 	}
@@ -374,6 +384,8 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
 	}
+	r.bg.Add(1)
+	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
 	if r.cfg.Retention > 0 {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.clean(bgCtx) }()
@@ -443,7 +455,7 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 			failures++
 			if r.failLog.failed(errorKind(err)) {
 				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
-					"table", r.cfg.Table.String(), "error", err, "consecutive_failures", failures)
+					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
 			}
 			if !r.sleep(r.backoff(failures)) {
 				return
