@@ -108,11 +108,10 @@ func ErrorType(err error) string {
 	if t := pgErrorType(err); t != "" {
 		return t
 	}
-	if errors.Is(err, sarama.ErrOutOfBrokers) || errors.Is(err, sarama.ErrNotConnected) ||
-		errors.Is(err, sarama.ErrBrokerNotFound) || errors.Is(err, sarama.ErrClosedClient) || isConnection(err) {
-		return ErrorTypeBrokerUnreachable
-	}
 	switch {
+	case errors.Is(err, sarama.ErrOutOfBrokers) || errors.Is(err, sarama.ErrNotConnected) ||
+		errors.Is(err, sarama.ErrBrokerNotFound) || errors.Is(err, sarama.ErrClosedClient) || isConnection(err):
+		return ErrorTypeBrokerUnreachable
 	case errors.Is(err, context.DeadlineExceeded):
 		return ErrorTypeTimeout
 	case errors.Is(err, context.Canceled):
@@ -171,12 +170,12 @@ func pgErrorType(err error) string {
 	return ""
 }
 
-// isConnection reports a failure of the network connection itself.
+// isConnection reports a failure of the network connection itself (not a
+// context's deadline, which also satisfies net.Error).
 func isConnection(err error) bool {
-	var ne net.Error
 	var oe *net.OpError
 	var de *net.DNSError
-	return errors.As(err, &oe) || errors.As(err, &de) || errors.As(err, &ne) ||
+	return errors.As(err, &oe) || errors.As(err, &de) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
