@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -519,5 +521,230 @@ func TestParkedGaugeByTopicAndReason(t *testing.T) {
 	}
 	if n := counter(collect(t, reader)[relay.MetricErrors], attribute.String("error.type", relay.ErrorTypeMessageTooLarge), relay.AttrErrorKind.String("permanent")); n != 1 {
 		t.Errorf("%s{error.type=message_too_large,kind=permanent} = %d, want 1", relay.MetricErrors, n)
+	}
+}
+
+// promName is the name the OpenTelemetry Prometheus exporter gives an
+// instrument (default translation, UnderscoreEscapingWithSuffixes): dots to
+// underscores, _seconds for seconds, annotation units such as {event}
+// dropped, _total on counters. The orders example's test reads the real
+// exporter's output for the same names.
+func promName(name, unit, kind string) string {
+	n := strings.ReplaceAll(name, ".", "_")
+	if unit == "s" {
+		n += "_seconds"
+	}
+	if kind == "counter" {
+		n += "_total"
+	}
+	return n
+}
+
+type exported struct {
+	kind, unit string
+	attrs      map[string]bool
+}
+
+// exportAll runs relays through success, refusal, parking and a database
+// outage, so that every instrument has a point, and returns what the
+// reader collected.
+func exportAll(t *testing.T) map[string]exported {
+	t.Helper()
+	s := newSetup(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 2)
+	reader, mp := newReader(t)
+	s.write(t, topic, 3, 3)
+	s.insertRaw(t, topic, "big", []byte(`{"blob":"`+strings.Repeat("x", 2000)+`"}`))
+	r := s.relay(t, newSyncPublisher(t, brokers), relay.Config{MeterProvider: mp, MaxMessageBytes: 1000, PollInterval: 10 * time.Millisecond,
+		StatsInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	waitUntil(t, 20*time.Second, "publishing, parking and the table-wide gauges", func() bool {
+		m := collect(t, reader)
+		return s.unpublished(t) == 1 && len(gauge(m[relay.MetricParked])) > 0 && len(gauge(m[relay.MetricBacklog])) > 0 &&
+			counter(m[relay.MetricPublished]) == 3
+	})
+	down, err := relay.NewSaramaPublisher([]string{closedAddr(t)}, func() *sarama.Config {
+		c := relay.DefaultSaramaConfig()
+		c.Metadata.Retry.Max = 0
+		return c
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = down.Close() }()
+	s2 := newSetup(t)
+	s2.write(t, "down.topic", 1, 1)
+	if _, err := s2.relay(t, down, relay.Config{MeterProvider: mp}).RunOnce(s.ctx); err == nil {
+		t.Fatal("publishing to a closed port succeeded")
+	}
+	dead, err := pgxpool.New(s.ctx, "postgres://postgres@"+closedAddr(t)+"/outbox?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	rd, err := relay.New(dead, down, &relay.Config{Table: s.table, MeterProvider: mp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rd.RunOnce(s.ctx); err == nil {
+		t.Fatal("a relay on a closed database port succeeded")
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(s.ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]exported{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			e := exported{unit: m.Unit, attrs: map[string]bool{}}
+			var sets []attribute.Set
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				e.kind = map[bool]string{true: "counter", false: "updowncounter"}[d.IsMonotonic]
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Sum[float64]:
+				e.kind = map[bool]string{true: "counter", false: "updowncounter"}[d.IsMonotonic]
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Histogram[int64]:
+				e.kind = "histogram"
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Histogram[float64]:
+				e.kind = "histogram"
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Gauge[int64]:
+				e.kind = "gauge"
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Gauge[float64]:
+				e.kind = "gauge"
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			default:
+				t.Fatalf("%s: unexpected aggregation %T", m.Name, m.Data)
+			}
+			for _, set := range sets {
+				for _, kv := range set.ToSlice() {
+					e.attrs[string(kv.Key)] = true
+				}
+			}
+			out[m.Name] = e
+		}
+	}
+	return out
+}
+
+// The operator's documentation cannot drift from the code: the metrics
+// table in docs/operating.md lists exactly what a relay exports (name,
+// kind, unit, attributes, Prometheus name), every Metric constant is
+// exported, and every metric and label the alert rules and the dashboard
+// use exists.
+func TestDocumentedMetricsMatchExports(t *testing.T) {
+	t.Parallel()
+	got := exportAll(t)
+
+	doc, err := os.ReadFile("../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		prom, kind, unit string
+		attrs            map[string]bool
+	}
+	documented := map[string]row{}
+	cell := regexp.MustCompile("`([^`]+)`")
+	for _, line := range strings.Split(string(doc), "\n") {
+		cols := strings.Split(line, "|")
+		if len(cols) != 8 || !strings.HasPrefix(strings.TrimSpace(cols[1]), "`") {
+			continue
+		}
+		r := row{prom: strings.Trim(strings.TrimSpace(cols[1]), "`"), kind: strings.TrimSpace(cols[3]),
+			unit: strings.Trim(strings.TrimSpace(cols[4]), "`"), attrs: map[string]bool{}}
+		for _, m := range cell.FindAllStringSubmatch(cols[5], -1) {
+			r.attrs[m[1]] = true
+		}
+		documented[strings.Trim(strings.TrimSpace(cols[2]), "`")] = r
+	}
+	labels := map[string]bool{}
+	promNames := map[string]string{} // Prometheus name -> kind
+	for name, e := range got {
+		d, ok := documented[name]
+		if !ok {
+			t.Errorf("%s is exported but not documented in docs/operating.md", name)
+			continue
+		}
+		if d.kind != e.kind || d.unit != e.unit {
+			t.Errorf("%s: documented as %s [%s], exported as %s [%s]", name, d.kind, d.unit, e.kind, e.unit)
+		}
+		if p := promName(name, e.unit, e.kind); d.prom != p {
+			t.Errorf("%s: documented Prometheus name %s, the exporter names it %s", name, d.prom, p)
+		}
+		for a := range e.attrs {
+			if !d.attrs[a] {
+				t.Errorf("%s: attribute %s is exported but not documented", name, a)
+			}
+		}
+	}
+	for name, d := range documented {
+		if _, ok := got[name]; !ok {
+			t.Errorf("%s is documented but not exported", name)
+		}
+		promNames[d.prom] = d.kind
+		for a := range d.attrs {
+			labels[strings.ReplaceAll(a, ".", "_")] = true
+		}
+	}
+	for _, name := range []string{relay.MetricPublished, relay.MetricErrors, relay.MetricStepErrors, relay.MetricStepDuration,
+		relay.MetricBatchSize, relay.MetricLatency, relay.MetricLastPublishAge, relay.MetricSentMessages, relay.MetricOperationDuration,
+		relay.MetricBacklog, relay.MetricOldestAge, relay.MetricParked, relay.MetricPoolConnections, relay.MetricPoolMax, relay.MetricPoolAcquireWait} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("constant %s is not exported", name)
+		}
+	}
+	if len(got) != 15 {
+		t.Errorf("%d metrics exported, the constants list 15: add the new one to the constants, the package doc and docs/operating.md", len(got))
+	}
+
+	token := regexp.MustCompile(`\b(?:outbox|messaging|db)_[a-z_]+\b`)
+	for _, file := range []string{"../docs/alerts.yaml", "../docs/dashboard.json"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := 0
+		for _, tok := range token.FindAllString(string(b), -1) {
+			if labels[tok] {
+				continue
+			}
+			if _, ok := promNames[tok]; ok {
+				used++
+				continue
+			}
+			base, _ := strings.CutSuffix(tok, "_bucket")
+			base, _ = strings.CutSuffix(base, "_sum")
+			base, _ = strings.CutSuffix(base, "_count")
+			if promNames[base] == "histogram" {
+				used++
+				continue
+			}
+			t.Errorf("%s uses %s: neither an exported metric nor a label", file, tok)
+		}
+		if used == 0 {
+			t.Errorf("%s uses no metric", file)
+		}
 	}
 }
