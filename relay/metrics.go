@@ -412,7 +412,7 @@ func (r *Relay) reportStats(ctx context.Context) {
 		}
 		switch {
 		case err != nil:
-			r.metrics.step(ctx, StepStats, 0, err)
+			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(ErrorType(err))))
 			if !failing {
 				r.cfg.Logger.Warn("outbox relay: reading the table statistics failed; the table-wide gauges are not reported until it works",
 					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
