@@ -197,14 +197,16 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 		wait, err = meter.Float64ObservableCounter(MetricPoolAcquireWait, metric.WithUnit("s"), metric.WithDescription("Total time acquires from the relay's pgxpool.Pool waited for a free connection."))
 		add(err)
 		observed = append(observed, conns, maxConns, wait)
-		cc := pool.Config().ConnConfig
-		poolName = attribute.String("db.client.connection.pool.name", cc.Host+":"+strconv.Itoa(int(cc.Port))+"/"+cc.Database)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	ms.register = func() (metric.Registration, error) {
 		ms.lastPublish.Store(time.Now().UnixNano())
+		if pool != nil { // not in New, which must not touch the pool
+			cc := pool.Config().ConnConfig
+			poolName = attribute.String("db.client.connection.pool.name", cc.Host+":"+strconv.Itoa(int(cc.Port))+"/"+cc.Database)
+		}
 		return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			table := metric.WithAttributes(ms.table)
 			o.ObserveFloat64(lastAge, max(0, time.Since(time.Unix(0, ms.lastPublish.Load())).Seconds()), table)
