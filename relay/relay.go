@@ -205,7 +205,9 @@ type Config struct {
 	// StatsInterval is how often the relay that reports the table-wide
 	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
 	// and how often the other relays try to become that reporter; scrapes
-	// read the last result. Default 5s.
+	// read the last result. The reporter holds a session-level advisory lock
+	// on a connection it takes out of the pool (a *pgxpool.Pool; with any
+	// other DB every relay reports). Default 5s.
 	StatsInterval time.Duration
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
