@@ -74,8 +74,10 @@ import (
 // (pg_try_advisory_lock) on a connection it takes out of the pool for that.
 // When that connection fails, the relay drops it and any replica may take
 // the lock over at its next try. The reporter reads the statistics once per
-// StatsInterval (two statements on the partial indexes: unpublished and
-// parked rows) and scrapes read its cached result, so scrapes cost no query.
+// StatsInterval, or less often when a read is slow: it waits at least ten
+// times as long as the last read took (two statements on the partial
+// indexes: unpublished and parked rows), and scrapes read its cached
+// result, so scrapes cost no query.
 // Other replicas try the lock once per StatsInterval. With a DB that is not
 // a *pgxpool.Pool every relay reports them: aggregate with max, not sum.
 // While the database is unreachable nothing table-wide is reported;
@@ -407,7 +409,9 @@ func (r *Relay) reportStats(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		start := time.Now()
 		st, c, err := r.readTableStats(ctx, conn)
+		took := time.Since(start)
 		conn = c
 		if ctx.Err() != nil {
 			return
@@ -433,7 +437,9 @@ func (r *Relay) reportStats(ctx context.Context) {
 		} else {
 			r.metrics.snap.set(tableStats{}, false)
 		}
-		t.Reset(r.cfg.StatsInterval)
+		// A slow read (a large backlog to count) spaces the next one out,
+		// so statistics never take more than a tenth of a connection's time.
+		t.Reset(max(r.cfg.StatsInterval, 10*took))
 	}
 }
 

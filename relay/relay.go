@@ -207,7 +207,9 @@ type Config struct {
 	// and how often the other relays try to become that reporter; scrapes
 	// read the last result. The reporter holds a session-level advisory lock
 	// on a connection it takes out of the pool (a *pgxpool.Pool; with any
-	// other DB every relay reports). Default 5s.
+	// other DB every relay reports). After a slow read (a large backlog to
+	// count) the next waits at least ten times as long as it took.
+	// Default 1s.
 	StatsInterval time.Duration
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
@@ -262,7 +264,7 @@ func (c Config) withDefaults() Config {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
 	if c.StatsInterval == 0 {
-		c.StatsInterval = 5 * time.Second
+		c.StatsInterval = time.Second
 	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -296,7 +298,7 @@ func (c Config) validate() error {
 	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
 		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
 	case c.StatsInterval < 10*time.Millisecond:
-		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 5s)", c.StatsInterval)}
+		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
 	}
