@@ -557,7 +557,7 @@ func exportAll(t *testing.T) map[string]exported {
 	s.write(t, topic, 3, 3)
 	s.insertRaw(t, topic, "big", []byte(`{"blob":"`+strings.Repeat("x", 2000)+`"}`))
 	r := s.relay(t, newSyncPublisher(t, brokers), relay.Config{MeterProvider: mp, MaxMessageBytes: 1000, PollInterval: 10 * time.Millisecond,
-		StatsInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		StatsInterval: 20 * time.Millisecond, Retention: time.Millisecond, CleanupInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func exportAll(t *testing.T) map[string]exported {
 	waitUntil(t, 20*time.Second, "publishing, parking and the table-wide gauges", func() bool {
 		m := collect(t, reader)
 		return s.unpublished(t) == 1 && len(gauge(m[relay.MetricParked])) > 0 && len(gauge(m[relay.MetricBacklog])) > 0 &&
-			counter(m[relay.MetricPublished]) == 3
+			counter(m[relay.MetricPublished]) == 3 && observations(m[relay.MetricStepDuration], relay.AttrStep.String(relay.StepCleanup)) > 0
 	})
 	down, err := relay.NewSaramaPublisher([]string{closedAddr(t)}, func() *sarama.Config {
 		c := relay.DefaultSaramaConfig()
