@@ -24,7 +24,8 @@ type Message struct {
 	Headers []Header
 
 	// Stored, Partition, Offset and Broker are optional, for the Publisher
-	// to fill in on an acknowledged message: Stored = true says where the
+	// to fill in on an acknowledged message, in the slice it was given and
+	// before Publish returns: Stored = true says where the
 	// broker stored it (Partition, Offset) and, when known, which broker
 	// acknowledged it (Broker, "host:port"). The relay adds them to the
 	// message's publish span (messaging.destination.partition.id,
