@@ -75,10 +75,12 @@ func (r *Relay) clean(ctx context.Context) {
 		case <-t.C:
 		}
 		for {
+			start := time.Now()
 			n, err := r.Cleanup(ctx)
 			if ctx.Err() != nil {
 				return
 			}
+			_, err = r.metrics.lap(ctx, StepCleanup, start, err)
 			if err != nil && !failing {
 				r.cfg.Logger.Warn("outbox relay: deleting old published rows failed; retrying next interval", "table", r.cfg.Table.String(), "error", err)
 			}

@@ -51,20 +51,23 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 func (r *Relay) runOnce(ctx context.Context, size int) (n, next int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
+	t := time.Now()
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
+		_, err = r.metrics.lap(ctx, StepClaim, t, err)
 		return 0, 0, fmt.Errorf("relay: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	rows, more, err := r.claim(ctx, tx, size)
+	t, err = r.metrics.lap(ctx, StepClaim, t, err)
 	if err != nil || len(rows) == 0 {
 		return 0, 0, err
 	}
 	msgs, spans := r.messages(ctx, rows)
 	errs := r.publish(ctx, rows, msgs)
-	acked := time.Now()
-	endSpans(spans, errs)
+	acked := r.metrics.publishLap(ctx, t, rows, errs)
+	r.endSpans(spans, msgs, errs)
 
 	var (
 		ids       []int64
@@ -90,10 +93,10 @@ func (r *Relay) runOnce(ctx context.Context, size int) (n, next int, err error) 
 	var parked map[int64]bool
 	if len(ids) > 0 || len(failed) > 0 {
 		parked, err = r.record(ctx, tx, ids, rows, errs, failed)
-		if err != nil {
+		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
 			return 0, 0, err
 		}
-		if err := tx.Commit(ctx); err != nil {
+		if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 			// Acknowledged events will be sent again (same x-event-id).
 			return 0, 0, fmt.Errorf("relay: commit: %w", err)
 		}
@@ -207,9 +210,11 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 			sub[j] = msgs[i]
 		}
 	}
+	start := time.Now()
 	err := r.pub.Publish(ctx, sub)
 	var be *BatchError
 	for j, i := range idx {
+		msgs[i] = sub[j] // with what the publisher reported (Stored, Partition, ...)
 		switch {
 		case err == nil:
 			errs[i] = nil
@@ -219,6 +224,7 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 			errs[i] = err
 		}
 	}
+	r.metrics.sendDone(ctx, msgs, idx, errs, time.Since(start))
 }
 
 // record marks the acknowledged events published and counts an attempt on
@@ -235,7 +241,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 		msgs := make([]string, len(failed))
 		limits := make([]int32, len(failed))
 		for j, i := range failed {
-			fids[j], msgs[j] = rows[i].id, truncate(errs[i].Error(), 1000)
+			fids[j], msgs[j] = rows[i].id, truncate("["+ErrorType(errs[i])+"] "+errs[i].Error(), 1000)
 			switch {
 			case r.cfg.Poison == Hold:
 				limits[j] = 0 // never park
@@ -268,10 +274,10 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 		x := rows[i]
 		if parked[x.id] {
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; fix the cause, then relay.Requeue it or delete it",
-				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i])
+				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i], "error.type", ErrorType(errs[i]))
 		} else {
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i])
+				"event_id", x.eventID, "event_type", x.eventType, "topic", x.topic, "error", errs[i], "error.type", ErrorType(errs[i]))
 		}
 	}
 }
@@ -332,8 +338,9 @@ func (r *Relay) messages(ctx context.Context, rows []row) ([]Message, []trace.Sp
 	return msgs, spans
 }
 
-func endSpans(spans []trace.Span, errs []error) {
+func (r *Relay) endSpans(spans []trace.Span, msgs []Message, errs []error) {
 	for i, s := range spans {
+		s.SetAttributes(spanOutcome(r.pub, msgs[i], errs[i])...)
 		if e := errs[i]; e != nil {
 			s.RecordError(e)
 			s.SetStatus(codes.Error, e.Error())

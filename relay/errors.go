@@ -86,7 +86,7 @@ func (r *Relay) precheck(m Message) error {
 		return Permanent(fmt.Errorf("%w: %w", errCannotSend, err))
 	}
 	if size := messageSize(m); size > r.cfg.MaxMessageBytes {
-		return Permanent(fmt.Errorf("%w: message of %d bytes exceeds MaxMessageBytes %d", errCannotSend, size, r.cfg.MaxMessageBytes))
+		return Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, r.cfg.MaxMessageBytes}))
 	}
 	return nil
 }

@@ -4,82 +4,230 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/semconv/v1.40.0/messagingconv"
 )
 
-// Metric names (OpenTelemetry, unit in brackets). Every instrument carries
-// the attribute outbox.table; per-topic ones also messaging.destination.name.
+// Metric names (OpenTelemetry; unit in brackets; the name a Prometheus
+// exporter shows after the arrow). Every instrument carries outbox.table.
 //
-//	outbox.events.published     counter   [{event}]  events acknowledged by the broker and marked
-//	outbox.publish.errors       counter   [{event}]  failed events; error.type = transient | permanent
-//	outbox.batch.size           histogram [{event}]  events per claimed batch
-//	outbox.publish.latency      histogram [s]        from the writing transaction's start to the broker's ack
-//	outbox.backlog              gauge     [{event}]  unpublished, unparked events (counted up to 1,000,000)
-//	outbox.oldest.age           gauge     [s]        age of the oldest unpublished, unparked event (0 when none)
-//	outbox.parked               gauge     [{event}]  parked events
+// Per relay, in memory (reported while the database is down):
 //
-// The gauges cost one statement per collection that reads only the partial
-// indexes on unpublished and on parked rows, never the whole table.
+//	outbox.events.published  counter   [{event}]   -> outbox_events_published_total
+//	    events acknowledged by the broker and marked; messaging.destination.name
+//	outbox.publish.errors    counter   [{event}]   -> outbox_publish_errors_total
+//	    events that failed to publish; messaging.destination.name, error.type (the cause,
+//	    see ErrorType), outbox.error.kind (transient: retried, not charged | permanent: charged)
+//	outbox.errors            counter   [{error}]   -> outbox_errors_total
+//	    failed steps: one per failed claim, publish (a batch with failed events; the first
+//	    one's error.type), mark, commit, cleanup or table statistics read; outbox.step, error.type
+//	outbox.step.duration     histogram [s]         -> outbox_step_duration_seconds
+//	    duration of each step of a batch: outbox.step = claim (begin, lock lanes, read rows),
+//	    publish (all sends of the batch), mark (mark published, charge failures), commit; and
+//	    cleanup (one deletion of old rows); error.type when it failed
+//	outbox.batch.size        histogram [{event}]   -> outbox_batch_size
+//	    events per claimed batch
+//	outbox.publish.latency   histogram [s]         -> outbox_publish_latency_seconds
+//	    from the event's created_at to the broker's acknowledgement
+//	outbox.last_publish.age  gauge     [s]         -> outbox_last_publish_age_seconds
+//	    time since this relay last committed a published event (since Start before its
+//	    first); take the min over replicas
+//	messaging.client.sent.messages      counter   [{message}] -> messaging_client_sent_messages_total
+//	    messages handed to the broker; messaging.system=kafka, messaging.operation.name=publish,
+//	    messaging.destination.name, error.type when not acknowledged
+//	messaging.client.operation.duration histogram [s] -> messaging_client_operation_duration_seconds
+//	    one observation per destination per Publisher call (a call sends one batch);
+//	    messaging.system, messaging.operation.name=publish, messaging.operation.type=send,
+//	    messaging.destination.name, error.type when a message to it failed
+//
+// Per table, reported by one replica only (see below):
+//
+//	outbox.backlog           gauge     [{event}]   -> outbox_backlog
+//	    unpublished, unparked events (counted up to 1,000,000)
+//	outbox.oldest.age        gauge     [s]         -> outbox_oldest_age_seconds
+//	    age of the oldest unpublished, unparked event; 0 when none (never negative: an
+//	    event whose created_at is in the future counts as 0 and is logged)
+//	outbox.parked            gauge     [{event}]   -> outbox_parked
+//	    parked events by messaging.destination.name and error.type (the reason they were
+//	    parked, read from the start of last_error; _OTHER for rows parked before it was stored)
+//
+// Per process, when the DB is a *pgxpool.Pool (its pgxpool.Stat):
+//
+//	db.client.connection.count     updowncounter [{connection}] -> db_client_connection_count
+//	    db.client.connection.state = idle | used, db.client.connection.pool.name (host:port/database)
+//	db.client.connection.max       updowncounter [{connection}] -> db_client_connection_max
+//	outbox.db.acquire.wait         counter [s]   -> outbox_db_acquire_wait_seconds_total
+//	    total time acquires waited for a free connection (Stat.EmptyAcquireWaitTime)
+//
+// The table-wide gauges describe the table, not the replica, so exactly one
+// relay reports them: the one holding a session-level advisory lock
+// (pg_try_advisory_lock) on a connection it takes out of the pool for that.
+// When that connection fails, the relay drops it and any replica may take
+// the lock over at its next try. The reporter reads the statistics once per
+// StatsInterval, or less often when a read is slow: it waits at least ten
+// times as long as the last read took (two statements on the partial
+// indexes: unpublished and parked rows), and scrapes read its cached
+// result, so scrapes cost no query.
+// Other replicas try the lock once per StatsInterval. With a DB that is not
+// a *pgxpool.Pool every relay reports them: aggregate with max, not sum.
+// While the database is unreachable nothing table-wide is reported;
+// outbox.errors and outbox.last_publish.age keep alerts firing.
 const (
-	MetricPublished = "outbox.events.published"
-	MetricErrors    = "outbox.publish.errors"
-	MetricBatchSize = "outbox.batch.size"
-	MetricLatency   = "outbox.publish.latency"
-	MetricBacklog   = "outbox.backlog"
-	MetricOldestAge = "outbox.oldest.age"
-	MetricParked    = "outbox.parked"
+	MetricPublished         = "outbox.events.published"
+	MetricErrors            = "outbox.publish.errors"
+	MetricStepErrors        = "outbox.errors"
+	MetricStepDuration      = "outbox.step.duration"
+	MetricBatchSize         = "outbox.batch.size"
+	MetricLatency           = "outbox.publish.latency"
+	MetricLastPublishAge    = "outbox.last_publish.age"
+	MetricSentMessages      = "messaging.client.sent.messages"
+	MetricOperationDuration = "messaging.client.operation.duration"
+	MetricBacklog           = "outbox.backlog"
+	MetricOldestAge         = "outbox.oldest.age"
+	MetricParked            = "outbox.parked"
+	MetricPoolConnections   = "db.client.connection.count"
+	MetricPoolMax           = "db.client.connection.max"
+	MetricPoolAcquireWait   = "outbox.db.acquire.wait"
+)
+
+// The steps of outbox.step.duration and outbox.errors (attribute outbox.step).
+const (
+	StepClaim   = "claim"
+	StepPublish = "publish"
+	StepMark    = "mark"
+	StepCommit  = "commit"
+	StepCleanup = "cleanup"
+	StepStats   = "stats"
+)
+
+// Attribute keys of the outbox's own metrics.
+const (
+	AttrTable     = attribute.Key("outbox.table")
+	AttrStep      = attribute.Key("outbox.step")
+	AttrErrorKind = attribute.Key("outbox.error.kind")
+)
+
+// durationBuckets are the semantic conventions' boundaries for messaging
+// durations; stepBuckets reach lower (statements take microseconds) and
+// up to BatchTimeout's range.
+var (
+	durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	stepBuckets     = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 )
 
 type metrics struct {
 	table     attribute.KeyValue
 	published metric.Int64Counter
 	errors    metric.Int64Counter
+	failures  metric.Int64Counter
+	steps     metric.Float64Histogram
 	batch     metric.Int64Histogram
 	latency   metric.Float64Histogram
-	// register starts the gauges' collection callback (at Start; Stop
+	sent      messagingconv.ClientSentMessages
+	opDur     messagingconv.ClientOperationDuration
+
+	// parkedBy counts parked events by topic and by the error.type stored
+	// at the start of their last_error (see Relay.record), reading the
+	// partial index on parked rows.
+	parkedBy string
+
+	lastPublish atomic.Int64 // unix nanoseconds of the last commit of a published event, or of Start
+	snap        snapshot     // the table-wide statistics, when this relay reports them
+
+	// register starts the observable instruments' callback (at Start; Stop
 	// unregisters it).
 	register func() (metric.Registration, error)
 }
 
 func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	meter := mp.Meter("github.com/fxoutbox/outbox/relay")
-	ms := &metrics{table: attribute.String("outbox.table", r.cfg.Table.String())}
+	ms := &metrics{
+		table: AttrTable.String(r.cfg.Table.String()),
+		parkedBy: "SELECT topic, coalesce(substring(last_error FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "'), count(*) FROM " + r.cfg.Table.Ident() +
+			" WHERE parked_at IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 1000",
+	}
 	var errs []error
+	add := func(err error) { errs = append(errs, err) }
 	var err error
 	ms.published, err = meter.Int64Counter(MetricPublished, metric.WithUnit("{event}"), metric.WithDescription("Events acknowledged by the broker and marked published."))
-	errs = append(errs, err)
-	ms.errors, err = meter.Int64Counter(MetricErrors, metric.WithUnit("{event}"), metric.WithDescription("Events that failed to publish, by error.type (transient or permanent)."))
-	errs = append(errs, err)
+	add(err)
+	ms.errors, err = meter.Int64Counter(MetricErrors, metric.WithUnit("{event}"), metric.WithDescription("Events that failed to publish, by error.type (cause) and outbox.error.kind (transient or permanent)."))
+	add(err)
+	ms.failures, err = meter.Int64Counter(MetricStepErrors, metric.WithUnit("{error}"), metric.WithDescription("Failed relay steps (claim, publish, mark, commit, cleanup, stats), by outbox.step and error.type."))
+	add(err)
+	ms.steps, err = meter.Float64Histogram(MetricStepDuration, metric.WithUnit("s"), metric.WithDescription("Duration of a relay step (claim, publish, mark, commit, cleanup), by outbox.step; error.type when it failed."),
+		metric.WithExplicitBucketBoundaries(stepBuckets...))
+	add(err)
 	ms.batch, err = meter.Int64Histogram(MetricBatchSize, metric.WithUnit("{event}"), metric.WithDescription("Events per claimed batch."),
 		metric.WithExplicitBucketBoundaries(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000))
-	errs = append(errs, err)
-	ms.latency, err = meter.Float64Histogram(MetricLatency, metric.WithUnit("s"), metric.WithDescription("Time from the writing transaction's start to the broker's acknowledgement."),
+	add(err)
+	ms.latency, err = meter.Float64Histogram(MetricLatency, metric.WithUnit("s"), metric.WithDescription("Time from the event's created_at to the broker's acknowledgement."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
-	errs = append(errs, err)
-	backlog, err := meter.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"), metric.WithDescription("Unpublished, unparked events (counted up to 1,000,000)."))
-	errs = append(errs, err)
-	age, err := meter.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"), metric.WithDescription("Age of the oldest unpublished, unparked event; 0 when there is none."))
-	errs = append(errs, err)
-	parked, err := meter.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"), metric.WithDescription("Parked events."))
-	errs = append(errs, err)
+	add(err)
+	ms.sent, err = messagingconv.NewClientSentMessages(meter)
+	add(err)
+	ms.opDur, err = messagingconv.NewClientOperationDuration(meter, metric.WithExplicitBucketBoundaries(durationBuckets...))
+	add(err)
+	lastAge, err := meter.Float64ObservableGauge(MetricLastPublishAge, metric.WithUnit("s"), metric.WithDescription("Time since this relay last committed a published event (since its start before the first)."))
+	add(err)
+	backlog, err := meter.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"), metric.WithDescription("Unpublished, unparked events (counted up to 1,000,000); reported by one relay per table."))
+	add(err)
+	age, err := meter.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"), metric.WithDescription("Age of the oldest unpublished, unparked event; 0 when there is none; reported by one relay per table."))
+	add(err)
+	parked, err := meter.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"), metric.WithDescription("Parked events by topic and error.type; reported by one relay per table."))
+	add(err)
+	observed := []metric.Observable{lastAge, backlog, age, parked}
+	pool, _ := r.db.(*pgxpool.Pool)
+	var conns, maxConns metric.Int64ObservableUpDownCounter
+	var wait metric.Float64ObservableCounter
+	var poolName attribute.KeyValue
+	if pool != nil {
+		conns, err = meter.Int64ObservableUpDownCounter(MetricPoolConnections, metric.WithUnit("{connection}"), metric.WithDescription("Connections of the relay's pgxpool.Pool, by db.client.connection.state (idle, used)."))
+		add(err)
+		maxConns, err = meter.Int64ObservableUpDownCounter(MetricPoolMax, metric.WithUnit("{connection}"), metric.WithDescription("The most connections the relay's pgxpool.Pool opens."))
+		add(err)
+		wait, err = meter.Float64ObservableCounter(MetricPoolAcquireWait, metric.WithUnit("s"), metric.WithDescription("Total time acquires from the relay's pgxpool.Pool waited for a free connection."))
+		add(err)
+		observed = append(observed, conns, maxConns, wait)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	ms.register = func() (metric.Registration, error) {
-		return meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-			st, err := r.Stats(ctx)
-			if err != nil {
-				return err
+		ms.lastPublish.Store(time.Now().UnixNano())
+		if pool != nil { // not in New, which must not touch the pool
+			cc := pool.Config().ConnConfig
+			poolName = attribute.String("db.client.connection.pool.name", cc.Host+":"+strconv.Itoa(int(cc.Port))+"/"+cc.Database)
+		}
+		return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			table := metric.WithAttributes(ms.table)
+			o.ObserveFloat64(lastAge, max(0, time.Since(time.Unix(0, ms.lastPublish.Load())).Seconds()), table)
+			if st, ok := ms.snap.get(); ok {
+				o.ObserveInt64(backlog, st.backlog, table)
+				o.ObserveFloat64(age, st.age, table)
+				for _, p := range st.parked {
+					o.ObserveInt64(parked, p.n, metric.WithAttributes(ms.table, semconv.MessagingDestinationName(p.topic), semconv.ErrorTypeKey.String(p.reason)))
+				}
 			}
-			attrs := metric.WithAttributes(ms.table)
-			o.ObserveInt64(backlog, st.Backlog, attrs)
-			o.ObserveFloat64(age, st.OldestAge.Seconds(), attrs)
-			o.ObserveInt64(parked, st.Parked, attrs)
+			if pool != nil {
+				s := pool.Stat()
+				o.ObserveInt64(conns, int64(s.IdleConns()), metric.WithAttributes(ms.table, poolName, attribute.String("db.client.connection.state", "idle")))
+				o.ObserveInt64(conns, int64(s.AcquiredConns()), metric.WithAttributes(ms.table, poolName, attribute.String("db.client.connection.state", "used")))
+				o.ObserveInt64(maxConns, int64(s.MaxConns()), metric.WithAttributes(ms.table, poolName))
+				o.ObserveFloat64(wait, s.EmptyAcquireWaitTime().Seconds(), metric.WithAttributes(ms.table, poolName))
+			}
 			return nil
-		}, backlog, age, parked)
+		}, observed...)
 	}
 	return ms, nil
 }
@@ -87,7 +235,7 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 // Stats is a snapshot of a table's state.
 type Stats struct {
 	Backlog   int64         // unpublished, unparked events, counted up to 1,000,000
-	OldestAge time.Duration // age of the oldest of them; 0 when there is none
+	OldestAge time.Duration // age of the oldest of them; 0 when there is none or its created_at is in the future
 	Parked    int64         // parked events
 }
 
@@ -104,37 +252,284 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 	if err := tx.QueryRow(ctx, r.q.stats).Scan(&st.Backlog, &ageSec, &st.Parked); err != nil {
 		return st, fmt.Errorf("relay: stats of %s: %w", r.cfg.Table, err)
 	}
-	st.OldestAge = time.Duration(ageSec * float64(time.Second))
+	st.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
 	return st, nil
+}
+
+// lap records the duration of a database step that began at start and,
+// when it failed, counts the error; it returns the time it ended and err,
+// marked so that ErrorType names its database cause.
+func (m *metrics) lap(ctx context.Context, step string, start time.Time, err error) (time.Time, error) {
+	now := time.Now()
+	if err != nil {
+		err = &dbError{err: err}
+	}
+	m.step(ctx, step, now.Sub(start), err)
+	return now, err
+}
+
+// step records one step's duration and its failure.
+func (m *metrics) step(ctx context.Context, step string, d time.Duration, err error) {
+	if err == nil {
+		m.steps.Record(ctx, d.Seconds(), metric.WithAttributes(m.table, AttrStep.String(step)))
+		return
+	}
+	attrs := metric.WithAttributes(m.table, AttrStep.String(step), semconv.ErrorTypeKey.String(ErrorType(err)))
+	m.steps.Record(ctx, d.Seconds(), attrs)
+	m.failures.Add(ctx, 1, attrs)
+}
+
+// publishLap records the publish step of a batch (its sends, from start)
+// and counts the events that failed; it returns the time it ended.
+func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []row, errs []error) time.Time {
+	now := time.Now()
+	type key struct{ topic, typ, kind string }
+	failed := map[key]int64{}
+	var first error
+	for i, err := range errs {
+		if err == nil || errors.Is(err, ErrHeld) {
+			continue
+		}
+		if first == nil {
+			first = err
+		}
+		kind := "transient"
+		if IsPermanent(err) {
+			kind = "permanent"
+		}
+		failed[key{rows[i].topic, ErrorType(err), kind}]++
+	}
+	for k, n := range failed {
+		m.errors.Add(ctx, n, metric.WithAttributes(m.table, semconv.MessagingDestinationName(k.topic), semconv.ErrorTypeKey.String(k.typ), AttrErrorKind.String(k.kind)))
+	}
+	m.step(ctx, StepPublish, now.Sub(start), first)
+	return now
+}
+
+// sendDone records one Publisher call: the messages msgs[idx...] it sent,
+// their outcomes in errs, and its duration, as the messaging semantic
+// conventions' client metrics.
+func (m *metrics) sendDone(ctx context.Context, msgs []Message, idx []int, errs []error, d time.Duration) {
+	type key struct{ topic, typ string }
+	counts := map[key]int64{}
+	failedType := map[string]string{} // topic -> error.type of its first failure
+	for _, i := range idx {
+		t := ErrorType(errs[i])
+		counts[key{msgs[i].Topic, t}]++
+		if _, seen := failedType[msgs[i].Topic]; !seen || failedType[msgs[i].Topic] == "" {
+			failedType[msgs[i].Topic] = t
+		}
+	}
+	for k, n := range counts {
+		attrs := []attribute.KeyValue{m.table, semconv.MessagingDestinationName(k.topic)}
+		if k.typ != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(k.typ))
+		}
+		m.sent.Add(ctx, n, "publish", messagingconv.SystemKafka, attrs...)
+	}
+	for topic, typ := range failedType {
+		attrs := []attribute.KeyValue{m.table, semconv.MessagingDestinationName(topic), semconv.MessagingOperationTypeSend}
+		if typ != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(typ))
+		}
+		m.opDur.Record(ctx, d.Seconds(), "publish", messagingconv.SystemKafka, attrs...)
+	}
 }
 
 // record updates the per-batch instruments after a commit.
 func (m *metrics) record(ctx context.Context, rows []row, errs []error, acked time.Time) {
-	if m == nil {
-		return
-	}
 	table := metric.WithAttributes(m.table)
 	m.batch.Record(ctx, int64(len(rows)), table)
 	perTopic := map[string]int64{}
-	var transient, permanent int64
 	for i, err := range errs {
-		switch {
-		case err == nil:
+		if err == nil {
 			perTopic[rows[i].topic]++
-			m.latency.Record(ctx, acked.Sub(rows[i].createdAt).Seconds(), table)
-		case IsPermanent(err):
-			permanent++
-		case !errors.Is(err, ErrHeld):
-			transient++
+			m.latency.Record(ctx, max(0, acked.Sub(rows[i].createdAt).Seconds()), table)
 		}
 	}
 	for topic, n := range perTopic {
-		m.published.Add(ctx, n, metric.WithAttributes(m.table, attribute.String("messaging.destination.name", topic)))
+		m.published.Add(ctx, n, metric.WithAttributes(m.table, semconv.MessagingDestinationName(topic)))
 	}
-	if transient > 0 {
-		m.errors.Add(ctx, transient, metric.WithAttributes(m.table, attribute.String("error.type", "transient")))
+	if len(perTopic) > 0 {
+		m.lastPublish.Store(time.Now().UnixNano())
 	}
-	if permanent > 0 {
-		m.errors.Add(ctx, permanent, metric.WithAttributes(m.table, attribute.String("error.type", "permanent")))
+}
+
+// snapshot holds the table-wide statistics the reporting relay read last.
+type snapshot struct {
+	mu  sync.Mutex
+	ok  bool
+	val tableStats
+}
+
+type tableStats struct {
+	backlog int64
+	age     float64
+	parked  []parkedGroup
+}
+
+type parkedGroup struct {
+	topic, reason string
+	n             int64
+}
+
+func (s *snapshot) get() (tableStats, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.val, s.ok
+}
+
+func (s *snapshot) set(v tableStats, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.val, s.ok = v, ok
+}
+
+// reporterKey is the second key of the advisory lock the reporting relay
+// holds (with the table's namespace; lanes use keys 0 and up).
+const reporterKey = -1
+
+// reportStats keeps the table-wide statistics current until ctx ends: once
+// per StatsInterval the relay that holds the reporter lock reads them;
+// the others try to take the lock.
+func (r *Relay) reportStats(ctx context.Context) {
+	var conn *pgx.Conn // holds the reporter lock
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+		r.metrics.snap.set(tableStats{}, false)
+	}()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var failing, future bool
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		st, c, err := r.readTableStats(ctx, conn)
+		took := time.Since(start)
+		conn = c
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil:
+			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(ErrorType(err))))
+			if !failing {
+				r.cfg.Logger.Warn("outbox relay: reading the table statistics failed; the table-wide gauges are not reported until it works",
+					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
+			}
+		case st != nil && st.age < 0 && !future:
+			r.cfg.Logger.Warn("outbox relay: the oldest unpublished event has a created_at in the future; its age counts as 0 (check the clocks of the database and of writers that set created_at)",
+				"table", r.cfg.Table.String(), "seconds_ahead", -st.age)
+		}
+		failing = err != nil
+		if st != nil {
+			future = st.age < 0
+			st.age = max(0, st.age)
+		}
+		if st != nil {
+			r.metrics.snap.set(*st, true)
+		} else {
+			r.metrics.snap.set(tableStats{}, false)
+		}
+		// A slow read (a large backlog to count) spaces the next one out,
+		// so statistics never take more than a tenth of a connection's time.
+		t.Reset(max(r.cfg.StatsInterval, 10*took))
 	}
+}
+
+// readTableStats reads the table-wide statistics if this relay reports
+// them: on conn, which holds the reporter lock, or on a connection it
+// takes from the pool once it wins the lock. It returns nil statistics
+// when another relay reports them, and the connection to keep (nil once it
+// failed). A DB that is not a pool has no lock: every relay reports.
+func (r *Relay) readTableStats(ctx context.Context, conn *pgx.Conn) (*tableStats, *pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(r.cfg.StatsInterval, 5*time.Second))
+	defer cancel()
+	pool, ok := r.db.(acquirer)
+	if !ok {
+		tx, err := r.db.Begin(ctx)
+		if err != nil {
+			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		st, err := r.queryTableStats(ctx, tx)
+		return st, nil, err
+	}
+	if conn == nil {
+		pc, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
+		}
+		var won bool
+		if err := pc.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", r.q.ns, int32(reporterKey)).Scan(&won); err != nil {
+			pc.Release()
+			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: take the reporter lock: %w", err)}
+		}
+		if !won {
+			pc.Release() // another relay reports; the connection holds no lock
+			return nil, nil, nil
+		}
+		conn = pc.Hijack() // the lock lives as long as this connection
+	}
+	st, err := r.queryTableStats(ctx, conn)
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx)) // releases the lock for another relay
+		return nil, nil, err
+	}
+	return st, conn, nil
+}
+
+// queryTableStats reads the backlog, the oldest age (raw: negative when
+// created_at is in the future) and the parked events by topic and reason,
+// in one round trip.
+func (r *Relay) queryTableStats(ctx context.Context, q interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}) (*tableStats, error) {
+	st := &tableStats{}
+	var total int64
+	b := &pgx.Batch{}
+	b.Queue(r.q.stats).QueryRow(func(row pgx.Row) error { return row.Scan(&st.backlog, &st.age, &total) })
+	b.Queue(r.metrics.parkedBy).Query(func(rows pgx.Rows) error {
+		var g parkedGroup
+		_, err := pgx.ForEachRow(rows, []any{&g.topic, &g.reason, &g.n}, func() error {
+			st.parked = append(st.parked, g)
+			return nil
+		})
+		return err
+	})
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return nil, &dbError{err: fmt.Errorf("relay: table statistics of %s: %w", r.cfg.Table, err)}
+	}
+	return st, nil
+}
+
+// spanOutcome returns the attributes a publish span gets once its message's
+// outcome is known: error.type on a failure; where the broker stored it,
+// when the publisher reported that.
+func spanOutcome(pub Publisher, m Message, err error) []attribute.KeyValue {
+	var attrs []attribute.KeyValue
+	if ci, ok := pub.(ClientIdentifier); ok {
+		if id := ci.ClientID(); id != "" {
+			attrs = append(attrs, semconv.MessagingClientID(id))
+		}
+	}
+	if err != nil {
+		return append(attrs, semconv.ErrorTypeKey.String(ErrorType(err)))
+	}
+	if m.Stored {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(int(m.Partition))), semconv.MessagingKafkaOffset(int(m.Offset)))
+		if host, port, err := net.SplitHostPort(m.Broker); err == nil {
+			attrs = append(attrs, semconv.ServerAddress(host))
+			if p, err := strconv.Atoi(port); err == nil {
+				attrs = append(attrs, semconv.ServerPort(p))
+			}
+		}
+	}
+	return attrs
 }

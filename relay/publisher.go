@@ -22,6 +22,26 @@ type Message struct {
 	// Headers are every record header to send, in order: the event's own,
 	// x-event-id, x-event-type, and the trace context of the publish span.
 	Headers []Header
+
+	// Stored, Partition, Offset and Broker are optional, for the Publisher
+	// to fill in on an acknowledged message, in the slice it was given and
+	// before Publish returns: Stored = true says where the
+	// broker stored it (Partition, Offset) and, when known, which broker
+	// acknowledged it (Broker, "host:port"). The relay adds them to the
+	// message's publish span (messaging.destination.partition.id,
+	// messaging.kafka.offset, server.address, server.port). A Publisher that
+	// does not know them leaves Stored false.
+	Stored    bool
+	Partition int32
+	Offset    int64
+	Broker    string
+}
+
+// ClientIdentifier is implemented by publishers that know their client id
+// (Kafka client.id); the relay adds it to publish spans as
+// messaging.client.id.
+type ClientIdentifier interface {
+	ClientID() string
 }
 
 // Header is one Kafka record header.

@@ -64,9 +64,25 @@
 // messaging.message.id, messaging.kafka.message.key) whose parent is the
 // trace context stored with the event, and sends the span's context as the
 // W3C traceparent/tracestate headers. A consumer that extracts them continues
-// the trace of the request that wrote the event. The metrics are listed with
-// [MetricPublished]; [Relay.Health] serves readiness probes; logs never
-// carry payloads or header values.
+// the trace of the request that wrote the event. A failed span has status
+// Error and error.type; when the Publisher reports where the broker stored
+// the message ([Message].Stored) the span gets
+// messaging.destination.partition.id, messaging.kafka.offset, server.address
+// and server.port, and a [ClientIdentifier] adds messaging.client.id.
+//
+// Metrics: the messaging conventions' client metrics
+// (messaging.client.sent.messages, messaging.client.operation.duration) and
+// the outbox's own: published events, publish errors, failed steps and the
+// duration of each step (claim, publish, mark, commit, cleanup), batch
+// size, write-to-ack latency, time since the last publish, and the
+// table-wide backlog, oldest age and parked events, which one relay per
+// table reports (see [MetricPublished] for every name, unit and attribute,
+// and docs/operating.md in the repository for the Prometheus names, alert
+// rules and a dashboard). Every error is named by its cause with
+// [ErrorType] (broker_unreachable, tls, authentication, kafka.<code>,
+// database.connection, ...) on metrics, spans, logs and in a parked event's
+// last_error. [Relay.Health] serves readiness probes; logs never carry
+// payloads or header values.
 package relay
 
 import (
@@ -186,6 +202,15 @@ type Config struct {
 	// MeterProvider creates the relay's metrics (see the Metric constants).
 	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
+	// StatsInterval is how often the relay that reports the table-wide
+	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
+	// and how often the other relays try to become that reporter; scrapes
+	// read the last result. The reporter holds a session-level advisory lock
+	// on a connection it takes out of the pool (a *pgxpool.Pool; with any
+	// other DB every relay reports). After a slow read (a large backlog to
+	// count) the next waits at least ten times as long as it took.
+	// Default 1s.
+	StatsInterval time.Duration
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
@@ -238,6 +263,9 @@ func (c Config) withDefaults() Config {
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = time.Second
+	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
@@ -269,6 +297,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use relay.Park or relay.Hold", c.Poison)}
 	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
 		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
+	case c.StatsInterval < 10*time.Millisecond:
+		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
 	}
@@ -374,6 +404,8 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
 	}
+	r.bg.Add(1)
+	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
 	if r.cfg.Retention > 0 {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.clean(bgCtx) }()
@@ -443,7 +475,7 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 			failures++
 			if r.failLog.failed(errorKind(err)) {
 				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
-					"table", r.cfg.Table.String(), "error", err, "consecutive_failures", failures)
+					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
 			}
 			if !r.sleep(r.backoff(failures)) {
 				return

@@ -1,0 +1,59 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+)
+
+// The grouped count of parked events by topic and reason reads the partial
+// index on parked rows, never the whole table: with 50k rows of which 50
+// are parked, its plan has no sequential scan of the outbox table.
+func TestParkedByReadsThePartialIndex(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, parked_at, last_error)"+
+		" SELECT gen_random_uuid(), 'a', 'k' || (g % 500), 'a.b', '{}', 't' || (g % 7), 'k' || (g % 500),"+
+		" CASE WHEN g % 1000 <> 7 THEN now() END, CASE WHEN g % 1000 = 7 THEN now() END, CASE WHEN g % 1000 = 7 THEN '[kafka.message_too_large] permanent: x' END"+
+		" FROM generate_series(1, 50000) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }), &Config{Table: tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []byte
+	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+r.metrics.parkedBy).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []map[string]any
+	_ = json.Unmarshal(plan, &nodes)
+	walk(nodes[0]["Plan"].(map[string]any), func(n map[string]any) {
+		if typ, _ := n["Node Type"].(string); typ == "Seq Scan" && n["Relation Name"] == tbl.Name {
+			t.Errorf("parked-by plan scans the table:\n%s", plan)
+		}
+	})
+	st, err := r.queryTableStats(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, g := range st.parked {
+		if g.reason != "kafka.message_too_large" {
+			t.Errorf("parked group %+v, want reason kafka.message_too_large", g)
+		}
+		n += g.n
+	}
+	if n != 50 || len(st.parked) != 7 {
+		t.Errorf("parked groups %+v: %d events in %d groups, want 50 in 7 (one per topic)", st.parked, n, len(st.parked))
+	}
+}
