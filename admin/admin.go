@@ -72,8 +72,9 @@ type Filter struct {
 	All bool
 }
 
-// empty reports whether f has no condition.
-func (f Filter) empty() bool {
+// Empty reports whether f has no condition (Limit and All are not
+// conditions): Requeue, Delete and Replay then need All.
+func (f Filter) Empty() bool {
 	return len(f.EventIDs) == 0 && f.Topic == "" && f.Type == "" && f.Key == "" && f.Since.IsZero() &&
 		f.Until.IsZero() && f.Error == "" && f.FromID == 0 && f.ToID == 0 && f.After == 0
 }
@@ -195,7 +196,7 @@ func bulk(ctx context.Context, db Querier, table outbox.Table, st state, change 
 	if err := f.validate(); err != nil {
 		return 0, err
 	}
-	if f.empty() && !f.All {
+	if f.Empty() && !f.All {
 		return 0, ErrNoFilter
 	}
 	o, err := opts.withDefaults()
