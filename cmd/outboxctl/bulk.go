@@ -34,8 +34,10 @@ var (
 	}
 	replayOp = bulkOp{
 		verb: "replay", done: "replayed", noun: "published events", privilege: "UPDATE",
-		what: "The relay publishes them again, with the same x-event-id: consumers that drop ids they have seen (the inbox) skip them. " +
-			"Per key they go out in their original order, but after the newer events of the key already delivered, interleaved with new writes by id.",
+		what: "The relay publishes them again, with the same x-event-id: consumers that drop ids they have seen (the inbox) skip them,\n" +
+			"every other consumer receives them twice. Per key they go out in their original order, but after the newer events of\n" +
+			"the key already delivered, interleaved with new writes by id. Only events still in the table (retention, default 72h)\n" +
+			"can be replayed; a large replay delays new events until it has drained.",
 		count: admin.CountPublished, run: admin.Replay,
 	}
 )
@@ -46,6 +48,8 @@ func cmdBulk(ctx context.Context, name string, args []string, e env, op bulkOp) 
 		synopsis = "<event-id>... | " + synopsis
 	}
 	c := newCommand(name, e, synopsis)
+	c.about = fmt.Sprintf("%s the %s that match (counted first, and asked about unless --yes), in statements of --chunk rows;\neach statement committed on its own: an interrupted run keeps what it did; run it again to go on.\n%s",
+		strings.ToUpper(op.verb[:1])+op.verb[1:], op.noun, op.what)
 	c.filterFlags("default: no limit")
 	c.bulkFlags()
 	pos, ok, code := c.parse(args)
@@ -92,7 +96,7 @@ func cmdBulk(ctx context.Context, name string, args []string, e env, op bulkOp) 
 			fmt.Fprintf(e.stderr, "outboxctl %s: refusing to %s %s %s without confirmation: there is no terminal to ask on; pass --yes\n", name, op.verb, thousands(n), op.noun)
 			return exitNotConfirmed
 		}
-		fmt.Fprintf(e.stderr, "%s %s %s of %s%s?\n%s\nType yes to go on: ", strings.ToUpper(op.verb[:1])+op.verb[1:], thousands(n), op.noun, table, describe(f), op.what)
+		fmt.Fprintf(e.stderr, "%s %s %s of %s%s?\n%s\nType yes to go on: ", strings.ToUpper(op.verb[:1])+op.verb[1:], thousands(n), plural(op.noun, n), table, describe(f), op.what)
 		answer, _ := bufio.NewReader(e.stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "yes" && a != "y" {
 			fmt.Fprintln(e.stderr, "not confirmed: nothing changed")
@@ -129,7 +133,7 @@ func cmdBulk(ctx context.Context, name string, args []string, e env, op bulkOp) 
 		}
 		return exitOK
 	}
-	fmt.Fprintf(e.stdout, "%s %s %s\n", op.done, thousands(done), op.noun)
+	fmt.Fprintf(e.stdout, "%s %s %s\n", op.done, thousands(done), plural(op.noun, done))
 	return exitOK
 }
 
@@ -163,4 +167,12 @@ func describe(f admin.Filter) string {
 		return " (all)"
 	}
 	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// plural returns noun ("parked events") for n events, singular for one.
+func plural(noun string, n int) string {
+	if n == 1 {
+		return strings.TrimSuffix(noun, "s")
+	}
+	return noun
 }

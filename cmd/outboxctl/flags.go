@@ -23,6 +23,8 @@ type command struct {
 	e    env
 	fs   *flag.FlagSet
 	help func()
+	// about is printed under the usage line by --help.
+	about string
 
 	json     bool
 	yes      bool
@@ -41,7 +43,11 @@ func newCommand(name string, e env, synopsis string) *command {
 	c.fs.SetOutput(io.Discard)
 	c.fs.Usage = func() {} // errors are reported by parse, help printed by help
 	c.help = func() {
-		fmt.Fprintf(e.stdout, "Usage: outboxctl %s %s\n\nFlags:\n", name, synopsis)
+		fmt.Fprintf(e.stdout, "Usage: outboxctl %s %s\n\n", name, synopsis)
+		if c.about != "" {
+			fmt.Fprintf(e.stdout, "%s\n\n", c.about)
+		}
+		fmt.Fprint(e.stdout, "Flags:\n")
 		c.fs.SetOutput(e.stdout)
 		c.fs.PrintDefaults()
 		c.fs.SetOutput(io.Discard)

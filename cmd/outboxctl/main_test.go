@@ -173,12 +173,12 @@ func TestOperateParkedEvents(t *testing.T) {
 	// Requeue one: refused without a terminal or --yes, not done when the
 	// answer is no, done when it is yes.
 	w.want(w.run("", false, "parked", "requeue", first.EventID), exitNotConfirmed, "pass --yes")
-	w.want(w.run("n\n", true, "parked", "requeue", first.EventID), exitNotConfirmed, "Requeue 1 parked events", "nothing changed")
+	w.want(w.run("n\n", true, "parked", "requeue", first.EventID), exitNotConfirmed, "Requeue 1 parked event of", "nothing changed")
 	w.want(w.run("", true, "parked", "requeue", first.EventID), exitNotConfirmed) // EOF is no
 	if w.count("parked_at IS NOT NULL") != 3000 {
 		t.Fatal("an unconfirmed requeue changed rows")
 	}
-	w.want(w.run("yes\n", true, "parked", "requeue", first.EventID), exitOK, "requeued 1 parked events")
+	w.want(w.run("yes\n", true, "parked", "requeue", first.EventID), exitOK, "requeued 1 parked event\n")
 	w.want(w.run("", false, "parked", "show", first.EventID), exitNoMatch, "waiting to be published")
 	w.want(w.run("", false, "parked", "requeue", first.EventID, "--yes"), exitNoMatch, "no parked events match")
 
