@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -201,5 +202,56 @@ func TestRequeueAndDeleteInChunks(t *testing.T) {
 	// + 51 waiting, 500 published.
 	if w, p := s.count(t, "published_at IS NULL AND parked_at IS NULL"), s.count(t, "published_at IS NOT NULL"); w != 1551 || p != 500 {
 		t.Errorf("%d waiting, %d published; want 1551, 500", w, p)
+	}
+}
+
+// A parked event requeued by someone else while Delete waits for its row
+// lock is not deleted: the statement checks the state again on the row it
+// changes, not only in the snapshot that chose it.
+func TestDeleteSkipsAnEventRequeuedMeanwhile(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.seed(t, rows{n: 10, parked: "now()", attempts: "5", lastErr: "'x'"})
+	tx, err := s.pool.Begin(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(s.ctx)
+	var requeued int64
+	if err := tx.QueryRow(s.ctx, "UPDATE "+s.table.Ident()+" SET parked_at = NULL, attempts = 0 WHERE id = (SELECT min(id) FROM "+s.table.Ident()+") RETURNING id").Scan(&requeued); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		n   int
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		n, err := admin.Delete(s.ctx, s.pool, s.table, admin.Filter{All: true}, nil)
+		done <- res{n, err}
+	}()
+	// Wait until the delete waits for the requeue's row lock.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var waiting int
+		if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM '||$1||'%'", s.table.Ident()).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the delete never waited for the row lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.n != 9 {
+		t.Fatalf("Delete = %d, %v; want 9", r.n, r.err)
+	}
+	if n := s.count(t, fmt.Sprintf("id = %d AND parked_at IS NULL", requeued)); n != 1 {
+		t.Fatal("the event requeued meanwhile was deleted")
 	}
 }
