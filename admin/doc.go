@@ -17,7 +17,9 @@
 // pgx.Tx) and the outbox.Table. The role it connects as needs what the
 // relay's role has (migrations/roles.example.sql): SELECT on the table,
 // UPDATE of published_at, parked_at and attempts (Requeue, Replay) and
-// DELETE (Delete). [ReadStatus] names the sessions of other roles only if
-// the role may see them in pg_stat_activity (the same role, or a member of
-// pg_read_all_stats).
+// DELETE (Delete). [ReadStatus] sees every lane holder (pg_locks), but
+// pg_stat_activity shows the client, state, times and last statement of
+// another role's sessions only to members of pg_read_all_stats: without it,
+// relays connecting as other roles show without those, and their LISTEN
+// sessions are not seen.
 package admin
