@@ -107,8 +107,12 @@ func explain(err error, table outbox.Table, op string) string {
 		case "DELETE":
 			need, rls = "SELECT and DELETE", " (with row-level security, also a DELETE policy that admits parked rows)"
 		}
-		return fmt.Sprintf("permission denied (%s): the role in DATABASE_URL needs %s on %s%s; connect as the relay's role, which has them (migrations/roles.example.sql)",
-			printable(pg.Message, 200), need, table, rls)
+		on := "on " + table.String()
+		if strings.Contains(pg.Message, "for schema") {
+			need, on, rls = "USAGE", "on the schema of "+table.String(), ""
+		}
+		return fmt.Sprintf("permission denied (%s): the role in DATABASE_URL needs %s %s%s; connect as the relay's role, which has them (migrations/roles.example.sql)",
+			printable(pg.Message, 200), need, on, rls)
 	case errors.As(err, &pg) && (pg.Code == "28P01" || pg.Code == "28000"):
 		return fmt.Sprintf("the database refused the login (%s): check the user and password in DATABASE_URL", printable(pg.Message, 200))
 	case errors.As(err, &pg) && pg.Code == "3D000":
