@@ -93,3 +93,41 @@ func ExampleReadStatus() {
 	// backlog: 1 parked: 1 lanes held: 0
 	// 1 parked on order-service.order.created: permanent: kafka server: Message contents does not match its CRC
 }
+
+// A consumer lost the events of one order: Replay sets them back to
+// unpublished, and the relay sends them again, same ids, in their order.
+func ExampleReplay() {
+	pool, table, cleanup := testenv.ExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	uow, _ := unitofwork.New(pool, &unitofwork.Config{Service: "order-service", Table: table})
+	_ = uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		return tx.Add(ctx,
+			outbox.Event{AggregateType: "Order", AggregateID: "o-1", Type: "order.created.v1", Payload: map[string]int{"total": 42}},
+			outbox.Event{AggregateType: "Order", AggregateID: "o-2", Type: "order.created.v1", Payload: map[string]int{"total": 7}},
+			outbox.Event{AggregateType: "Order", AggregateID: "o-1", Type: "order.paid.v1", Payload: map[string]int{"total": 42}})
+	})
+	printer := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+		for _, m := range msgs {
+			fmt.Printf("  %s key=%s value=%s\n", m.Topic, m.Key, m.Value)
+		}
+		return nil
+	})
+	r, _ := relay.New(pool, printer, &relay.Config{Table: table})
+	fmt.Println("first delivery:")
+	_, _ = r.RunOnce(ctx)
+
+	n, err := admin.Replay(ctx, pool, table, admin.Filter{Key: "o-1"}, nil)
+	fmt.Println("replayed:", n, err)
+	fmt.Println("second delivery:")
+	_, _ = r.RunOnce(ctx)
+	// Output:
+	// first delivery:
+	//   order-service.order.created key=o-1 value={"total": 42}
+	//   order-service.order.created key=o-2 value={"total": 7}
+	//   order-service.order.paid key=o-1 value={"total": 42}
+	// replayed: 2 <nil>
+	// second delivery:
+	//   order-service.order.created key=o-1 value={"total": 42}
+	//   order-service.order.paid key=o-1 value={"total": 42}
+}

@@ -408,3 +408,38 @@ func TestFormats(t *testing.T) {
 		t.Errorf("progress line: %q", got)
 	}
 }
+
+// cancelOnWrite cancels a context on the first write (the progress line
+// after the first chunk), as Ctrl-C would.
+type cancelOnWrite struct {
+	bytes.Buffer
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnWrite) Write(p []byte) (int, error) {
+	c.cancel()
+	return c.Buffer.Write(p)
+}
+
+// Interrupted after its first chunk, a requeue keeps that chunk, says so,
+// and exits 1; run again, it does the rest.
+func TestInterruptedRequeueKeepsWhatItDid(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.seed()
+	ctx, cancel := context.WithCancel(w.ctx)
+	defer cancel()
+	var out bytes.Buffer
+	errw := &cancelOnWrite{cancel: cancel}
+	code := run(ctx, []string{"parked", "requeue", "--all", "--yes", "--chunk", "100"}, env{
+		stdin: strings.NewReader(""), stdout: &out, stderr: errw, progress: true,
+		getenv: os.Getenv, config: func() (fxoutbox.Config, error) { return fxoutbox.Config{Table: w.table}, nil },
+	})
+	if code != exitError || !strings.Contains(errw.String(), "interrupted after 100 of 3,000 parked events") || !strings.Contains(errw.String(), "run the same command again") {
+		t.Fatalf("exit %d, stderr: %s", code, errw.String())
+	}
+	if n := w.count("parked_at IS NOT NULL"); n != 2900 {
+		t.Fatalf("%d still parked, want 2900", n)
+	}
+	w.want(w.run("", false, "parked", "requeue", "--all", "--yes"), exitOK, "requeued 2,900 parked events")
+}
