@@ -70,6 +70,18 @@ func (t Table) String() string {
 	return t.Schema + "." + t.Name
 }
 
+// LockNamespace returns the first key of the transaction-scoped advisory
+// locks (pg_try_advisory_xact_lock(namespace, lane)) by which relays claim
+// the lanes of this table: the FNV-32a hash of "fxoutbox:" and String(). An
+// operator's tools find the lanes relays hold in pg_locks, where the
+// namespace is classid (as an unsigned 32-bit number) and the lane objid,
+// with objsubid 2.
+func (t Table) LockNamespace() int32 {
+	h := fnv.New32a()
+	h.Write([]byte("fxoutbox:" + t.String()))
+	return int32(h.Sum32())
+}
+
 // Channel returns the PostgreSQL notification channel on which writers in
 // other processes wake the relays of this table: "<name>_wakeup", or
 // "<schema>.<name>_wakeup" when a schema is set (a hashed name when that

@@ -46,7 +46,9 @@
 // it is retried forever with its key waiting ([Hold]). Events the relay
 // refuses before sending (invalid topic name, over MaxMessageBytes) are
 // parked at once. After any failure of a key, its later events in the batch
-// wait. [ListParked] and [Requeue] manage parked events.
+// wait. [ListParked] and [Requeue] manage parked events; package admin,
+// which they call, and the outboxctl command filter, show, requeue and
+// delete them, and replay published events.
 //
 // # Bounds
 //

@@ -1,0 +1,25 @@
+// Package admin is the operator's API of an outbox table: what the relay's
+// own ListParked and Requeue run, and what the outboxctl command is a shell
+// over. It reads and changes only the rows and the bookkeeping columns
+// (published_at, parked_at, attempts); it never publishes, so it needs no
+// broker.
+//
+// [ReadStatus] tells how the table is doing: the backlog, the age of its
+// oldest event, the write and publish rates, the parked events grouped by
+// topic and reason, the lanes relays hold right now and the relay sessions
+// seen. [ListParked], [GetParked], [Requeue] and [Delete] operate parked
+// events; [Replay] publishes already published events again. Bulk operations
+// run in short statements of BulkOptions.ChunkSize rows, each committed on
+// its own when db is a pool (or all in the caller's transaction when db is a
+// pgx.Tx), and report their progress.
+//
+// Every function takes a [Querier] (a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx) and the outbox.Table. The role it connects as needs what the
+// relay's role has (migrations/roles.example.sql): SELECT on the table,
+// UPDATE of published_at, parked_at and attempts (Requeue, Replay) and
+// DELETE (Delete). [ReadStatus] sees every lane holder (pg_locks), but
+// pg_stat_activity shows the client, state, times and last statement of
+// another role's sessions only to members of pg_read_all_stats: without it,
+// relays connecting as other roles show without those, and their LISTEN
+// sessions are not seen.
+package admin

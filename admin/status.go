@@ -1,0 +1,283 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// BacklogCap is the most unpublished events ReadStatus counts, so a huge
+// backlog costs a bounded index scan (the relay's outbox.backlog metric
+// counts the same way).
+const BacklogCap = 1000000
+
+// StatusOptions tunes ReadStatus. A nil *StatusOptions means the defaults.
+type StatusOptions struct {
+	// Lanes is the number of lanes the relays use (OUTBOX_LANES), reported
+	// next to the lanes held. Default 64.
+	Lanes int
+	// RateWindow is the period over which the write and publish rates are
+	// measured, ending now. Default 1m.
+	RateWindow time.Duration
+	// RateHorizon bounds the events the publish rate looks at to those
+	// written within it, so the query reads recent block ranges (the BRIN
+	// index on created_at) instead of the table: events older than the
+	// horizon that were published within the window (a drain of an old
+	// backlog, requeued or replayed events) are not counted. Default 1h, or
+	// the age of the oldest unpublished event plus 10m if that is longer,
+	// up to 24h.
+	RateHorizon time.Duration
+	// ParkedGroups is the most topic and reason groups of parked events
+	// reported, largest first. Default 20.
+	ParkedGroups int
+}
+
+func (o *StatusOptions) withDefaults() (StatusOptions, error) {
+	var c StatusOptions
+	if o != nil {
+		c = *o
+	}
+	if c.Lanes == 0 {
+		c.Lanes = 64
+	}
+	if c.RateWindow == 0 {
+		c.RateWindow = time.Minute
+	}
+	if c.ParkedGroups == 0 {
+		c.ParkedGroups = 20
+	}
+	switch {
+	case c.Lanes < 1 || c.Lanes > 4096:
+		return c, &outbox.ConfigError{Field: "StatusOptions.Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
+	case c.RateWindow < time.Second:
+		return c, &outbox.ConfigError{Field: "StatusOptions.RateWindow", Reason: fmt.Sprintf("is %v: use at least 1s (default 1m)", c.RateWindow)}
+	case c.RateHorizon < 0 || (c.RateHorizon > 0 && c.RateHorizon < c.RateWindow):
+		return c, &outbox.ConfigError{Field: "StatusOptions.RateHorizon", Reason: fmt.Sprintf("is %v: use at least RateWindow %v (default 1h)", c.RateHorizon, c.RateWindow)}
+	case c.ParkedGroups < 1:
+		return c, &outbox.ConfigError{Field: "StatusOptions.ParkedGroups", Reason: fmt.Sprintf("is %d: use at least 1 (default 20)", c.ParkedGroups)}
+	}
+	return c, nil
+}
+
+// Status is a snapshot of an outbox table and the relays working on it.
+type Status struct {
+	Table string `json:"table"`
+	// Backlog is the number of unpublished, unparked events, counted up
+	// to BacklogCap; BacklogCapped says the count stopped there.
+	Backlog       int64 `json:"backlog"`
+	BacklogCapped bool  `json:"backlog_capped"`
+	// OldestAge is the age of the oldest unpublished, unparked event (by
+	// id, the one the relays take first); 0 when there is none, never
+	// negative (clocks).
+	OldestAge time.Duration `json:"-"`
+	// OldestCreatedAt is when that event was written; nil when there is none.
+	OldestCreatedAt *time.Time `json:"oldest_created_at"`
+	// WrittenPerSecond is the rate of events written during the last
+	// RateWindow; PublishedPerSecond the rate of events published during
+	// it, among those written within RateHorizon.
+	WrittenPerSecond   float64       `json:"written_per_second"`
+	PublishedPerSecond float64       `json:"published_per_second"`
+	RateWindow         time.Duration `json:"-"`
+	RateHorizon        time.Duration `json:"-"`
+	// Parked is the number of parked events; ParkedGroups splits them by
+	// topic and reason, largest groups first (at most
+	// StatusOptions.ParkedGroups).
+	Parked       int64         `json:"parked"`
+	ParkedGroups []ParkedGroup `json:"parked_groups"`
+	// Lanes is the configured number of lanes; LanesHeld are the lanes
+	// relays hold right now, with the session holding each. A relay holds
+	// its lanes only while a batch is in flight (milliseconds when it keeps
+	// up): an empty list is normal for idle relays; a lane held for long
+	// (Since) is a batch that hangs.
+	Lanes     int        `json:"lanes"`
+	LanesHeld []LaneHold `json:"lanes_held"`
+	// Sessions are the database sessions seen working for this table's
+	// relays: those holding lanes now, and those LISTENing on the table's
+	// channel (relays with Listen, one each). A relay that neither listens
+	// nor has a batch in flight is not seen.
+	Sessions []Session `json:"sessions"`
+}
+
+// MarshalJSON writes durations in seconds: oldest_age_seconds,
+// rate_window_seconds and rate_horizon_seconds.
+func (s Status) MarshalJSON() ([]byte, error) {
+	type plain Status
+	return json.Marshal(struct {
+		plain
+		OldestAge   float64 `json:"oldest_age_seconds"`
+		RateWindow  float64 `json:"rate_window_seconds"`
+		RateHorizon float64 `json:"rate_horizon_seconds"`
+	}{plain(s), s.OldestAge.Seconds(), s.RateWindow.Seconds(), s.RateHorizon.Seconds()})
+}
+
+// ParkedGroup counts the parked events of one topic and reason.
+type ParkedGroup struct {
+	Topic string `json:"topic"`
+	// Reason is the last error with its numbers replaced by N (cut to 200
+	// bytes), so events that failed the same way group together; Example
+	// is one of the errors as recorded.
+	Reason        string    `json:"reason"`
+	Example       string    `json:"example"`
+	Count         int64     `json:"count"`
+	FirstParkedAt time.Time `json:"first_parked_at"`
+	LastParkedAt  time.Time `json:"last_parked_at"`
+}
+
+// LaneHold is a lane a relay holds: an advisory lock of its batch's
+// transaction.
+type LaneHold struct {
+	Lane int `json:"lane"`
+	PID  int `json:"pid"`
+	// Since is when the holding transaction began; nil if the role may not
+	// see the session.
+	Since *time.Time `json:"since"`
+}
+
+// Session is a database session of a relay.
+type Session struct {
+	PID int `json:"pid"`
+	// Application is the session's application_name (set it per service
+	// in the connection string, e.g. ?application_name=orders-relay).
+	Application string `json:"application"`
+	// Client is the client's address; empty for a Unix socket or when the
+	// role may not see it.
+	Client    string     `json:"client"`
+	Connected *time.Time `json:"connected"`
+	// State is pg_stat_activity.state: "active", "idle in transaction", ...
+	State string `json:"state"`
+	// Lanes are the lanes the session holds now, in order.
+	Lanes []int `json:"lanes"`
+	// Listening says the session LISTENs on the table's channel.
+	Listening bool `json:"listening"`
+}
+
+// ReadStatus reads the table's status: counts from the partial indexes,
+// rates from the BRIN index on created_at, parked groups from the parked
+// index, and the relays' lanes and sessions from pg_locks and
+// pg_stat_activity. Each statement stands alone; the numbers are close in
+// time, not one snapshot.
+func ReadStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
+	st, err := readStatus(ctx, db, table, opts)
+	if err != nil {
+		return st, fmt.Errorf("admin: status of %s: %w", table, err)
+	}
+	return st, nil
+}
+
+func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
+	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}}
+	if err := table.Validate(); err != nil {
+		return st, err
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return st, err
+	}
+	st.Lanes, st.RateWindow = o.Lanes, o.RateWindow
+	t := table.Ident()
+
+	var ageSec float64
+	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM (SELECT 1 FROM "+t+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT @cap) b),"+
+		" o.created_at, coalesce(extract(epoch FROM greatest(now() - o.created_at, interval '0'))::float8, 0),"+
+		" (SELECT count(*) FROM "+t+" WHERE parked_at IS NOT NULL)"+
+		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM "+t+
+		" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1) o ON true",
+		pgx.NamedArgs{"cap": BacklogCap})
+	if err != nil {
+		return st, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&st.Backlog, &st.OldestCreatedAt, &ageSec, &st.Parked}, func() error { return nil }); err != nil {
+		return st, err
+	}
+	st.BacklogCapped = st.Backlog >= BacklogCap
+	st.OldestAge = time.Duration(ageSec * float64(time.Second))
+
+	st.RateHorizon = o.RateHorizon
+	if st.RateHorizon == 0 {
+		st.RateHorizon = min(max(time.Hour, st.OldestAge+10*time.Minute), 24*time.Hour)
+	}
+	// Both counts read the BRIN index on created_at: rows are appended in
+	// created_at order, and created_at <= published_at.
+	var written, pub int64
+	rows, err = db.Query(ctx, "SELECT (SELECT count(*) FROM "+t+" WHERE created_at >= now() - @window::float8 * interval '1 second'),"+
+		" (SELECT count(*) FROM "+t+" WHERE created_at >= now() - @horizon::float8 * interval '1 second'"+
+		" AND published_at >= now() - @window::float8 * interval '1 second')",
+		pgx.NamedArgs{"window": o.RateWindow.Seconds(), "horizon": st.RateHorizon.Seconds()})
+	if err != nil {
+		return st, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&written, &pub}, func() error { return nil }); err != nil {
+		return st, err
+	}
+	st.WrittenPerSecond = float64(written) / o.RateWindow.Seconds()
+	st.PublishedPerSecond = float64(pub) / o.RateWindow.Seconds()
+
+	if st.Parked > 0 {
+		rows, err = db.Query(ctx, "SELECT topic, reason, min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
+			"SELECT topic, regexp_replace(left(coalesce(last_error, ''), 200), '[0-9]+', 'N', 'g') AS reason, coalesce(last_error, '') AS last_error, parked_at"+
+			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY topic, reason ORDER BY count(*) DESC, topic, reason LIMIT @groups",
+			pgx.NamedArgs{"groups": o.ParkedGroups})
+		if err != nil {
+			return st, err
+		}
+		var g ParkedGroup
+		if _, err := pgx.ForEachRow(rows, []any{&g.Topic, &g.Reason, &g.Example, &g.Count, &g.FirstParkedAt, &g.LastParkedAt}, func() error {
+			g.Example = cut(g.Example, 1000)
+			st.ParkedGroups = append(st.ParkedGroups, g)
+			return nil
+		}); err != nil {
+			return st, err
+		}
+	}
+
+	// Lanes are advisory locks (namespace, lane): in pg_locks, classid is
+	// the namespace as an unsigned number, objid the lane, objsubid 2.
+	rows, err = db.Query(ctx, "WITH held AS (SELECT l.pid, l.objid::int8 AS lane FROM pg_locks l"+
+		" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = @ns"+
+		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"+
+		" SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start, a.xact_start, coalesce(a.state, ''),"+
+		" coalesce((SELECT array_agg(h.lane::int ORDER BY h.lane) FROM held h WHERE h.pid = a.pid), '{}'),"+
+		" coalesce(a.query = @listen AND a.datname = current_database(), false)"+
+		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM held) OR (a.query = @listen AND a.datname = current_database())"+
+		" ORDER BY a.pid",
+		pgx.NamedArgs{"ns": int64(uint32(table.LockNamespace())), "listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
+	if err != nil {
+		return st, err
+	}
+	var (
+		s     Session
+		since *time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&s.PID, &s.Application, &s.Client, &s.Connected, &since, &s.State, &s.Lanes, &s.Listening}, func() error {
+		for _, l := range s.Lanes {
+			h := LaneHold{Lane: l, PID: s.PID}
+			if since != nil {
+				t := *since
+				h.Since = &t
+			}
+			st.LanesHeld = append(st.LanesHeld, h)
+		}
+		st.Sessions = append(st.Sessions, s)
+		s, since = Session{}, nil
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// cut returns s cut to at most n bytes, on a character boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}

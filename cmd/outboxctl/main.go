@@ -1,0 +1,163 @@
+// Command outboxctl operates an fxoutbox table: it shows how the relays are
+// doing, lists, shows, requeues and deletes parked events, and replays
+// published events. It is a shell over package admin, the API the relay's
+// own ListParked and Requeue use.
+//
+//	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
+//
+// It reads DATABASE_URL and the services' OUTBOX_SCHEMA, OUTBOX_TABLE and
+// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does), prints tables for people
+// and JSON with --json, asks before it changes anything unless --yes, and
+// exits with 0 (done), 1 (error), 2 (usage or configuration), 3 (nothing
+// matched) or 4 (not confirmed). Run `outboxctl help` for the commands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/fxoutbox/outbox/fxoutbox"
+)
+
+// Exit codes.
+const (
+	exitOK           = 0 // done
+	exitError        = 1 // the database or the operation failed
+	exitUsage        = 2 // bad arguments or configuration
+	exitNoMatch      = 3 // nothing matched: no such event, no parked event matches
+	exitNotConfirmed = 4 // a change was not confirmed (or could not be: no terminal and no --yes)
+)
+
+// env is what a run sees of the world.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// interactive: stdin and stderr are terminals, so a change can be
+	// confirmed at a prompt.
+	interactive bool
+	// progress: stderr is a terminal, so long operations draw a progress
+	// line (--progress forces it).
+	progress bool
+	getenv   func(string) string
+	// config reads the services' configuration (the OUTBOX_* variables).
+	config func() (fxoutbox.Config, error)
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], env{
+		stdin:       os.Stdin,
+		stdout:      os.Stdout,
+		stderr:      os.Stderr,
+		interactive: isTerminal(os.Stdin) && isTerminal(os.Stderr),
+		progress:    isTerminal(os.Stderr),
+		getenv:      os.Getenv,
+		config:      fxoutbox.ConfigFromEnv,
+	})
+	stop()
+	os.Exit(code)
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+const usage = `outboxctl operates an fxoutbox outbox table.
+
+Usage:
+  outboxctl status                          backlog, oldest age, rates, parked events by
+                                            topic and reason, lanes held, relay sessions
+  outboxctl parked list [filters]           parked events, oldest first (--limit, --after)
+  outboxctl parked show <event-id>          one parked event, with payload and headers
+  outboxctl parked requeue <event-id>...    put parked events back in line
+  outboxctl parked requeue [filters|--all]
+  outboxctl parked delete <event-id>...     delete parked events for good
+  outboxctl parked delete [filters|--all]
+  outboxctl replay [filters|--all]          publish already published events again
+  outboxctl version
+  outboxctl help [command]
+
+Filters (parked list/requeue/delete, replay):
+  --topic T --type T --key K     exact match on topic, event type, partition key
+  --since S --until U            written (created_at) at or after S, before U:
+                                 2026-12-03T09:00:00Z, 2026-12-03, or an age: 90m, 2h, 3d
+  --error TEXT                   last error contains TEXT (any case)
+  --from-id N --to-id N          row ids (the id column), inclusive
+  --limit N                      at most N events (list: default 100)
+
+Common flags:
+  --json        machine-readable output on stdout
+  --yes         do not ask before requeue, delete or replay
+  --progress    draw the progress line even when stderr is not a terminal
+  --chunk N     rows per statement for requeue, delete and replay (default 1000)
+
+Environment:
+  DATABASE_URL   the database of the outbox table, e.g.
+                 postgres://orders_relay:secret@db:5432/orders?sslmode=verify-full
+  OUTBOX_SCHEMA, OUTBOX_TABLE, OUTBOX_LANES
+                 as configured for the services (default: outbox_event in the
+                 search_path, 64 lanes)
+  Connect as the relay's role: it may read the table, set published_at,
+  parked_at and attempts, and delete parked rows (migrations/roles.example.sql).
+
+Exit codes:
+  0  done
+  1  error (database unreachable, permission denied, table missing, ...)
+  2  usage or configuration error
+  3  nothing matched (no such parked event, no event matches the filters)
+  4  not confirmed: answered no, or no terminal to ask on and no --yes
+`
+
+func run(ctx context.Context, args []string, e env) int {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			return run(ctx, append(args[1:], "--help"), e)
+		}
+		fmt.Fprint(e.stdout, usage)
+		return exitOK
+	case "version", "--version":
+		v := "(devel)"
+		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		fmt.Fprintln(e.stdout, "outboxctl", v)
+		return exitOK
+	case "status":
+		return cmdStatus(ctx, args[1:], e)
+	case "replay":
+		return cmdBulk(ctx, "replay", args[1:], e, replayOp)
+	case "parked":
+		if len(args) < 2 {
+			fmt.Fprintln(e.stderr, "outboxctl parked: name a command: list, show, requeue or delete (outboxctl help)")
+			return exitUsage
+		}
+		switch args[1] {
+		case "list":
+			return cmdList(ctx, args[2:], e)
+		case "show":
+			return cmdShow(ctx, args[2:], e)
+		case "requeue":
+			return cmdBulk(ctx, "parked requeue", args[2:], e, requeueOp)
+		case "delete":
+			return cmdBulk(ctx, "parked delete", args[2:], e, deleteOp)
+		case "-h", "--help", "help":
+			fmt.Fprint(e.stdout, usage)
+			return exitOK
+		}
+		fmt.Fprintf(e.stderr, "outboxctl parked: unknown command %s: use list, show, requeue or delete\n", quote(args[1], 40))
+		return exitUsage
+	}
+	fmt.Fprintf(e.stderr, "outboxctl: unknown command %s (outboxctl help lists them)\n", quote(args[0], 40))
+	return exitUsage
+}
