@@ -76,11 +76,20 @@ func (t Table) String() string {
 // operator's tools find the lanes relays hold in pg_locks, where the
 // namespace is classid (as an unsigned 32-bit number) and the lane objid,
 // with objsubid 2.
+//
+// In the same namespace, the relay that reports the table-wide gauges holds
+// the session-level lock (namespace, [StatsReporterLock]); lanes are never
+// negative.
 func (t Table) LockNamespace() int32 {
 	h := fnv.New32a()
 	h.Write([]byte("fxoutbox:" + t.String()))
 	return int32(h.Sum32())
 }
+
+// StatsReporterLock is the second key of the session-level advisory lock
+// (Table.LockNamespace(), StatsReporterLock) held by the one relay of a table
+// that reports its table-wide gauges (backlog, oldest age, parked).
+const StatsReporterLock int32 = -1
 
 // Channel returns the PostgreSQL notification channel on which writers in
 // other processes wake the relays of this table: "<name>_wakeup", or

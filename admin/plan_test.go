@@ -98,6 +98,8 @@ func TestPlansOnALargeTable(t *testing.T) {
 	mustOK(admin.ListParked(s.ctx, rec, s.table, f))
 	mustOK(admin.ListParked(s.ctx, rec, s.table, admin.Filter{After: mid + 10000}))
 	mustOK(admin.CountParked(s.ctx, rec, s.table, f))
+	mustOK(admin.ReadCounts(s.ctx, rec, s.table))
+	mustOK(admin.CountParkedByType(s.ctx, rec, s.table, 1000))
 	mustOK(admin.Requeue(s.ctx, rec, s.table, f, nil))
 	mustOK(admin.Delete(s.ctx, rec, s.table, admin.Filter{Key: "k7"}, nil))
 	mustOK(admin.CountPublished(s.ctx, rec, s.table, admin.Filter{FromID: mid, ToID: mid + 5000}))

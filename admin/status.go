@@ -118,6 +118,10 @@ func (s Status) MarshalJSON() ([]byte, error) {
 // ParkedGroup counts the parked events of one topic and reason.
 type ParkedGroup struct {
 	Topic string `json:"topic"`
+	// ErrorType is the cause the relay recorded with the error (its
+	// error.type, e.g. kafka.message_too_large, invalid_topic), or _OTHER
+	// for errors recorded without one.
+	ErrorType string `json:"error_type"`
 	// Reason is the last error with its numbers replaced by N (cut to 200
 	// bytes), so events that failed the same way group together; Example
 	// is one of the errors as recorded.
@@ -154,6 +158,9 @@ type Session struct {
 	Lanes []int `json:"lanes"`
 	// Listening says the session LISTENs on the table's channel.
 	Listening bool `json:"listening"`
+	// StatsReporter says the session holds the lock of the relay that
+	// reports the table-wide gauges (outbox.StatsReporterLock).
+	StatsReporter bool `json:"stats_reporter"`
 }
 
 // ReadStatus reads the table's status: counts from the partial indexes,
@@ -181,21 +188,11 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.Lanes, st.RateWindow = o.Lanes, o.RateWindow
 	t := table.Ident()
 
-	var ageSec float64
-	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM (SELECT 1 FROM "+t+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT @cap) b),"+
-		" o.created_at, coalesce(extract(epoch FROM greatest(now() - o.created_at, interval '0'))::float8, 0),"+
-		" (SELECT count(*) FROM "+t+" WHERE parked_at IS NOT NULL)"+
-		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM "+t+
-		" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1) o ON true",
-		pgx.NamedArgs{"cap": BacklogCap})
+	c, err := readCounts(ctx, db, table)
 	if err != nil {
 		return st, err
 	}
-	if _, err := pgx.ForEachRow(rows, []any{&st.Backlog, &st.OldestCreatedAt, &ageSec, &st.Parked}, func() error { return nil }); err != nil {
-		return st, err
-	}
-	st.BacklogCapped = st.Backlog >= BacklogCap
-	st.OldestAge = time.Duration(ageSec * float64(time.Second))
+	st.Backlog, st.BacklogCapped, st.OldestCreatedAt, st.OldestAge, st.Parked = c.Backlog, c.BacklogCapped, c.OldestCreatedAt, c.OldestAge, c.Parked
 
 	st.RateHorizon = o.RateHorizon
 	if st.RateHorizon == 0 {
@@ -204,7 +201,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	// Both counts read the BRIN index on created_at: rows are appended in
 	// created_at order, and created_at <= published_at.
 	var written, pub int64
-	rows, err = db.Query(ctx, "SELECT (SELECT count(*) FROM "+t+" WHERE created_at >= now() - @window::float8 * interval '1 second'),"+
+	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM "+t+" WHERE created_at >= now() - @window::float8 * interval '1 second'),"+
 		" (SELECT count(*) FROM "+t+" WHERE created_at >= now() - @horizon::float8 * interval '1 second'"+
 		" AND published_at >= now() - @window::float8 * interval '1 second')",
 		pgx.NamedArgs{"window": o.RateWindow.Seconds(), "horizon": st.RateHorizon.Seconds()})
@@ -218,15 +215,15 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.PublishedPerSecond = float64(pub) / o.RateWindow.Seconds()
 
 	if st.Parked > 0 {
-		rows, err = db.Query(ctx, "SELECT topic, reason, min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
+		rows, err = db.Query(ctx, "SELECT topic, "+errorTypeSQL+", reason, min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
 			"SELECT topic, regexp_replace(left(coalesce(last_error, ''), 200), '[0-9]+', 'N', 'g') AS reason, coalesce(last_error, '') AS last_error, parked_at"+
-			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY topic, reason ORDER BY count(*) DESC, topic, reason LIMIT @groups",
+			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY 1, 2, 3 ORDER BY count(*) DESC, topic, reason LIMIT @groups",
 			pgx.NamedArgs{"groups": o.ParkedGroups})
 		if err != nil {
 			return st, err
 		}
 		var g ParkedGroup
-		if _, err := pgx.ForEachRow(rows, []any{&g.Topic, &g.Reason, &g.Example, &g.Count, &g.FirstParkedAt, &g.LastParkedAt}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&g.Topic, &g.ErrorType, &g.Reason, &g.Example, &g.Count, &g.FirstParkedAt, &g.LastParkedAt}, func() error {
 			g.Example = cut(g.Example, 1000)
 			st.ParkedGroups = append(st.ParkedGroups, g)
 			return nil
@@ -237,15 +234,20 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 
 	// Lanes are advisory locks (namespace, lane): in pg_locks, classid is
 	// the namespace as an unsigned number, objid the lane, objsubid 2.
-	rows, err = db.Query(ctx, "WITH held AS (SELECT l.pid, l.objid::int8 AS lane FROM pg_locks l"+
+	// The stats reporter's session lock has the same namespace and the
+	// second key outbox.StatsReporterLock (negative: objid past any lane).
+	rows, err = db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
 		" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = @ns"+
-		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"+
+		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),"+
+		" held AS (SELECT pid, key AS lane FROM locks WHERE key < 2147483648)"+
 		" SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start, a.xact_start, coalesce(a.state, ''),"+
 		" coalesce((SELECT array_agg(h.lane::int ORDER BY h.lane) FROM held h WHERE h.pid = a.pid), '{}'),"+
-		" coalesce(a.query = @listen AND a.datname = current_database(), false)"+
-		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM held) OR (a.query = @listen AND a.datname = current_database())"+
+		" coalesce(a.query = @listen AND a.datname = current_database(), false),"+
+		" EXISTS (SELECT 1 FROM locks k WHERE k.pid = a.pid AND k.key = @reporter)"+
+		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM locks) OR (a.query = @listen AND a.datname = current_database())"+
 		" ORDER BY a.pid",
-		pgx.NamedArgs{"ns": int64(uint32(table.LockNamespace())), "listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
+		pgx.NamedArgs{"ns": int64(uint32(table.LockNamespace())), "reporter": int64(uint32(reporterLock)),
+			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
 	if err != nil {
 		return st, err
 	}
@@ -253,7 +255,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		s     Session
 		since *time.Time
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&s.PID, &s.Application, &s.Client, &s.Connected, &since, &s.State, &s.Lanes, &s.Listening}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&s.PID, &s.Application, &s.Client, &s.Connected, &since, &s.State, &s.Lanes, &s.Listening, &s.StatsReporter}, func() error {
 		for _, l := range s.Lanes {
 			h := LaneHold{Lane: l, PID: s.PID}
 			if since != nil {
@@ -271,6 +273,10 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	return st, nil
 }
 
+// reporterLock is outbox.StatsReporterLock in a variable, so that it
+// converts to the unsigned objid pg_locks shows.
+var reporterLock = outbox.StatsReporterLock
+
 // cut returns s cut to at most n bytes, on a character boundary.
 func cut(s string, n int) string {
 	if len(s) <= n {
@@ -280,4 +286,98 @@ func cut(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// Counts is what the partial indexes say of a table: its backlog, the
+// oldest waiting event and its parked events.
+type Counts struct {
+	// Backlog is the number of unpublished, unparked events, counted up
+	// to BacklogCap; BacklogCapped says the count stopped there.
+	Backlog       int64 `json:"backlog"`
+	BacklogCapped bool  `json:"backlog_capped"`
+	// OldestCreatedAt is when the oldest unpublished, unparked event (by
+	// id, the one the relays take first) was written; nil when there is none.
+	OldestCreatedAt *time.Time `json:"oldest_created_at"`
+	// OldestAge is its age, 0 when there is none and never negative (a
+	// created_at in the future, from clocks or a hand-written row, counts
+	// as 0: compare OldestCreatedAt with the time to find one).
+	OldestAge time.Duration `json:"-"`
+	// OldestInFuture says OldestCreatedAt is ahead of the database's clock.
+	OldestInFuture bool `json:"oldest_in_future"`
+	// Parked is the number of parked events.
+	Parked int64 `json:"parked"`
+}
+
+// ReadCounts reads a table's Counts in one statement that reads only the
+// partial indexes on unpublished and on parked rows. The relay's backlog
+// gauges and Health use it, as does ReadStatus.
+func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
+	if err := table.Validate(); err != nil {
+		return Counts{}, err
+	}
+	c, err := readCounts(ctx, db, table)
+	if err != nil {
+		return c, fmt.Errorf("admin: counts of %s: %w", table, err)
+	}
+	return c, nil
+}
+
+func readCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
+	var c Counts
+	var ageSec float64
+	t := table.Ident()
+	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM (SELECT 1 FROM "+t+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT @cap) b),"+
+		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
+		" (SELECT count(*) FROM "+t+" WHERE parked_at IS NOT NULL)"+
+		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM "+t+
+		" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1) o ON true",
+		pgx.NamedArgs{"cap": BacklogCap})
+	if err != nil {
+		return c, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&c.Backlog, &c.OldestCreatedAt, &ageSec, &c.Parked}, func() error { return nil }); err != nil {
+		return c, err
+	}
+	c.BacklogCapped = c.Backlog >= BacklogCap
+	c.OldestInFuture = ageSec < 0
+	c.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
+	return c, nil
+}
+
+// errorTypeSQL is the cause the relay records at the start of last_error,
+// "[<error.type>] <message>", or _OTHER.
+const errorTypeSQL = "coalesce(substring(last_error FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "')"
+
+// ErrorTypeOther is the error type of parked events whose error was
+// recorded without one (by older versions, or by hand).
+const ErrorTypeOther = "_OTHER"
+
+// ParkedCount is the number of parked events of one topic and error type.
+type ParkedCount struct {
+	Topic     string `json:"topic"`
+	ErrorType string `json:"error_type"`
+	Count     int64  `json:"count"`
+}
+
+// CountParkedByType counts a table's parked events by topic and error type,
+// largest first, at most limit groups, reading only the partial index on
+// parked rows. The relay's parked gauge uses it.
+func CountParkedByType(ctx context.Context, db Querier, table outbox.Table, limit int) ([]ParkedCount, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, "SELECT topic, "+errorTypeSQL+", count(*) FROM "+table.Ident()+
+		" WHERE parked_at IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1", limit)
+	if err != nil {
+		return nil, fmt.Errorf("admin: count parked events of %s: %w", table, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedCount, error) {
+		var p ParkedCount
+		err := r.Scan(&p.Topic, &p.ErrorType, &p.Count)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: count parked events of %s: %w", table, err)
+	}
+	return out, nil
 }

@@ -187,14 +187,15 @@ func TestStatusShowsLanesAndSessionsOfARealRelay(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay never published")
 	}
-	// The listening session may connect a moment after the first batch.
+	// The listening session and the gauges' reporter may connect a moment
+	// after the first batch: three sessions, one each.
 	var st admin.Status
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	for deadline := time.Now().Add(20 * time.Second); ; {
 		st, err = admin.ReadStatus(s.ctx, s.pool, s.table, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Sessions) == 2 || time.Now().After(deadline) {
+		if len(st.Sessions) == 3 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -216,6 +217,18 @@ func TestStatusShowsLanesAndSessionsOfARealRelay(t *testing.T) {
 	}
 	if listener == nil || listener.Application != "admin-test-relay" || len(listener.Lanes) != 0 || listener.PID == holder.PID {
 		t.Errorf("listening session %+v in %+v", listener, st.Sessions)
+	}
+	reporters := 0
+	for _, x := range st.Sessions {
+		if x.StatsReporter {
+			reporters++
+			if x.Application != "admin-test-relay" || len(x.Lanes) != 0 || x.Listening {
+				t.Errorf("stats reporter session %+v", x)
+			}
+		}
+	}
+	if reporters != 1 {
+		t.Errorf("%d sessions report the gauges, want the relay's one: %+v", reporters, st.Sessions)
 	}
 	stop()
 	// Stopped: no lanes held, nobody listening.

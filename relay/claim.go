@@ -55,7 +55,6 @@ type queries struct {
 	read    string // per key: the rows the window saw in locked lanes
 	mark    string
 	attempt string
-	stats   string
 	cleanup string
 	ns      int32 // advisory lock namespace of the table
 }
@@ -87,10 +86,6 @@ func newQueries(t outbox.Table) queries {
 			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
 			" RETURNING e.id, e.parked_at IS NOT NULL",
-		stats: "SELECT (SELECT count(*) FROM (SELECT 1 FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL LIMIT 1000000) b)," +
-			" coalesce((SELECT extract(epoch FROM now() - created_at)::float8 FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1), 0)," +
-			" (SELECT count(*) FROM " + t.Ident() + " WHERE parked_at IS NOT NULL)",
 		// created_at <= published_at, so the created_at condition (BRIN
 		// index) narrows the scan to old block ranges.
 		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +

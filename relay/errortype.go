@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/fxoutbox/outbox/admin"
 	"io"
 	"net"
 	"strings"
@@ -59,7 +60,7 @@ const (
 	ErrorTypeDatabase          = "database"
 	ErrorTypeTimeout           = "timeout"
 	ErrorTypeCanceled          = "canceled"
-	ErrorTypeOther             = "_OTHER"
+	ErrorTypeOther             = admin.ErrorTypeOther
 )
 
 // ErrorType classifies err by its cause into one of the low-cardinality

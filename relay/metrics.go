@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"net"
 	"strconv"
 	"sync"
@@ -136,11 +138,6 @@ type metrics struct {
 	sent      messagingconv.ClientSentMessages
 	opDur     messagingconv.ClientOperationDuration
 
-	// parkedBy counts parked events by topic and by the error.type stored
-	// at the start of their last_error (see Relay.record), reading the
-	// partial index on parked rows.
-	parkedBy string
-
 	lastPublish atomic.Int64 // unix nanoseconds of the last commit of a published event, or of Start
 	snap        snapshot     // the table-wide statistics, when this relay reports them
 
@@ -153,8 +150,6 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	meter := mp.Meter("github.com/fxoutbox/outbox/relay")
 	ms := &metrics{
 		table: AttrTable.String(r.cfg.Table.String()),
-		parkedBy: "SELECT topic, coalesce(substring(last_error FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "'), count(*) FROM " + r.cfg.Table.Ident() +
-			" WHERE parked_at IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 1000",
 	}
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
@@ -242,18 +237,16 @@ type Stats struct {
 // Stats reads the backlog, the age of its oldest event and the number of
 // parked events in one statement that reads only the partial indexes.
 func (r *Relay) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return st, fmt.Errorf("relay: stats: %w", err)
+		return Stats{}, fmt.Errorf("relay: stats: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var ageSec float64
-	if err := tx.QueryRow(ctx, r.q.stats).Scan(&st.Backlog, &ageSec, &st.Parked); err != nil {
-		return st, fmt.Errorf("relay: stats of %s: %w", r.cfg.Table, err)
+	c, err := admin.ReadCounts(ctx, tx, r.cfg.Table)
+	if err != nil {
+		return Stats{}, fmt.Errorf("relay: stats: %w", err)
 	}
-	st.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
-	return st, nil
+	return Stats{Backlog: c.Backlog, OldestAge: c.OldestAge, Parked: c.Parked}, nil
 }
 
 // lap records the duration of a database step that began at start and,
@@ -364,7 +357,8 @@ type snapshot struct {
 
 type tableStats struct {
 	backlog int64
-	age     float64
+	age     float64 // seconds, never negative
+	future  bool    // the oldest waiting event's created_at is in the future
 	parked  []parkedGroup
 }
 
@@ -387,7 +381,7 @@ func (s *snapshot) set(v tableStats, ok bool) {
 
 // reporterKey is the second key of the advisory lock the reporting relay
 // holds (with the table's namespace; lanes use keys 0 and up).
-const reporterKey = -1
+const reporterKey = outbox.StatsReporterLock
 
 // reportStats keeps the table-wide statistics current until ctx ends: once
 // per StatsInterval the relay that holds the reporter lock reads them;
@@ -423,14 +417,13 @@ func (r *Relay) reportStats(ctx context.Context) {
 				r.cfg.Logger.Warn("outbox relay: reading the table statistics failed; the table-wide gauges are not reported until it works",
 					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
 			}
-		case st != nil && st.age < 0 && !future:
+		case st != nil && st.future && !future:
 			r.cfg.Logger.Warn("outbox relay: the oldest unpublished event has a created_at in the future; its age counts as 0 (check the clocks of the database and of writers that set created_at)",
-				"table", r.cfg.Table.String(), "seconds_ahead", -st.age)
+				"table", r.cfg.Table.String())
 		}
 		failing = err != nil
 		if st != nil {
-			future = st.age < 0
-			st.age = max(0, st.age)
+			future = st.future
 		}
 		if st != nil {
 			r.metrics.snap.set(*st, true)
@@ -485,26 +478,22 @@ func (r *Relay) readTableStats(ctx context.Context, conn *pgx.Conn) (*tableStats
 	return st, conn, nil
 }
 
-// queryTableStats reads the backlog, the oldest age (raw: negative when
-// created_at is in the future) and the parked events by topic and reason,
-// in one round trip.
-func (r *Relay) queryTableStats(ctx context.Context, q interface {
-	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
-}) (*tableStats, error) {
-	st := &tableStats{}
-	var total int64
-	b := &pgx.Batch{}
-	b.Queue(r.q.stats).QueryRow(func(row pgx.Row) error { return row.Scan(&st.backlog, &st.age, &total) })
-	b.Queue(r.metrics.parkedBy).Query(func(rows pgx.Rows) error {
-		var g parkedGroup
-		_, err := pgx.ForEachRow(rows, []any{&g.topic, &g.reason, &g.n}, func() error {
-			st.parked = append(st.parked, g)
-			return nil
-		})
-		return err
-	})
-	if err := q.SendBatch(ctx, b).Close(); err != nil {
-		return nil, &dbError{err: fmt.Errorf("relay: table statistics of %s: %w", r.cfg.Table, err)}
+// queryTableStats reads the backlog, the oldest age and the parked events
+// by topic and reason through the admin API, which outboxctl shares.
+func (r *Relay) queryTableStats(ctx context.Context, q admin.Querier) (*tableStats, error) {
+	c, err := admin.ReadCounts(ctx, q, r.cfg.Table)
+	if err != nil {
+		return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
+	}
+	st := &tableStats{backlog: c.Backlog, age: c.OldestAge.Seconds(), future: c.OldestInFuture}
+	if c.Parked > 0 {
+		groups, err := admin.CountParkedByType(ctx, q, r.cfg.Table, 1000)
+		if err != nil {
+			return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
+		}
+		for _, g := range groups {
+			st.parked = append(st.parked, parkedGroup{topic: g.Topic, reason: g.ErrorType, n: g.Count})
+		}
 	}
 	return st, nil
 }

@@ -2,16 +2,16 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
-// The grouped count of parked events by topic and reason reads the partial
-// index on parked rows, never the whole table: with 50k rows of which 50
-// are parked, its plan has no sequential scan of the outbox table.
-func TestParkedByReadsThePartialIndex(t *testing.T) {
+// The parked gauge counts parked events by topic and by the error.type the
+// relay stored at the start of last_error (through the admin API, whose
+// plan test checks the statement reads only the partial index): with 50k
+// rows of which 50 are parked over 7 topics, 7 groups of that reason.
+func TestParkedGaugeGroupsByTopicAndReason(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
@@ -31,17 +31,6 @@ func TestParkedByReadsThePartialIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var plan []byte
-	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+r.metrics.parkedBy).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	var nodes []map[string]any
-	_ = json.Unmarshal(plan, &nodes)
-	walk(nodes[0]["Plan"].(map[string]any), func(n map[string]any) {
-		if typ, _ := n["Node Type"].(string); typ == "Seq Scan" && n["Relation Name"] == tbl.Name {
-			t.Errorf("parked-by plan scans the table:\n%s", plan)
-		}
-	})
 	st, err := r.queryTableStats(ctx, pool)
 	if err != nil {
 		t.Fatal(err)

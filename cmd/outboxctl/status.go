@@ -82,7 +82,7 @@ func printStatus(e env, st admin.Status) {
 		fmt.Fprint(w, " (a relay holds its lanes only while a batch is in flight)")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Sessions  %d relay sessions seen (holding lanes, or listening for wake-ups)\n", len(st.Sessions))
+	fmt.Fprintf(w, "Sessions  %d relay sessions seen (holding lanes, listening for wake-ups, or reporting the gauges)\n", len(st.Sessions))
 	if len(st.Sessions) > 0 {
 		now := time.Now()
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -111,6 +111,9 @@ func printStatus(e env, st admin.Status) {
 			listening := "no"
 			if s.Listening {
 				listening = "yes"
+			}
+			if s.StatsReporter {
+				lanes += " [reports gauges]"
 			}
 			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.PID, app, client, connected, printable(s.State, 30), listening, lanes)
 		}
