@@ -255,67 +255,74 @@ func (s *jsonbScanner) object() (int, error) {
 // members returns the output length of an object with these members, of
 // which jsonb keeps only the last of each key. It may reorder keys.
 func (s *jsonbScanner) members(keys []jsonbKey) int {
-	n, kept := 2, 0 // {}
-	add := func(k jsonbKey) {
-		if kept > 0 {
-			n += jsonbElementSep
-		}
-		n += k.member
-		kept++
-	}
+	n, kept := 0, 0
 	if len(keys) <= smallObjectLinear {
-	next:
-		for i, k := range keys {
-			for _, later := range keys[i+1:] {
-				if s.sameKey(k, later) {
-					continue next
+		for i := range keys {
+			if !s.hasLater(keys[i:]) {
+				n += keys[i].member
+				kept++
+			}
+		}
+	} else {
+		// Sort by hash, stable so that equal keys stay in input order,
+		// and keep the last of each run of equal keys.
+		slices.SortStableFunc(keys, func(a, b jsonbKey) int {
+			switch {
+			case a.hash < b.hash:
+				return -1
+			case a.hash > b.hash:
+				return 1
+			}
+			return 0
+		})
+		for i := 0; i < len(keys); {
+			j := i + 1
+			for j < len(keys) && keys[j].hash == keys[i].hash {
+				j++
+			}
+			// keys[i:j] share a hash: almost always one key, or equal keys.
+			for a := i; a < j; a++ {
+				if !s.hasLater(keys[a:j]) {
+					n += keys[a].member
+					kept++
 				}
 			}
-			add(k)
+			i = j
 		}
-		return n
 	}
-	// Sort by hash, stable so that equal keys stay in input order, and
-	// keep the last of each run of equal keys.
-	slices.SortStableFunc(keys, func(a, b jsonbKey) int {
-		switch {
-		case a.hash < b.hash:
-			return -1
-		case a.hash > b.hash:
-			return 1
-		}
-		return 0
-	})
-	for i := 0; i < len(keys); {
-		j := i + 1
-		for j < len(keys) && keys[j].hash == keys[i].hash {
-			j++
-		}
-		// keys[i:j] share a hash: almost always one key, or equal keys.
-	group:
-		for a := i; a < j; a++ {
-			for b := a + 1; b < j; b++ {
-				if s.sameKey(keys[a], keys[b]) {
-					continue group
-				}
-			}
-			add(keys[a])
-		}
-		i = j
+	if kept > 1 {
+		n += (kept - 1) * jsonbElementSep
 	}
-	return n
+	return 2 + n // {}
 }
 
-func (s *jsonbScanner) sameKey(a, b jsonbKey) bool {
-	if a.hash != b.hash {
-		return false
+// hasLater reports whether a key after keys[0] equals it.
+func (s *jsonbScanner) hasLater(keys []jsonbKey) bool {
+	k := &keys[0]
+	for j := 1; j < len(keys); j++ {
+		if keys[j].hash == k.hash && s.sameKey(k, &keys[j]) {
+			return true
+		}
 	}
+	return false
+}
+
+func (s *jsonbScanner) sameKey(a, b *jsonbKey) bool {
 	ra, rb := s.data[a.start:a.end], s.data[b.start:b.end]
 	if !a.escaped && !b.escaped {
 		return bytes.Equal(ra, rb)
 	}
 	return bytes.Equal(decodeJSONString(ra), decodeJSONString(rb))
 }
+
+// plainASCII marks the bytes a string holds and jsonb prints as they are:
+// printable ASCII other than '"' and '\\'.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 const (
 	fnvOffset = 14695981039346656037
@@ -331,6 +338,23 @@ func (s *jsonbScanner) str(hash bool) (n int, h uint64, escaped bool, err error)
 	d := s.data
 	for s.pos < len(d) {
 		c := d[s.pos]
+		if plainASCII[c] {
+			if hash {
+				h = (h ^ uint64(c)) * fnvPrime
+			} else {
+				// Skip the run of plain bytes at once.
+				i := s.pos + 1
+				for i < len(d) && plainASCII[d[i]] {
+					i++
+				}
+				n += i - s.pos
+				s.pos = i
+				continue
+			}
+			n++
+			s.pos++
+			continue
+		}
 		switch {
 		case c == '"':
 			s.pos++
@@ -350,12 +374,6 @@ func (s *jsonbScanner) str(hash bool) (n int, h uint64, escaped bool, err error)
 			}
 		case c < 0x20:
 			return 0, 0, false, s.fail("unescaped control character in a string")
-		case c < utf8.RuneSelf:
-			n++
-			s.pos++
-			if hash {
-				h = (h ^ uint64(c)) * fnvPrime
-			}
 		default:
 			r, size := utf8.DecodeRune(d[s.pos:])
 			if r == utf8.RuneError && size == 1 {

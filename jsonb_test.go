@@ -261,3 +261,29 @@ func numericOut(num string) string {
 	}
 	return out
 }
+
+// BenchmarkJSONBSize compares the scan with encoding/json's validity check
+// (what Prepare ran on raw payloads before) on a 1 KB order payload.
+//
+//	go test -run '^$' -bench JSONBSize .
+func BenchmarkJSONBSize(b *testing.B) {
+	payload := []byte(`{"orderId":"0191b3c2-7a4e-7cc1-9d1e-5c3b2a1f0e9d","customerId":"c-20481","currency":"EUR","total":1234.56,` +
+		`"lines":[` + strings.TrimSuffix(strings.Repeat(`{"sku":"SKU-000042","name":"Item number 3 with a name","quantity":3,"price":12.99},`, 8), ",") + `],` +
+		`"shipping":{"city":"Köln","country":"DE","street":"Hauptstraße 12","zip":"50667"},"note":"Please deliver after 5 pm; ring twice. \"Fragile\" items inside."}`)
+	b.Run("jsonbSize", func(b *testing.B) {
+		b.SetBytes(int64(len(payload)))
+		for b.Loop() {
+			if _, err := jsonbSize(payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("json.Valid", func(b *testing.B) {
+		b.SetBytes(int64(len(payload)))
+		for b.Loop() {
+			if !json.Valid(payload) {
+				b.Fatal("invalid")
+			}
+		}
+	})
+}
