@@ -67,8 +67,10 @@ type Limits struct {
 	// Kafka's record and batch overhead. It is the one size setting of the
 	// outbox: give the relay the same number as its MaxMessageBytes (the
 	// fxoutbox module does), and keep it at most the topics'
-	// max.message.bytes (the broker's message.max.bytes by default). Default
-	// DefaultMaxRecordBytes (1,048,588, the broker's default).
+	// max.message.bytes (the broker's message.max.bytes by default). With
+	// producer compression the broker counts the compressed batch, which
+	// for incompressible payloads can be slightly larger: leave a margin.
+	// Default DefaultMaxRecordBytes (1,048,588, the broker's default).
 	MaxRecordBytes int
 	// MaxPayloadBytes caps the payload alone, as PostgreSQL's jsonb stores
 	// and prints it (numbers in full, ": " and ", " separators), which can
@@ -218,8 +220,8 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		return fail("Topic", err.Error())
 	}
 	payload, err := encodePayload(e.Payload)
-	if err != nil {
-		return fail("Payload", err.Error())
+	if err != nil { // a MarshalJSON method's error may carry anything
+		return fail("Payload", clip(err.Error(), 300))
 	}
 	size, err := jsonbSize(payload)
 	if err != nil {

@@ -190,6 +190,7 @@ func TestEventErrorQuotesValues(t *testing.T) {
 		{AggregateType: "order", AggregateID: "o-1", Type: "\x00" + strings.Repeat("y", 100), Payload: json.RawMessage("{")},
 		{AggregateType: "order", AggregateID: "o-1", Type: "t", Headers: map[string]string{"\xff\n" + strings.Repeat("h", 3000): "v"}},
 		{AggregateType: "order", AggregateID: "o-1", Type: "t", Topic: "bad\r\n" + strings.Repeat("t", 1<<20)},
+		{AggregateType: "order", AggregateID: "o-1", Type: "t", Payload: badMarshaler{}},
 	} {
 		_, err := outbox.Prepare(c, "svc", nil, outbox.Limits{MaxHeaderBytes: 1 << 20}, nil)
 		if err == nil {
@@ -204,6 +205,13 @@ func TestEventErrorQuotesValues(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, `(type "order.\x00\x1b[31mxxx`) || !strings.Contains(msg, "(1048588 bytes)") {
 		t.Errorf("Error() = %.200q, want the Type quoted, cut and its length", msg)
 	}
+}
+
+// badMarshaler fails with a long message full of control bytes.
+type badMarshaler struct{}
+
+func (badMarshaler) MarshalJSON() ([]byte, error) {
+	return nil, errors.New("\x1b[2J" + strings.Repeat("\x00boom", 1000))
 }
 
 func TestLimitsValidate(t *testing.T) {
