@@ -225,10 +225,10 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 	}
 	size, err := jsonbSize(payload)
 	if err != nil {
-		return fail("Payload", err.Error()+": send text without NUL characters or unpaired surrogates, and numbers within PostgreSQL's numeric range (e.g. as strings)")
+		return fail("Payload", err.Error())
 	}
 	if size > limits.MaxPayloadBytes {
-		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores it (%d as given), over the limit of %d (Limits.MaxPayloadBytes): store large data elsewhere and reference it", size, len(payload), limits.MaxPayloadBytes))
+		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and prints it (%d as given; jsonb writes numbers out in full), over the limit of %d (Limits.MaxPayloadBytes): store large data elsewhere and reference it", size, len(payload), limits.MaxPayloadBytes))
 	}
 	r.Payload, r.PayloadBytes = payload, size
 	if len(e.Headers) > limits.MaxHeaders {

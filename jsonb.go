@@ -52,15 +52,25 @@ const (
 	smallObjectLinear = 8          // up to this many keys, find duplicates pairwise
 )
 
-// jsonbError says why PostgreSQL would refuse a payload, and where.
+// jsonbError says why PostgreSQL would refuse a payload, where, and what to
+// do about it.
 type jsonbError struct {
-	off    int
-	reason string
+	off         int
+	reason, fix string
 }
 
 func (e *jsonbError) Error() string {
-	return fmt.Sprintf("is not accepted by PostgreSQL's jsonb: %s at byte offset %d", e.reason, e.off)
+	fix := e.fix
+	if fix == "" {
+		fix = "pass a value to marshal, or valid JSON"
+	}
+	return fmt.Sprintf("is not accepted by PostgreSQL's jsonb: %s at byte offset %d: %s", e.reason, e.off, fix)
 }
+
+const (
+	fixNumber    = "send numbers beyond PostgreSQL's numeric range as strings"
+	fixSurrogate = "escape a character outside the Basic Multilingual Plane as a surrogate pair, or send it as UTF-8"
+)
 
 // jsonbKey is one member key of an object being scanned.
 type jsonbKey struct {
@@ -102,6 +112,10 @@ func jsonbSize(data []byte) (int, error) {
 }
 
 func (s *jsonbScanner) fail(reason string) error { return &jsonbError{off: s.pos, reason: reason} }
+
+func (s *jsonbScanner) failFix(reason, fix string) error {
+	return &jsonbError{off: s.pos, reason: reason, fix: fix}
+}
 
 func (s *jsonbScanner) space() {
 	for s.pos < len(s.data) {
@@ -149,7 +163,7 @@ func (s *jsonbScanner) literal(word string) (int, error) {
 func (s *jsonbScanner) enter() error {
 	s.depth++
 	if s.depth > maxJSONDepth {
-		return s.fail(fmt.Sprintf("nesting deeper than %d levels", maxJSONDepth))
+		return s.failFix(fmt.Sprintf("nesting deeper than %d levels", maxJSONDepth), "flatten the document")
 	}
 	return nil
 }
@@ -377,7 +391,7 @@ func (s *jsonbScanner) str(hash bool) (n int, h uint64, escaped bool, err error)
 		default:
 			r, size := utf8.DecodeRune(d[s.pos:])
 			if r == utf8.RuneError && size == 1 {
-				return 0, 0, false, s.fail("invalid UTF-8")
+				return 0, 0, false, s.failFix("invalid UTF-8", "send text as UTF-8")
 			}
 			n += size
 			if hash {
@@ -438,10 +452,10 @@ func (s *jsonbScanner) escape() (rune, error) {
 	switch {
 	case r == 0:
 		s.pos -= 6
-		return 0, s.fail(`\u0000 (PostgreSQL text cannot hold NUL; drop the character)`)
+		return 0, s.failFix(`\u0000`, "PostgreSQL text cannot hold NUL: drop the character")
 	case r >= 0xdc00 && r <= 0xdfff:
 		s.pos -= 6
-		return 0, s.fail("a Unicode low surrogate escape without a high surrogate before it")
+		return 0, s.failFix("a Unicode low surrogate escape without a high surrogate before it", fixSurrogate)
 	case r >= 0xd800 && r <= 0xdbff:
 		lo, ok := rune(0), false
 		if s.pos+1 < len(d) && d[s.pos] == '\\' && d[s.pos+1] == 'u' {
@@ -449,7 +463,7 @@ func (s *jsonbScanner) escape() (rune, error) {
 		}
 		if !ok || lo < 0xdc00 || lo > 0xdfff {
 			s.pos -= 6
-			return 0, s.fail("a Unicode high surrogate escape not followed by a low surrogate escape")
+			return 0, s.failFix("a Unicode high surrogate escape not followed by a low surrogate escape", fixSurrogate)
 		}
 		s.pos += 6
 		return 0x10000 + (r-0xd800)<<10 + (lo - 0xdc00), nil
@@ -555,7 +569,7 @@ func (s *jsonbScanner) number() (int, error) {
 			return 0, s.fail("invalid number: no digits in the exponent")
 		}
 		if exp >= maxNumericExpAbs {
-			return 0, &jsonbError{off: start, reason: "a number whose exponent is out of PostgreSQL's numeric range"}
+			return 0, &jsonbError{off: start, reason: "a number whose exponent is out of PostgreSQL's numeric range", fix: fixNumber}
 		}
 		if expNeg {
 			exp = -exp
@@ -563,7 +577,7 @@ func (s *jsonbScanner) number() (int, error) {
 	}
 	scale := max(fracDigits-exp, 0)
 	if scale > maxNumericScale {
-		return 0, &jsonbError{off: start, reason: fmt.Sprintf("a number with %d digits after the decimal point, over PostgreSQL's numeric limit of %d", scale, maxNumericScale)}
+		return 0, &jsonbError{off: start, reason: fmt.Sprintf("a number with %d digits after the decimal point, over PostgreSQL's numeric limit of %d", scale, maxNumericScale), fix: fixNumber}
 	}
 	n := 1 // the integer part of zero, or of a value below one: "0"
 	if firstNZ >= 0 {
@@ -571,7 +585,7 @@ func (s *jsonbScanner) number() (int, error) {
 		// lead+1 integer digits when it is not negative.
 		lead := intDigits + exp - firstNZ - 1
 		if lead >= maxIntegerDigits {
-			return 0, &jsonbError{off: start, reason: fmt.Sprintf("a number with %d digits before the decimal point, over PostgreSQL's numeric limit of %d", lead+1, maxIntegerDigits)}
+			return 0, &jsonbError{off: start, reason: fmt.Sprintf("a number with %d digits before the decimal point, over PostgreSQL's numeric limit of %d", lead+1, maxIntegerDigits), fix: fixNumber}
 		}
 		if lead >= 0 {
 			n = lead + 1
