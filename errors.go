@@ -21,10 +21,12 @@ type EventError struct {
 	Reason string
 }
 
+// Error names the event by its index and its Type, quoted and cut to a
+// short prefix (a Type may be long or hold control bytes).
 func (e *EventError) Error() string {
-	t := e.Type
-	if t == "" {
-		t = "without type"
+	t := "without type"
+	if e.Type != "" {
+		t = "type " + quote(e.Type)
 	}
 	return fmt.Sprintf("outbox: event %d (%s): %s %s", e.Index, t, e.Field, e.Reason)
 }

@@ -3,8 +3,8 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -37,8 +37,14 @@ type Event struct {
 	Type string
 	// Payload is marshalled with encoding/json. A json.RawMessage or []byte is
 	// taken as already-encoded JSON and must be valid. A nil Payload is stored
-	// as JSON null. The outbox stores payloads as jsonb, so consumers receive
-	// an equivalent JSON document (key order and white space may differ).
+	// as JSON null. The outbox stores payloads as PostgreSQL jsonb, which
+	// refuses text holding NUL (\u0000), unpaired surrogate escapes and
+	// invalid UTF-8, and numbers beyond numeric's range (131072 digits
+	// before the decimal point, 16383 after); such payloads are refused when
+	// recorded. Consumers receive jsonb's rendering of the document: keys
+	// sorted, the last of duplicate keys kept, ": " and ", " separators,
+	// numbers written out in full (1e3 becomes 1000). The size limits apply
+	// to that rendering, which can be larger than the JSON given.
 	Payload any
 	// Topic is the Kafka topic. Default: derived by the writer's TopicFunc
 	// (TopicPerEvent: "<service>.<aggregate-type>.<event-name>").
@@ -50,36 +56,75 @@ type Event struct {
 }
 
 // Limits bounds what one event may carry. They are checked when the event is
-// recorded, so an event that could never be published fails in the handler,
-// not in the relay.
+// recorded, so an event that could never be stored or published fails in the
+// handler with an *EventError, not later in the relay. Zero fields take the
+// defaults in their comments.
 type Limits struct {
-	// MaxPayloadBytes caps the encoded JSON payload. Default 1 MiB - 16 KiB,
-	// which fits Kafka's default message.max.bytes (1 MiB) with headers.
+	// MaxRecordBytes is the largest Kafka record an event may become, as
+	// RecordBytes counts it: the payload as PostgreSQL stores and prints it,
+	// the key, the event's headers, the headers the relay adds (x-event-id,
+	// x-event-type, traceparent, and the stored tracestate and baggage) and
+	// Kafka's record and batch overhead. It is the one size setting of the
+	// outbox: give the relay the same number as its MaxMessageBytes (the
+	// fxoutbox module does), and keep it at most the topics'
+	// max.message.bytes (the broker's message.max.bytes by default). With
+	// producer compression the broker counts the compressed batch, which
+	// for incompressible payloads can be slightly larger: leave a margin.
+	// Default DefaultMaxRecordBytes (1,048,588, the broker's default).
+	MaxRecordBytes int
+	// MaxPayloadBytes caps the payload alone, as PostgreSQL's jsonb stores
+	// and prints it (numbers in full, ": " and ", " separators), which can
+	// be larger than the JSON given. It must not exceed MaxRecordBytes.
+	// Default MaxRecordBytes: only the record limit applies.
 	MaxPayloadBytes int
 	// MaxHeaders caps the number of extra headers. Default 32.
 	MaxHeaders int
 	// MaxHeaderBytes caps the size of one header's name plus value. Default 4 KiB.
 	MaxHeaderBytes int
+	// MaxTypeBytes caps Type, which the relay sends as the x-event-type
+	// header and logs when it parks an event. Default 255.
+	MaxTypeBytes int
+	// MaxAggregateTypeBytes caps AggregateType. Default 255.
+	MaxAggregateTypeBytes int
+	// MaxAggregateIDBytes caps AggregateID, the default partition key.
+	// Default 1024: room for composite ids, and small enough that an index
+	// on (aggregate_type, aggregate_id) stays under PostgreSQL's btree entry
+	// limit (2704 bytes).
+	MaxAggregateIDBytes int
+	// MaxKeyBytes caps Key, the Kafka record key. Default 1024.
+	MaxKeyBytes int
 }
 
 // WithDefaults returns l with zero fields set to their defaults.
 func (l Limits) WithDefaults() Limits {
-	if l.MaxPayloadBytes == 0 {
-		l.MaxPayloadBytes = 1<<20 - 16<<10
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if l.MaxHeaders == 0 {
-		l.MaxHeaders = 32
-	}
-	if l.MaxHeaderBytes == 0 {
-		l.MaxHeaderBytes = 4 << 10
-	}
+	def(&l.MaxRecordBytes, DefaultMaxRecordBytes)
+	def(&l.MaxPayloadBytes, l.MaxRecordBytes)
+	def(&l.MaxHeaders, 32)
+	def(&l.MaxHeaderBytes, 4<<10)
+	def(&l.MaxTypeBytes, 255)
+	def(&l.MaxAggregateTypeBytes, 255)
+	def(&l.MaxAggregateIDBytes, 1024)
+	def(&l.MaxKeyBytes, 1024)
 	return l
 }
 
-// Validate reports a limit that is negative.
+// Validate reports a limit that is negative, or a MaxPayloadBytes above
+// MaxRecordBytes. Call it on l.WithDefaults().
 func (l Limits) Validate() error {
-	if l.MaxPayloadBytes < 0 || l.MaxHeaders < 0 || l.MaxHeaderBytes < 0 {
+	if l.MaxRecordBytes < 0 || l.MaxPayloadBytes < 0 || l.MaxHeaders < 0 || l.MaxHeaderBytes < 0 ||
+		l.MaxTypeBytes < 0 || l.MaxAggregateTypeBytes < 0 || l.MaxAggregateIDBytes < 0 || l.MaxKeyBytes < 0 {
 		return &ConfigError{Field: "Limits", Reason: "limits must not be negative (zero means the default)"}
+	}
+	if l.MaxRecordBytes > 0 && l.MaxPayloadBytes > l.MaxRecordBytes {
+		return &ConfigError{Field: "Limits.MaxPayloadBytes", Reason: fmt.Sprintf(
+			"is %d, above MaxRecordBytes %d: no such payload fits a Kafka record; to send larger events raise MaxRecordBytes "+
+				"(OUTBOX_MAX_RECORD_BYTES) together with the topics' max.message.bytes, and leave MaxPayloadBytes unset",
+			l.MaxPayloadBytes, l.MaxRecordBytes)}
 	}
 	return nil
 }
@@ -92,10 +137,13 @@ type Record struct {
 	AggregateType string
 	AggregateID   string
 	Type          string
-	Payload       []byte // JSON
+	Payload       []byte // JSON, as given or marshalled
 	Topic         string
 	Key           string
 	Headers       map[string]string // event headers plus trace context; nil when empty
+	// PayloadBytes is the length of Payload as PostgreSQL's jsonb stores
+	// and prints it: what the relay reads back and sends as the value.
+	PayloadBytes int
 }
 
 var reserved = map[string]bool{
@@ -112,9 +160,13 @@ func IsReservedHeader(name string) bool { return reserved[strings.ToLower(name)]
 
 // Prepare validates e, applies its defaults and encodes its payload. service
 // and topics name the topic when e.Topic is empty. trace holds the trace
-// context headers to store with the event (it may be nil). The returned error
-// is an *EventError that matches ErrInvalidEvent.
+// context headers to store with the event (it may be nil). limits are taken
+// with their defaults. The payload must be JSON that PostgreSQL's jsonb
+// accepts, and the Kafka record the relay will build from the event must fit
+// limits.MaxRecordBytes. The returned error is an *EventError that matches
+// ErrInvalidEvent.
 func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map[string]string) (Record, error) {
+	limits = limits.WithDefaults()
 	fail := func(field, reason string) (Record, error) {
 		return Record{}, &EventError{Type: e.Type, Field: field, Reason: reason}
 	}
@@ -126,9 +178,21 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 	case e.AggregateID == "":
 		return fail("AggregateID", "is empty: set the id of the entity the event is about")
 	}
-	for _, f := range []struct{ name, v string }{{"Type", e.Type}, {"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID}, {"Key", e.Key}} {
+	for _, f := range [...]struct {
+		name, v string
+		max     int
+		setting string
+	}{
+		{"Type", e.Type, limits.MaxTypeBytes, "MaxTypeBytes"},
+		{"AggregateType", e.AggregateType, limits.MaxAggregateTypeBytes, "MaxAggregateTypeBytes"},
+		{"AggregateID", e.AggregateID, limits.MaxAggregateIDBytes, "MaxAggregateIDBytes"},
+		{"Key", e.Key, limits.MaxKeyBytes, "MaxKeyBytes"},
+	} {
+		if len(f.v) > f.max {
+			return fail(f.name, fmt.Sprintf("is %d bytes, over the limit of %d (Limits.%s): use a shorter value", len(f.v), f.max, f.setting))
+		}
 		if !validText(f.v) {
-			return fail(f.name, "is not valid UTF-8 text")
+			return fail(f.name, "is not valid UTF-8 text without NUL bytes")
 		}
 	}
 	r := Record{ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.Type, Topic: e.Topic, Key: e.Key}
@@ -148,7 +212,7 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		}
 		t, err := topics(service, e)
 		if err != nil {
-			return fail("Topic", err.Error())
+			return fail("Topic", clip(err.Error(), 200))
 		}
 		r.Topic = t
 	}
@@ -156,34 +220,86 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		return fail("Topic", err.Error())
 	}
 	payload, err := encodePayload(e.Payload)
+	if err != nil { // a MarshalJSON method's error may carry anything
+		return fail("Payload", clip(err.Error(), 300))
+	}
+	size, err := jsonbSize(payload)
 	if err != nil {
 		return fail("Payload", err.Error())
 	}
-	if len(payload) > limits.MaxPayloadBytes {
-		return fail("Payload", fmt.Sprintf("is %d bytes encoded, over the limit of %d: store large data elsewhere and reference it", len(payload), limits.MaxPayloadBytes))
+	if size > limits.MaxPayloadBytes {
+		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and prints it (%d as given; jsonb writes numbers out in full), over the limit of %d (Limits.MaxPayloadBytes): store large data elsewhere and reference it", size, len(payload), limits.MaxPayloadBytes))
 	}
-	r.Payload = payload
+	r.Payload, r.PayloadBytes = payload, size
 	if len(e.Headers) > limits.MaxHeaders {
 		return fail("Headers", fmt.Sprintf("has %d entries, over the limit of %d", len(e.Headers), limits.MaxHeaders))
 	}
 	if len(e.Headers)+len(trace) > 0 {
 		r.Headers = make(map[string]string, len(e.Headers)+len(trace))
 	}
+	// The relay sends the event's headers, x-event-id, x-event-type and the
+	// trace context it extracts from the stored one and injects anew: a
+	// traceparent of its own span and the stored tracestate and baggage.
+	headers, headerBytes := 3, eventIDHeaderBytes+len(HeaderEventType)+len(r.Type)+traceparentHeaderBytes
 	for k, v := range e.Headers {
 		switch {
 		case k == "":
 			return fail("Headers", "has an empty header name")
 		case IsReservedHeader(k):
-			return fail("Headers", fmt.Sprintf("uses the reserved name %q, which the outbox sets itself", k))
+			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", quote(k)))
 		case len(k)+len(v) > limits.MaxHeaderBytes:
-			return fail("Headers", fmt.Sprintf("header %q is %d bytes, over the limit of %d", k, len(k)+len(v), limits.MaxHeaderBytes))
+			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", quote(k), len(k)+len(v), limits.MaxHeaderBytes))
 		case !validText(k) || !validText(v):
-			return fail("Headers", fmt.Sprintf("header %q is not valid UTF-8 text", k))
+			return fail("Headers", fmt.Sprintf("header %s is not valid UTF-8 text without NUL bytes", quote(k)))
+		}
+		r.Headers[k] = v
+		headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
+	}
+	for k, v := range trace {
+		if k != "traceparent" {
+			headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
 		}
 		r.Headers[k] = v
 	}
-	maps.Copy(r.Headers, trace)
+	if n := RecordBytes(len(r.Key), size, headers, headerBytes); n > limits.MaxRecordBytes {
+		field := "Payload"
+		if headerBytes > size {
+			field = "Headers"
+		}
+		return fail(field, fmt.Sprintf("would make a Kafka record of %d bytes (payload %d bytes as PostgreSQL stores it, key %d, %d headers of %d bytes, record overhead), "+
+			"over the limit of %d (Limits.MaxRecordBytes, the largest record the brokers take): store large data elsewhere and reference it",
+			n, size, len(r.Key), headers, headerBytes, limits.MaxRecordBytes))
+	}
 	return r, nil
+}
+
+// quote returns s quoted as Go source (control bytes and invalid UTF-8
+// escaped), cut to a short prefix when long, for messages.
+func quote(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return strconv.Quote(s)
+	}
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:n]), len(s))
+}
+
+// clip makes text from elsewhere (an error of a TopicFunc) safe to put into
+// a message: control bytes and invalid UTF-8 escaped, at most max bytes of
+// it kept.
+func clip(s string, max int) string {
+	q := strconv.Quote(s)
+	q = q[1 : len(q)-1]
+	if len(q) <= max {
+		return q
+	}
+	for max > 0 && !utf8.RuneStart(q[max]) {
+		max--
+	}
+	return q[:max] + "..."
 }
 
 // validText says whether PostgreSQL's text type takes s: valid UTF-8
@@ -209,9 +325,6 @@ func encodePayload(p any) ([]byte, error) {
 	if len(raw) == 0 {
 		return []byte("null"), nil
 	}
-	if !json.Valid(raw) {
-		return nil, fmt.Errorf("is raw bytes that are not valid JSON: pass a value to marshal, or valid JSON")
-	}
 	return raw, nil
 }
 
@@ -221,7 +334,7 @@ var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // characters of ASCII letters, digits, '.', '_' and '-', and not "." or "..".
 func ValidateTopic(name string) error {
 	if !topicRE.MatchString(name) || name == "." || name == ".." {
-		return fmt.Errorf("%q is not a valid Kafka topic name (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')", name)
+		return fmt.Errorf("%s is not a valid Kafka topic name (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')", quote(name))
 	}
 	return nil
 }

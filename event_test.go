@@ -106,6 +106,18 @@ func TestPrepareRejects(t *testing.T) {
 		{"too many headers", func(e *outbox.Event) { e.Headers = map[string]string{"a": "1", "b": "2", "c": "3"} }, "Headers"},
 		{"oversized header", func(e *outbox.Event) { e.Headers = map[string]string{"a": strings.Repeat("v", 30)} }, "Headers"},
 		{"invalid utf8 key", func(e *outbox.Event) { e.Key = "\xff" }, "Key"},
+		{"NUL escape in raw JSON", func(e *outbox.Event) { e.Payload = json.RawMessage(`"a\u0000b"`) }, "Payload"},
+		{"NUL in a Go string", func(e *outbox.Event) { e.Payload = "a\x00b" }, "Payload"},
+		{"invalid UTF-8 in raw JSON", func(e *outbox.Event) { e.Payload = json.RawMessage("\"\xff\"") }, "Payload"},
+		{"lone surrogate", func(e *outbox.Event) { e.Payload = json.RawMessage(`"\ud800"`) }, "Payload"},
+		{"number over numeric's range", func(e *outbox.Event) { e.Payload = json.RawMessage(`1e131072`) }, "Payload"},
+		{"payload expanding over the limit", func(e *outbox.Event) { e.Payload = json.RawMessage(`[1e200]`) }, "Payload"},
+		{"float expanding over the limit", func(e *outbox.Event) { e.Payload = 1e300 }, "Payload"},
+		{"long type", func(e *outbox.Event) { e.Type = strings.Repeat("t", 256) }, "Type"},
+		{"long aggregate type", func(e *outbox.Event) { e.AggregateType = strings.Repeat("a", 256) }, "AggregateType"},
+		{"long aggregate id", func(e *outbox.Event) { e.AggregateID = strings.Repeat("i", 1025) }, "AggregateID"},
+		{"long key", func(e *outbox.Event) { e.Key = strings.Repeat("k", 1025) }, "Key"},
+		{"NUL in type", func(e *outbox.Event) { e.Type = "order.\x00" }, "Type"},
 	}
 	for _, c := range cases {
 		e := valid()
@@ -125,6 +137,93 @@ func TestPrepareRejects(t *testing.T) {
 	e.Payload = nil
 	if r, err := outbox.Prepare(e, "svc", nil, limits, nil); err != nil || string(r.Payload) != "null" {
 		t.Errorf("nil payload: %q, %v", r.Payload, err)
+	}
+}
+
+// The record Prepare sizes is the one the relay builds: key, payload as
+// jsonb prints it, the event's headers, x-event-id (36), x-event-type, the
+// relay's own traceparent (55) and the stored tracestate, each header with
+// 10 bytes of length fields, 36 bytes of record fields and a 61-byte batch
+// header. Counted here by hand.
+func TestPrepareRecordSize(t *testing.T) {
+	e := valid()
+	e.Headers = map[string]string{"tenant": "t1"}
+	trace := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=b"}
+	payload := len(`{"total": 42}`)
+	headers := len("x-event-id") + 36 + len("x-event-type") + len(e.Type) + len("traceparent") + 55 + len("tenant") + len("t1") + len("tracestate") + len("a=b")
+	want := 61 + 36 + len(e.AggregateID) + payload + 5*10 + headers
+	if got := outbox.RecordBytes(len(e.AggregateID), payload, 5, headers); got != want {
+		t.Fatalf("RecordBytes = %d, want %d", got, want)
+	}
+	r, err := outbox.Prepare(e, "svc", nil, outbox.Limits{MaxRecordBytes: want}, trace)
+	if err != nil || r.PayloadBytes != payload {
+		t.Fatalf("at the limit: PayloadBytes %d, %v", r.PayloadBytes, err)
+	}
+	_, err = outbox.Prepare(e, "svc", nil, outbox.Limits{MaxRecordBytes: want - 1}, trace)
+	var ee *outbox.EventError
+	if !errors.As(err, &ee) || ee.Field != "Headers" || !strings.Contains(err.Error(), "MaxRecordBytes") {
+		t.Errorf("one byte over: %v, want an EventError on Headers (the larger part) naming MaxRecordBytes", err)
+	}
+	// Without a stored trace context the relay's span still sends a
+	// traceparent: only the tracestate header is not counted.
+	noTrace := want - len("tracestate") - len("a=b") - 10
+	if _, err := outbox.Prepare(e, "svc", nil, outbox.Limits{MaxRecordBytes: noTrace}, nil); err != nil {
+		t.Errorf("without trace context: %v", err)
+	}
+	if _, err := outbox.Prepare(e, "svc", nil, outbox.Limits{MaxRecordBytes: noTrace - 1}, nil); err == nil {
+		t.Error("without trace context, one byte over: accepted")
+	}
+	// A large payload is named as the culprit.
+	e.Payload = strings.Repeat("x", 1000)
+	if _, err = outbox.Prepare(e, "svc", nil, outbox.Limits{MaxRecordBytes: 1000}, trace); !errors.As(err, &ee) || ee.Field != "Payload" {
+		t.Errorf("large payload over the record limit: %v, want an EventError on Payload", err)
+	}
+}
+
+// An EventError prints the Type quoted and cut: a long Type with control
+// bytes never reaches a log line as it is; neither does a bad header name
+// or topic.
+func TestEventErrorQuotesValues(t *testing.T) {
+	long := "order.\x00\x1b[31m" + strings.Repeat("x", 1<<20)
+	for _, c := range []outbox.Event{
+		{AggregateType: "order", AggregateID: "o-1", Type: long},
+		{AggregateType: "order", AggregateID: "o-1", Type: "\x00" + strings.Repeat("y", 100), Payload: json.RawMessage("{")},
+		{AggregateType: "order", AggregateID: "o-1", Type: "t", Headers: map[string]string{"\xff\n" + strings.Repeat("h", 3000): "v"}},
+		{AggregateType: "order", AggregateID: "o-1", Type: "t", Topic: "bad\r\n" + strings.Repeat("t", 1<<20)},
+		{AggregateType: "order", AggregateID: "o-1", Type: "t", Payload: badMarshaler{}},
+	} {
+		_, err := outbox.Prepare(c, "svc", nil, outbox.Limits{MaxHeaderBytes: 1 << 20}, nil)
+		if err == nil {
+			t.Fatalf("Prepare accepted %.40q", c.Type)
+		}
+		msg := err.Error()
+		if len(msg) > 400 || strings.ContainsFunc(msg, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			t.Errorf("message of %d bytes, or with control bytes: %.400q", len(msg), msg)
+		}
+	}
+	err := &outbox.EventError{Type: long, Field: "Type", Reason: "is bad"}
+	if msg := err.Error(); !strings.Contains(msg, `(type "order.\x00\x1b[31mxxx`) || !strings.Contains(msg, "(1048588 bytes)") {
+		t.Errorf("Error() = %.200q, want the Type quoted, cut and its length", msg)
+	}
+}
+
+// badMarshaler fails with a long message full of control bytes.
+type badMarshaler struct{}
+
+func (badMarshaler) MarshalJSON() ([]byte, error) {
+	return nil, errors.New("\x1b[2J" + strings.Repeat("\x00boom", 1000))
+}
+
+func TestLimitsValidate(t *testing.T) {
+	l := outbox.Limits{}.WithDefaults()
+	if l.MaxRecordBytes != outbox.DefaultMaxRecordBytes || l.MaxPayloadBytes != l.MaxRecordBytes || l.MaxTypeBytes != 255 ||
+		l.MaxAggregateTypeBytes != 255 || l.MaxAggregateIDBytes != 1024 || l.MaxKeyBytes != 1024 || l.Validate() != nil {
+		t.Errorf("defaults = %+v, %v", l, l.Validate())
+	}
+	for _, bad := range []outbox.Limits{{MaxPayloadBytes: 2 << 20}, {MaxKeyBytes: -1}, {MaxRecordBytes: 1000, MaxPayloadBytes: 1001}} {
+		if err := bad.WithDefaults().Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)
+		}
 	}
 }
 

@@ -21,5 +21,5 @@ func ExamplePrepare_invalid() {
 		"order-service", nil, outbox.Limits{}.WithDefaults(), nil)
 	fmt.Println(err)
 	// Output:
-	// outbox: event 0 (order.created.v1): AggregateID is empty: set the id of the entity the event is about
+	// outbox: event 0 (type "order.created.v1"): AggregateID is empty: set the id of the entity the event is about
 }

@@ -28,8 +28,20 @@ type Config struct {
 	// ("<service>.<aggregate-type>.<event-name>")
 	// [OUTBOX_TOPIC_NAMING=per-event|per-aggregate].
 	Topics outbox.TopicFunc
-	// Limits bounds payload and header sizes [OUTBOX_MAX_PAYLOAD_BYTES].
-	// Default: see outbox.Limits (payload 1 MiB - 16 KiB).
+	// Limits bounds what one event may carry; defaults and meaning in
+	// outbox.Limits. Limits.MaxRecordBytes, the largest Kafka record
+	// [OUTBOX_MAX_RECORD_BYTES], is the one size setting: the writers refuse
+	// larger events and the relay and its sarama producer get the same
+	// number (relay.Config.MaxMessageBytes, sarama
+	// Producer.MaxMessageBytes), so every event accepted can be sent. Keep it
+	// at most the topics' max.message.bytes. Default 1,048,588 (the
+	// broker's default message.max.bytes). A Sarama configuration whose
+	// Producer.MaxMessageBytes is not sarama's default sets it when
+	// MaxRecordBytes is zero, and must equal it otherwise. The other limits
+	// are [OUTBOX_MAX_PAYLOAD_BYTES] (the payload alone, as stored; at most
+	// MaxRecordBytes), [OUTBOX_MAX_TYPE_BYTES, OUTBOX_MAX_AGGREGATE_TYPE_BYTES,
+	// OUTBOX_MAX_AGGREGATE_ID_BYTES, OUTBOX_MAX_KEY_BYTES, OUTBOX_MAX_HEADERS,
+	// OUTBOX_MAX_HEADER_BYTES].
 	Limits outbox.Limits
 	// Migrate applies the migrations at start instead of only checking that
 	// the table exists [OUTBOX_MIGRATE]. Default false.
@@ -117,7 +129,26 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Topics == nil {
 		c.Topics = outbox.TopicPerEvent
 	}
-	return c, c.Table.Validate()
+	if err := c.Table.Validate(); err != nil {
+		return c, err
+	}
+	// One size rule: the largest record, from Limits or else from a sarama
+	// configuration that changed sarama's default.
+	if c.Sarama != nil {
+		if m := c.Sarama.Producer.MaxMessageBytes; m != sarama.NewConfig().Producer.MaxMessageBytes {
+			switch c.Limits.MaxRecordBytes {
+			case 0:
+				c.Limits.MaxRecordBytes = m
+			case m:
+			default:
+				return c, &outbox.ConfigError{Field: "Sarama.Producer.MaxMessageBytes", Reason: fmt.Sprintf(
+					"is %d but Limits.MaxRecordBytes is %d: set only Limits.MaxRecordBytes (OUTBOX_MAX_RECORD_BYTES); "+
+						"fxoutbox gives the writers, the relay and sarama that one number", m, c.Limits.MaxRecordBytes)}
+			}
+		}
+	}
+	c.Limits = c.Limits.WithDefaults()
+	return c, c.Limits.Validate()
 }
 
 // ConfigFromEnv reads a Config from environment variables (names in the
@@ -149,7 +180,14 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 		name string
 		dst  *int
 	}{
+		{"OUTBOX_MAX_RECORD_BYTES", &c.Limits.MaxRecordBytes},
 		{"OUTBOX_MAX_PAYLOAD_BYTES", &c.Limits.MaxPayloadBytes},
+		{"OUTBOX_MAX_TYPE_BYTES", &c.Limits.MaxTypeBytes},
+		{"OUTBOX_MAX_AGGREGATE_TYPE_BYTES", &c.Limits.MaxAggregateTypeBytes},
+		{"OUTBOX_MAX_AGGREGATE_ID_BYTES", &c.Limits.MaxAggregateIDBytes},
+		{"OUTBOX_MAX_KEY_BYTES", &c.Limits.MaxKeyBytes},
+		{"OUTBOX_MAX_HEADERS", &c.Limits.MaxHeaders},
+		{"OUTBOX_MAX_HEADER_BYTES", &c.Limits.MaxHeaderBytes},
 		{"OUTBOX_BATCH_SIZE", &c.BatchSize},
 		{"OUTBOX_MAX_BATCH_SIZE", &c.MaxBatchSize},
 		{"OUTBOX_WORKERS", &c.Workers},

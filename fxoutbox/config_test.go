@@ -3,6 +3,7 @@ package fxoutbox
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,44 @@ func TestConfigFromEnv(t *testing.T) {
 			t.Errorf("%s=%q: err = %v, want a ConfigError", k, v, err)
 		} else if ce.Field != k {
 			t.Errorf("%s=%q: error names %s", k, v, ce.Field)
+		}
+	}
+}
+
+// The one size setting: OUTBOX_MAX_RECORD_BYTES reaches the writers'
+// limits; a sarama configuration that changed Producer.MaxMessageBytes sets
+// it when it is unset and must agree with it otherwise; the old
+// OUTBOX_MAX_PAYLOAD_BYTES still caps the payload but cannot exceed the
+// record.
+func TestOneRecordSizeSetting(t *testing.T) {
+	env := map[string]string{"OUTBOX_MAX_RECORD_BYTES": "500000", "OUTBOX_MAX_PAYLOAD_BYTES": "100000", "OUTBOX_MAX_TYPE_BYTES": "64",
+		"OUTBOX_MAX_AGGREGATE_TYPE_BYTES": "65", "OUTBOX_MAX_AGGREGATE_ID_BYTES": "66", "OUTBOX_MAX_KEY_BYTES": "67",
+		"OUTBOX_MAX_HEADERS": "3", "OUTBOX_MAX_HEADER_BYTES": "68"}
+	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err = c.withDefaults()
+	want := outbox.Limits{MaxRecordBytes: 500000, MaxPayloadBytes: 100000, MaxTypeBytes: 64, MaxAggregateTypeBytes: 65,
+		MaxAggregateIDBytes: 66, MaxKeyBytes: 67, MaxHeaders: 3, MaxHeaderBytes: 68}
+	if err != nil || c.Limits != want {
+		t.Errorf("limits = %+v, %v; want %+v", c.Limits, err, want)
+	}
+
+	if c, err := (Config{}).withDefaults(); err != nil || c.Limits.MaxRecordBytes != outbox.DefaultMaxRecordBytes || c.Limits.MaxPayloadBytes != outbox.DefaultMaxRecordBytes {
+		t.Errorf("default limits = %+v, %v", c.Limits, err)
+	}
+	sc := relay.DefaultSaramaConfig()
+	sc.Producer.MaxMessageBytes = 2 << 20
+	if c, err := (Config{Sarama: sc}).withDefaults(); err != nil || c.Limits.MaxRecordBytes != 2<<20 {
+		t.Errorf("sarama's MaxMessageBytes not adopted: %+v, %v", c.Limits, err)
+	}
+	for _, bad := range []Config{
+		{Sarama: sc, Limits: outbox.Limits{MaxRecordBytes: 1 << 20}},
+		{Limits: outbox.Limits{MaxPayloadBytes: 2 << 20}},
+	} {
+		if _, err := bad.withDefaults(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "MaxRecordBytes") {
+			t.Errorf("withDefaults(%+v) = %v, want a ConfigError naming MaxRecordBytes", bad.Limits, err)
 		}
 	}
 }

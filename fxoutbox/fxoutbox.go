@@ -158,16 +158,18 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 	}
 	pub := p.Publisher
 	var owned *relay.SaramaPublisher
-	maxMessage := 0 // the relay's default, for a publisher of the app's own
 	if pub == nil {
 		sc, err := cfg.saramaConfig()
 		if err != nil {
 			return nil, err
 		}
+		// The one size rule: sarama, which counts a record without its
+		// batch header, takes every record the relay sends.
+		sc.Producer.MaxMessageBytes = cfg.Limits.MaxRecordBytes
 		if owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err
 		}
-		pub, maxMessage = owned, sc.Producer.MaxMessageBytes
+		pub = owned
 	}
 	r, err := relay.New(p.Pool, pub, &relay.Config{
 		Table:             cfg.Table,
@@ -184,7 +186,7 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		Listen:            !cfg.DisableListen,
 		MaxAttempts:       cfg.MaxAttempts,
 		Poison:            cfg.Poison,
-		MaxMessageBytes:   maxMessage,
+		MaxMessageBytes:   cfg.Limits.MaxRecordBytes, // what the writers accept
 		Logger:            p.Logger,
 		TracerProvider:    p.TracerProvider,
 		MeterProvider:     p.MeterProvider,

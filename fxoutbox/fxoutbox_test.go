@@ -106,7 +106,7 @@ func TestConfigReachesTheRelay(t *testing.T) {
 		{"defaults", fxoutbox.Config{DisableListen: true},
 			relay.Config{PollInterval: 500 * time.Millisecond, BatchSize: 50, MaxBatchSize: 500, Workers: 1,
 				BatchTimeout: 30 * time.Second, MaxBackoff: 30 * time.Second, Ordering: relay.PerKey, Lanes: 64,
-				Retention: 72 * time.Hour, MaxAttempts: 5, Poison: relay.Park, MaxMessageBytes: relay.DefaultSaramaConfig().Producer.MaxMessageBytes}},
+				Retention: 72 * time.Hour, MaxAttempts: 5, Poison: relay.Park, MaxMessageBytes: outbox.DefaultMaxRecordBytes}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg

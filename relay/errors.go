@@ -65,14 +65,16 @@ func topicLevel(err error) bool {
 		errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, errCannotSend)
 }
 
-// messageSize estimates a record's size as Kafka counts it against
-// message.max.bytes: key, value and headers plus record overhead.
+// messageSize is a record's size as a broker counts it against
+// message.max.bytes, by the rule the writers' outbox.Prepare also applies
+// (outbox.RecordBytes): key, value and headers plus record and batch
+// overhead.
 func messageSize(m Message) int {
-	n := 70 + len(m.Key) + len(m.Value)
+	n := 0
 	for _, h := range m.Headers {
-		n += 10 + len(h.Key) + len(h.Value)
+		n += len(h.Key) + len(h.Value)
 	}
-	return n
+	return outbox.RecordBytes(len(m.Key), len(m.Value), len(m.Headers), n)
 }
 
 // errCannotSend marks a message the relay refuses before sending: no retry

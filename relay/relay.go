@@ -155,10 +155,18 @@ type Config struct {
 	// without it; Hold retries it forever, keeping its key's order but
 	// blocking the key until an operator acts.
 	Poison PoisonPolicy
-	// MaxMessageBytes is the largest record (key, value, headers) the relay
-	// sends; larger events are parked at once. Set it to the producer's
-	// limit (sarama Producer.MaxMessageBytes, which fxoutbox passes on).
-	// Default 1000000, Kafka's and sarama's default.
+	// MaxMessageBytes is the largest record the relay sends, counted as
+	// outbox.RecordBytes counts it (key, value, headers, and the record and
+	// batch overhead a broker compares with message.max.bytes); larger
+	// events are parked at once. Give the writers the same number as
+	// outbox.Limits.MaxRecordBytes (the fxoutbox module does), so that every
+	// event they accept can be sent. It must not exceed the topics'
+	// max.message.bytes (by default the broker's message.max.bytes,
+	// 1,048,588), and sarama's Producer.MaxMessageBytes (default 1,048,576)
+	// must be at least MaxMessageBytes - 61, since sarama counts a record
+	// without the 61-byte batch header. Default
+	// outbox.DefaultMaxRecordBytes (1,048,588), which fits all three
+	// defaults.
 	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
 	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
@@ -233,7 +241,7 @@ func (c Config) withDefaults() Config {
 		c.MaxAttempts = 5
 	}
 	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = 1000000
+		c.MaxMessageBytes = outbox.DefaultMaxRecordBytes
 	}
 	if c.Retention == 0 {
 		c.Retention = 72 * time.Hour

@@ -66,6 +66,6 @@ func ExampleTx_Add_invalid() {
 	fmt.Println(err)
 	fmt.Println(errors.Is(err, outbox.ErrInvalidEvent))
 	// Output:
-	// outbox: event 0 (order.confirmed.v1): Payload cannot be encoded as JSON: json: unsupported type: chan int
+	// outbox: event 0 (type "order.confirmed.v1"): Payload cannot be encoded as JSON: json: unsupported type: chan int
 	// true
 }

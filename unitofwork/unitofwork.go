@@ -88,7 +88,10 @@ type Config struct {
 	// Topics derives the topic of an event without one. Default:
 	// outbox.TopicPerEvent; outbox.TopicPerAggregate is the alternative.
 	Topics outbox.TopicFunc
-	// Limits bounds payload and header sizes. Default: see outbox.Limits.
+	// Limits bounds what one event may carry: the Kafka record it becomes
+	// (MaxRecordBytes: give the relay the same number as its
+	// MaxMessageBytes), the payload as stored, headers and text fields.
+	// Default: see outbox.Limits.
 	Limits outbox.Limits
 	// Propagator writes the trace context of ctx into each event's headers.
 	// Default: W3C trace context and baggage, the same default as the relay,
