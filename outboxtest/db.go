@@ -75,7 +75,8 @@ func readRows(ctx context.Context, db Querier, table outbox.Table, types []strin
 		if err != nil {
 			return r, err
 		}
-		r.Payload = []byte(payload)
+		r.Payload = []byte(payload) // jsonb's text: its length is what Add bounded
+		r.PayloadBytes = len(r.Payload)
 		if headers != nil {
 			if err := json.Unmarshal([]byte(*headers), &r.Headers); err != nil {
 				return r, err

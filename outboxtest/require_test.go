@@ -126,13 +126,13 @@ func TestPayload(t *testing.T) {
 // Failure messages quote what they show and cut long values.
 func TestFailureMessagesCutLongValues(t *testing.T) {
 	rec := newRecorder(t, payService)
-	long := strings.Repeat("x", 5000) + "\x01"
+	long := strings.Repeat("x", 1000) + "\x01" // under the 1024-byte limit of AggregateID
 	_ = rec.Do(context.Background(), func(ctx context.Context, tx unitofwork.Tx) error {
 		return tx.Add(ctx, outbox.Event{AggregateType: "payment", AggregateID: long, Type: "payment.captured.v1"})
 	})
 	ft := &fakeT{}
 	outboxtest.RequireNoEvents(ft, rec)
-	if len(ft.fatals) != 1 || len(ft.fatals[0]) > 1000 || !strings.Contains(ft.fatals[0], "(5001 bytes)") || strings.Contains(ft.fatals[0], "\x01") {
+	if len(ft.fatals) != 1 || len(ft.fatals[0]) > 1000 || !strings.Contains(ft.fatals[0], "(1001 bytes)") || strings.Contains(ft.fatals[0], "\x01") {
 		t.Fatalf("message not cut and quoted: %d bytes: %.300q", len(ft.fatals[0]), ft.fatals)
 	}
 }
