@@ -118,7 +118,7 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 	}
 	defer admin.Close()
 	for {
-		missing, err := missingTopics(admin, topics)
+		missing, err := missingTopics(admin, topics, false)
 		if err != nil {
 			return fmt.Errorf("fxoutbox: topic check (OUTBOX_TOPICS=%s): %w", cfg.TopicCheck, err)
 		}
@@ -141,7 +141,7 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 		}
 		// Created: wait until the metadata shows them with their leaders.
 		for {
-			if missing, err = missingTopics(admin, missing); err == nil && len(missing) == 0 {
+			if missing, err = missingTopics(admin, missing, true); err == nil && len(missing) == 0 {
 				return nil
 			}
 			select {
@@ -153,9 +153,10 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 	}
 }
 
-// missingTopics returns the topics that do not exist, or have a partition
-// without a leader yet.
-func missingTopics(admin sarama.ClusterAdmin, topics []string) ([]string, error) {
+// missingTopics returns the topics that do not exist; with ready, also
+// those that have no partition yet or a partition without a leader (just
+// created).
+func missingTopics(admin sarama.ClusterAdmin, topics []string, ready bool) ([]string, error) {
 	md, err := admin.DescribeTopics(topics)
 	if err != nil {
 		return nil, err
@@ -167,7 +168,7 @@ func missingTopics(admin sarama.ClusterAdmin, topics []string) ([]string, error)
 		case errors.Is(t.Err, sarama.ErrUnknownTopicOrPartition):
 		case t.Err != sarama.ErrNoError:
 			return nil, fmt.Errorf("describe topic %s: %w", t.Name, t.Err)
-		case len(t.Partitions) > 0 && !slices.ContainsFunc(t.Partitions, func(p *sarama.PartitionMetadata) bool { return p.Leader < 0 }):
+		case !ready || (len(t.Partitions) > 0 && !slices.ContainsFunc(t.Partitions, func(p *sarama.PartitionMetadata) bool { return p.Leader < 0 })):
 			found[t.Name] = true
 		}
 	}
