@@ -20,9 +20,14 @@
 // span and the Kafka consumer continue the trace of the request that wrote it.
 //
 // Ordering: events of one key are published in the order their rows were
-// inserted. Writers that change the same aggregate concurrently must lock it
-// (SELECT ... FOR UPDATE) inside Do, as they would to keep the business data
-// consistent; then its events are inserted and committed in order.
+// inserted, and Kafka keeps that order per key within a topic. Writers that
+// change the same aggregate concurrently must lock it (SELECT ... FOR
+// UPDATE) inside Do, as they would to keep the business data consistent;
+// then its events are inserted and committed in order. With the default
+// per-event topics (outbox.TopicPerEvent) two event types of one aggregate
+// go to two topics, and a consumer of both may see them in either order;
+// choose outbox.TopicPerAggregate when a consumer needs one aggregate's
+// events in order across types.
 //
 // Teams with their own transaction helpers call [UnitOfWork.AddTx] with the
 // pgx.Tx they manage. With an OnCommit hook and a *pgxpool.Pool, a commit
