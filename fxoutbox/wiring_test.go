@@ -224,14 +224,16 @@ func TestConcreteSDKProvidersAreUsed(t *testing.T) {
 	if s := spans.Ended(); len(s) == 0 || s[0].Name() != "publish "+topic {
 		t.Fatalf("spans = %d, want the relay's publish span on the supplied *sdktrace.TracerProvider", len(s))
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			found = found || m.Name == relay.MetricPublished
+	found := false // the counter follows the mark, a moment after the span
+	for ; !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				found = found || m.Name == relay.MetricPublished
+			}
 		}
 	}
 	if !found {
