@@ -3,7 +3,9 @@ package fxoutbox
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,14 +21,17 @@ import (
 // for each field is named in brackets.
 type Config struct {
 	// Service is the first part of derived topic names, e.g. "order-service"
-	// [OUTBOX_SERVICE]. Default "": events must then name their Topic.
+	// [OUTBOX_SERVICE]. Required by the writer when Topics derives names
+	// from it (the default); with Topics = ExplicitTopics or a TopicFunc of
+	// your own it may stay empty. Default "".
 	Service string
 	// Table is the outbox table [OUTBOX_SCHEMA, OUTBOX_TABLE].
 	// Default: outbox_event in the connection's search_path.
 	Table outbox.Table
 	// Topics derives topic names. Default outbox.TopicPerEvent
 	// ("<service>.<aggregate-type>.<event-name>")
-	// [OUTBOX_TOPIC_NAMING=per-event|per-aggregate].
+	// [OUTBOX_TOPIC_NAMING=per-event|per-aggregate|explicit; explicit is
+	// ExplicitTopics: every event names its Topic].
 	Topics outbox.TopicFunc
 	// Limits bounds what one event may carry; defaults and meaning in
 	// outbox.Limits. Limits.MaxRecordBytes, the largest Kafka record
@@ -49,7 +54,8 @@ type Config struct {
 
 	// Brokers are the Kafka bootstrap addresses, host:port [KAFKA_BROKERS,
 	// comma-separated]. Required by the relay unless the application
-	// supplies its own relay.Publisher.
+	// supplies its own relay.Publisher; an address without a port is an
+	// error. Default none.
 	Brokers []string
 	// Sarama is the producer configuration. Default
 	// relay.DefaultSaramaConfig() (idempotent, acks=all); a configuration
@@ -122,12 +128,46 @@ type Config struct {
 	// flows on) or relay.Hold (retry it forever, blocking its key)
 	// [OUTBOX_POISON=park|hold].
 	Poison relay.PoisonPolicy
+
+	// EventTypes declares the events this service writes, for TopicNames
+	// and TopicCheck. Default none.
+	EventTypes []EventType
+	// TopicCheck makes the relay's start check that the topics of
+	// EventTypes exist (TopicsCheck: a missing one fails the start, naming
+	// it) or create the missing ones (TopicsCreate)
+	// [OUTBOX_TOPICS=off|check|create]. It needs the brokers at start.
+	// Default TopicsOff.
+	TopicCheck TopicCheck
+	// TopicPartitions and TopicReplicationFactor are those of topics
+	// TopicsCreate creates [OUTBOX_TOPIC_PARTITIONS,
+	// OUTBOX_TOPIC_REPLICATION_FACTOR]. Default -1 (zero means it too):
+	// the broker's num.partitions and default.replication.factor.
+	TopicPartitions        int32
+	TopicReplicationFactor int16
+
+	// warnings are what ConfigFromEnv found doubtful but not wrong enough
+	// to fail on; the start hooks log them.
+	warnings []string
 }
 
 func (c Config) withDefaults() (Config, error) {
 	c.Table = c.Table.WithDefaults()
 	if c.Topics == nil {
 		c.Topics = outbox.TopicPerEvent
+	}
+	if c.TopicPartitions == 0 {
+		c.TopicPartitions = -1
+	}
+	if c.TopicReplicationFactor == 0 {
+		c.TopicReplicationFactor = -1
+	}
+	switch {
+	case c.TopicCheck < TopicsOff || c.TopicCheck > TopicsCreate:
+		return c, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: fmt.Sprintf("is %d: use TopicsOff, TopicsCheck or TopicsCreate", int(c.TopicCheck))}
+	case c.TopicPartitions < -1:
+		return c, &outbox.ConfigError{Field: "TopicPartitions [OUTBOX_TOPIC_PARTITIONS]", Reason: fmt.Sprintf("is %d: use a positive number, or -1 for the broker's default", c.TopicPartitions)}
+	case c.TopicReplicationFactor < -1:
+		return c, &outbox.ConfigError{Field: "TopicReplicationFactor [OUTBOX_TOPIC_REPLICATION_FACTOR]", Reason: fmt.Sprintf("is %d: use a positive number, or -1 for the broker's default", c.TopicReplicationFactor)}
 	}
 	if err := c.Table.Validate(); err != nil {
 		return c, err
@@ -151,14 +191,70 @@ func (c Config) withDefaults() (Config, error) {
 	return c, c.Limits.Validate()
 }
 
+// validateWriter checks what only the writer needs: a service name when
+// topics are derived from it.
+func (c Config) validateWriter() error {
+	if c.Service == "" && derivesFromService(c.Topics) {
+		return &outbox.ConfigError{Field: "Service [OUTBOX_SERVICE]", Reason: "is empty, and topic names are derived from it " +
+			"(OUTBOX_TOPIC_NAMING per-event or per-aggregate): every event without a Topic would fail at Add. " +
+			"Set it, e.g. payment-service; or, if every event names its Topic, set Topics to fxoutbox.ExplicitTopics (OUTBOX_TOPIC_NAMING=explicit)"}
+	}
+	return nil
+}
+
+// validateBrokers checks that every address is host:port with a port
+// number; field names the setting in errors.
+func validateBrokers(brokers []string, field string) error {
+	if len(brokers) == 0 {
+		return &outbox.ConfigError{Field: field, Reason: "is empty: list the Kafka bootstrap servers as host:port, or supply a relay.Publisher"}
+	}
+	for _, b := range brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s is not host:port: write it with the port, e.g. %s", quote(b), example(b))}
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s has no valid port (1-65535): write it as host:port, e.g. %s", quote(b), example(host))}
+		}
+	}
+	return nil
+}
+
+// example suggests host:9092 for an address without a port.
+func example(host string) string {
+	if len(host) > 64 || strings.ContainsAny(host, ":/ \t") {
+		return "kafka-1.internal:9092"
+	}
+	return host + ":9092"
+}
+
+// quote returns v quoted, cut to 64 bytes, for messages: no control bytes,
+// nothing huge.
+func quote(v string) string {
+	if len(v) > 64 {
+		return fmt.Sprintf("%q...", v[:64])
+	}
+	return fmt.Sprintf("%q", v)
+}
+
 // ConfigFromEnv reads a Config from environment variables (names in the
 // field comments). Unset variables keep the defaults; a malformed value is a
-// *outbox.ConfigError naming the variable.
-func ConfigFromEnv() (Config, error) { return configFrom(os.LookupEnv) }
+// *outbox.ConfigError naming the variable. So is an OUTBOX_ or KAFKA_
+// variable that is not a setting but close to the name of one (a typo such
+// as OUTBOX_BATCHSIZE); other unknown variables with these prefixes (those
+// of other tools) are logged as warnings when the outbox starts.
+func ConfigFromEnv() (Config, error) { return configFrom(os.LookupEnv, os.Environ()...) }
 
-func configFrom(lookup func(string) (string, bool)) (Config, error) {
+// configFrom reads the variables through lookup; environ, when given, is
+// scanned for unknown OUTBOX_ and KAFKA_ variables.
+func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Config, error) {
 	var c Config
 	var err error
+	known := map[string]bool{}
+	lookup := func(name string) (string, bool) {
+		known[name] = true
+		return lookupEnv(name)
+	}
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
 		if v = strings.TrimSpace(v); !ok || v == "" {
@@ -172,9 +268,29 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 	c.Service, _ = get("OUTBOX_SERVICE")
 	c.Table.Schema, _ = get("OUTBOX_SCHEMA")
 	c.Table.Name, _ = get("OUTBOX_TABLE")
-	if err := choose(get, "OUTBOX_TOPIC_NAMING", `"per-event" or "per-aggregate"`,
-		map[string]outbox.TopicFunc{"per-event": outbox.TopicPerEvent, "per-aggregate": outbox.TopicPerAggregate}, &c.Topics, nil); err != nil {
+	if err := choose(get, "OUTBOX_TOPIC_NAMING", `"per-event", "per-aggregate" or "explicit"`,
+		map[string]outbox.TopicFunc{"per-event": outbox.TopicPerEvent, "per-aggregate": outbox.TopicPerAggregate, "explicit": ExplicitTopics}, &c.Topics, nil); err != nil {
 		return c, err
+	}
+	if err := choose(get, "OUTBOX_TOPICS", `"off", "check" or "create"`,
+		map[string]TopicCheck{"off": TopicsOff, "check": TopicsCheck, "create": TopicsCreate}, &c.TopicCheck, strings.ToLower); err != nil {
+		return c, err
+	}
+	for _, n := range []struct {
+		name string
+		bits int
+		set  func(int64)
+	}{
+		{"OUTBOX_TOPIC_PARTITIONS", 32, func(v int64) { c.TopicPartitions = int32(v) }},
+		{"OUTBOX_TOPIC_REPLICATION_FACTOR", 16, func(v int64) { c.TopicReplicationFactor = int16(v) }},
+	} {
+		if v, ok := get(n.name); ok {
+			x, err := strconv.ParseInt(v, 10, n.bits)
+			if err != nil || (x < 1 && x != -1) {
+				return c, bad(n.name, v, "a positive number, or -1 for the broker's default")
+			}
+			n.set(x)
+		}
 	}
 	for _, n := range []struct {
 		name string
@@ -210,6 +326,9 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 			if b = strings.TrimSpace(b); b != "" {
 				c.Brokers = append(c.Brokers, b)
 			}
+		}
+		if err := validateBrokers(c.Brokers, "KAFKA_BROKERS"); err != nil {
+			return c, err
 		}
 	}
 	id, hasID := get("KAFKA_CLIENT_ID")
@@ -275,7 +394,62 @@ func configFrom(lookup func(string) (string, bool)) (Config, error) {
 		}
 		return c, err
 	}
+	if c.warnings, err = unknownVariables(environ, known); err != nil {
+		return c, err
+	}
 	return c, nil
+}
+
+// unknownVariables checks the OUTBOX_ and KAFKA_ variables of environ
+// against the settings read (known): one close to a setting's name is an
+// error naming both, any other one a warning.
+func unknownVariables(environ []string, known map[string]bool) ([]string, error) {
+	var warnings []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if known[name] || (!strings.HasPrefix(name, "OUTBOX_") && !strings.HasPrefix(name, "KAFKA_")) {
+			continue
+		}
+		best, dist := "", 1<<30
+		for k := range known {
+			if d := typoDistance(name, k); d < dist || (d == dist && k < best) {
+				best, dist = k, d
+			}
+		}
+		// One edit away, or two for long names, is a typo; KAFKA_OPTS (a
+		// JVM setting) is two away from KAFKA_TLS and is not.
+		if dist == 0 || dist == 1 || (dist == 2 && len(best) > 14) {
+			return nil, &outbox.ConfigError{Field: strings.Trim(quote(name), `"`), Reason: fmt.Sprintf("is not a setting of the outbox: did you mean %s? "+
+				"Rename it (an unknown OUTBOX_ or KAFKA_ variable this close to a setting is taken for a typo)", best)}
+		}
+		warnings = append(warnings, fmt.Sprintf("%s is set but is not a setting of the outbox; it is ignored", quote(name)))
+	}
+	slices.Sort(warnings)
+	return warnings, nil
+}
+
+// typoDistance is the edit distance between a and b, ignoring case and
+// underscores (OUTBOX_BATCHSIZE is 0 away from OUTBOX_BATCH_SIZE).
+func typoDistance(a, b string) int {
+	norm := func(s string) []rune { return []rune(strings.ToUpper(strings.ReplaceAll(s, "_", ""))) }
+	x, y := norm(a), norm(b)
+	prev := make([]int, len(y)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(x); i++ {
+		cur := make([]int, len(y)+1)
+		cur[0] = i
+		for j := 1; j <= len(y); j++ {
+			cost := 1
+			if x[i-1] == y[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(y)]
 }
 
 // choose sets *dst to the choice named by the variable name, if it is set

@@ -100,3 +100,41 @@ func TestOneRecordSizeSetting(t *testing.T) {
 		}
 	}
 }
+
+// Variables of other tools (and of this project's test harness) are
+// warnings; typos of a setting are errors naming the setting.
+func TestUnknownVariables(t *testing.T) {
+	env := []string{"OUTBOX_TEST_REQUIRE=1", "OUTBOX_TEST_REAL_KAFKA=1", "OUTBOX_TEST_ORDERING=x", "OUTBOX_FAULTTEST_KILLS=3",
+		"OUTBOX_FAULTTEST_PG_PORT=1", "OUTBOX_SOAK_EVENTS=1", "OUTBOX_SOAK_RATE=1", "OUTBOX_PG_PORT=1",
+		"KAFKA_OPTS=-Xmx1g", "KAFKA_HEAP_OPTS=-Xmx1g", "KAFKA_CONSUMER_GROUP=g", "PATH=/bin", "OUTBOX_SERVICE=svc"}
+	lookup := func(k string) (string, bool) {
+		for _, kv := range env {
+			if name, v, _ := strings.Cut(kv, "="); name == k {
+				return v, true
+			}
+		}
+		return "", false
+	}
+	c, err := configFrom(lookup, env...)
+	if err != nil {
+		t.Fatalf("configFrom = %v, want only warnings", err)
+	}
+	if len(c.warnings) != 11 {
+		t.Errorf("warnings = %q, want one per unknown OUTBOX_/KAFKA_ variable (11)", c.warnings)
+	}
+	for typo, want := range map[string]string{
+		"OUTBOX_BATCHSIZE": "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVALL": "OUTBOX_POLL_INTERVAL", "outbox_service": "",
+		"KAFKA_BROKER": "KAFKA_BROKERS", "OUTBOX_MAX_ATTEMTPS": "OUTBOX_MAX_ATTEMPTS", "OUTBOX_TOPIC": "OUTBOX_TOPICS",
+	} {
+		_, err := configFrom(lookup, append(env, typo+"=1")...)
+		if want == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want no error (not an OUTBOX_ variable)", typo, err)
+			}
+			continue
+		}
+		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), typo) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming it and %s", typo, err, want)
+		}
+	}
+}

@@ -10,39 +10,65 @@
 //	)
 //
 // [Module] provides both sides and wakes the relay as soon as a unit of work
-// commits events. Across processes, writers send a coalesced NOTIFY after
-// commits (at most one per 5ms per process, outside the business
-// transaction) and relays LISTEN for it; Config.DisableNotify and
-// Config.DisableListen turn these off. The relay's ticker stays as the safety
-// net for lost signals. [WriterModule] provides only the unit of work, for pods
-// that write but must not publish (a web tier with a separate relay
-// deployment); [RelayModule] runs only the relay.
+// commits events, through Do or through AddTx in a transaction of the
+// application's own (see unitofwork.UnitOfWork.AddTx). Across processes,
+// writers send a coalesced NOTIFY after commits (at most one per 5ms per
+// process, outside the business transaction) and relays LISTEN for it;
+// Config.DisableNotify and Config.DisableListen turn these off. The relay's
+// ticker stays as the safety net for lost signals.
+//
+// Which module: [Module] in a service that writes and publishes.
+// [WriterModule] provides only the unit of work, for pods that write but
+// never publish (a web tier with a separate relay deployment): it needs no
+// brokers and builds no producer. [RelayModule] runs only the relay.
+// Config.DisableRelay (OUTBOX_RELAY=off) is for one image deployed both
+// ways: it keeps Module's wiring (and its need for brokers) and only does
+// not start the relay, so the same binary turns publishing off by
+// environment.
+//
+// Several outboxes in one application (two tables, each with its own
+// service name, topics and relay): [Named] provides each instance's unit of
+// work and relay under its name, beside the unnamed Module or without it.
 //
 // The application supplies the *pgxpool.Pool and a [Config]. It may also
-// supply a *slog.Logger, a trace.TracerProvider, a metric.MeterProvider, a
+// supply a *slog.Logger, a trace.TracerProvider or *sdktrace.TracerProvider,
+// a metric.MeterProvider or *sdkmetric.MeterProvider, a
 // propagation.TextMapPropagator and a relay.Publisher (instead of the sarama
-// producer the module builds from Config); each is optional.
+// producer the module builds from Config); each is optional. Without a
+// tracer or meter provider the relay uses otel's global ones; the start-up
+// log line says which it uses.
 //
-// Health: inject *relay.Relay and call its Health method from your
-// readiness probe.
-//
-// The relay starts in OnStart without waiting for Kafka: a broker that is
+// Start: the relay's start hook checks the table (or migrates it, with
+// Config.Migrate), checks or creates the declared topics when
+// Config.TopicCheck asks for it, logs one line with its configuration, and
+// starts publishing. It does not wait for Kafka otherwise: a broker that is
 // down does not keep the application from starting (writers do not need
 // it); the relay logs the failure and retries with backoff. OnStop finishes
 // the in-flight batch within the stop timeout, or abandons it with its rows
 // left unpublished, and then closes the producer.
+//
+// Health: inject *relay.Relay and call its Health method from your
+// readiness probe.
 package fxoutbox
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"regexp"
+	"strings"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -53,11 +79,11 @@ import (
 // the relay at once.
 var Module = fx.Module("fxoutbox",
 	fx.Provide(NewUnitOfWork, NewRelay),
-	fx.Invoke(func(*relay.Relay) {}),
+	fx.Invoke(runRelay),
 )
 
 // WriterModule provides only *unitofwork.UnitOfWork: a process that records
-// events while a relay runs elsewhere.
+// events while a relay runs elsewhere. It needs no brokers.
 var WriterModule = fx.Module("fxoutbox.writer",
 	fx.Provide(NewUnitOfWork),
 )
@@ -65,8 +91,12 @@ var WriterModule = fx.Module("fxoutbox.writer",
 // RelayModule runs only the relay: a dedicated publishing process.
 var RelayModule = fx.Module("fxoutbox.relay",
 	fx.Provide(NewRelay),
-	fx.Invoke(func(*relay.Relay) {}),
+	fx.Invoke(runRelay),
 )
+
+// runRelay makes fx build the relay, whose constructor hooks it into the
+// lifecycle, even when nothing else asks for it.
+func runRelay(*relay.Relay) {}
 
 // WriterParams are NewUnitOfWork's dependencies.
 type WriterParams struct {
@@ -83,82 +113,254 @@ type WriterParams struct {
 
 // NewUnitOfWork builds the unit of work from Config. At start it applies the
 // migrations when Config.Migrate is set, and otherwise checks that the table
-// exists, so a missing table fails the start with a clear error.
+// exists and has every migration's columns, so a missing or outdated table
+// fails the start with a clear error. When the application stops it stops
+// the unit of work's notifier and AddTx commit watcher.
 func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
-	cfg, err := p.Config.withDefaults()
-	if err != nil {
+	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator}
+	if err := in.configure(p.Config); err != nil {
 		return nil, err
 	}
-	wc := &unitofwork.Config{
-		Service:    cfg.Service,
-		Table:      cfg.Table,
-		Topics:     cfg.Topics,
-		Limits:     cfg.Limits,
-		Propagator: p.Propagator,
-	}
-	var notifier *unitofwork.Notifier
-	if !cfg.DisableNotify {
-		if notifier, err = unitofwork.NewNotifier(p.Pool, cfg.Table, 0, p.Logger); err != nil {
-			return nil, err
-		}
-	}
-	wake := func() {}
-	if p.Relay != nil {
-		wake = p.Relay.Wake
-	}
-	wc.OnCommit = func(int) {
-		wake()
-		if notifier != nil {
-			notifier.Notify()
-		}
-	}
-	u, err := unitofwork.New(p.Pool, wc)
-	if err != nil {
-		return nil, err
-	}
-	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(ctx context.Context) error {
-			if p.Relay != nil && !cfg.DisableRelay {
-				return nil // the relay's start hook, which runs first, did it
-			}
-			return ensureSchema(ctx, p.Pool, cfg)
-		},
-		OnStop: func(context.Context) error {
-			if notifier != nil {
-				notifier.Close()
-			}
-			return nil
-		},
-	})
-	return u, nil
+	// The relay's start hook, which runs first, checks the table.
+	return in.writer(p.Lifecycle, p.Relay, p.Relay != nil)
 }
 
 // RelayParams are NewRelay's dependencies.
 type RelayParams struct {
 	fx.In
 
-	Lifecycle      fx.Lifecycle
-	Pool           *pgxpool.Pool
-	Config         Config
-	Logger         *slog.Logger                  `optional:"true"`
-	TracerProvider trace.TracerProvider          `optional:"true"`
-	MeterProvider  metric.MeterProvider          `optional:"true"`
-	Propagator     propagation.TextMapPropagator `optional:"true"`
+	Lifecycle fx.Lifecycle
+	Pool      *pgxpool.Pool
+	Config    Config
+	Logger    *slog.Logger `optional:"true"`
+	// TracerProvider, or else SDKTracerProvider, creates the publish spans.
+	// Default: otel.GetTracerProvider().
+	TracerProvider    trace.TracerProvider     `optional:"true"`
+	SDKTracerProvider *sdktrace.TracerProvider `optional:"true"`
+	// MeterProvider, or else SDKMeterProvider, creates the relay's metrics.
+	// Default: otel.GetMeterProvider().
+	MeterProvider    metric.MeterProvider          `optional:"true"`
+	SDKMeterProvider *sdkmetric.MeterProvider      `optional:"true"`
+	Propagator       propagation.TextMapPropagator `optional:"true"`
 	// Publisher replaces the sarama producer built from Config.
 	Publisher relay.Publisher `optional:"true"`
 }
 
 // NewRelay builds the relay and its sarama publisher from Config, and hooks
-// them into the lifecycle: Start in OnStart, Stop and then the producer's
-// Close in OnStop. An invalid configuration fails here, before start.
+// them into the lifecycle: in OnStart the table and topic checks, a log line
+// with the relay's configuration, and Start; in OnStop, Stop and then the
+// producer's Close. An invalid configuration fails here, before start.
 func NewRelay(p RelayParams) (*relay.Relay, error) {
-	cfg, err := p.Config.withDefaults()
+	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator, pub: p.Publisher}
+	in.telemetry(p.TracerProvider, p.SDKTracerProvider, p.MeterProvider, p.SDKMeterProvider)
+	if err := in.configure(p.Config); err != nil {
+		return nil, err
+	}
+	return in.relay(p.Lifecycle)
+}
+
+// Named returns an fx option that runs one more outbox, named name, with
+// its own Config (table, service, topics, relay settings): it provides
+// *unitofwork.UnitOfWork and *relay.Relay tagged `name:"<name>"` and runs
+// that relay with the application's lifecycle, with hooks of its own. It
+// shares the application's *pgxpool.Pool (or uses one tagged with the same
+// name, when the application provides it), logger, tracer and meter
+// providers and propagator; a relay.Publisher tagged with the name replaces
+// its sarama producer. Its internals are not in the graph, so Named
+// instances live beside each other and beside the unnamed Module.
+//
+//	fx.New(
+//		fx.Provide(newPool),
+//		fxoutbox.Named("payments", fxoutbox.Config{Service: "payment-service", Brokers: brokers}),
+//		fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: outbox.Table{Name: "audit_outbox"}, Brokers: brokers}),
+//		fx.Invoke(fx.Annotate(newHandlers, fx.ParamTags(`name:"payments"`, `name:"audit"`))),
+//	)
+//
+// To write to both tables in one transaction, run Do on one unit of work
+// and AddTx on the other with unitofwork.PgxTx(tx); both relays are woken
+// after the commit. A name is letters, digits, '-', '_' and '.'.
+func Named(name string, cfg Config) fx.Option {
+	if !nameRE.MatchString(name) {
+		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", quote(name))})
+	}
+	n := &named{name: name, cfg: cfg}
+	tag := `name:"` + name + `"`
+	opt := `name:"` + name + `" optional:"true"`
+	return fx.Module("fxoutbox."+name,
+		fx.Provide(fx.Annotate(n.provide,
+			fx.ParamTags(``, ``, opt, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, opt),
+			fx.ResultTags(tag, tag))),
+		fx.Invoke(fx.Annotate(runRelay, fx.ParamTags(tag))),
+	)
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+type named struct {
+	name string
+	cfg  Config
+}
+
+// provide builds a named instance: its relay, then its unit of work, which
+// wakes that relay.
+func (n *named) provide(lc fx.Lifecycle, pool, ownPool *pgxpool.Pool, log *slog.Logger,
+	tp trace.TracerProvider, sdkTP *sdktrace.TracerProvider, mp metric.MeterProvider, sdkMP *sdkmetric.MeterProvider,
+	prop propagation.TextMapPropagator, pub relay.Publisher,
+) (*unitofwork.UnitOfWork, *relay.Relay, error) {
+	if ownPool != nil {
+		pool = ownPool
+	}
+	in := &instance{name: n.name, pool: pool, log: logger(log).With("outbox", n.name), prop: prop, pub: pub}
+	in.telemetry(tp, sdkTP, mp, sdkMP)
+	if err := in.configure(n.cfg); err != nil {
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+	}
+	r, err := in.relay(lc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+	}
+	u, err := in.writer(lc, r, true)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+	}
+	return u, r, nil
+}
+
+// instance is one outbox: the dependencies it was given and what it built.
+type instance struct {
+	name string // "" for the unnamed modules
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	prop propagation.TextMapPropagator
+	pub  relay.Publisher
+
+	tp             trace.TracerProvider
+	mp             metric.MeterProvider
+	tpFrom, mpFrom string // where they came from, for the start-up line
+
+	cfg Config // defaults filled in
+}
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.Default()
+	}
+	return l
+}
+
+// telemetry picks the tracer and meter providers: the interfaces the
+// application provided, else the SDK's concrete types (which fx does not
+// match to the interfaces), else otel's globals.
+func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerProvider, mp metric.MeterProvider, sdkMP *sdkmetric.MeterProvider) {
+	switch {
+	case tp != nil:
+		in.tp, in.tpFrom = tp, "fx trace.TracerProvider"
+	case sdkTP != nil:
+		in.tp, in.tpFrom = sdkTP, "fx *sdktrace.TracerProvider"
+	default:
+		in.tpFrom = "otel global"
+		if fmt.Sprintf("%T", otel.GetTracerProvider()) == "*global.tracerProvider" {
+			in.tpFrom = "otel global (not set: no spans until otel.SetTracerProvider)"
+		}
+	}
+	switch {
+	case mp != nil:
+		in.mp, in.mpFrom = mp, "fx metric.MeterProvider"
+	case sdkMP != nil:
+		in.mp, in.mpFrom = sdkMP, "fx *sdkmetric.MeterProvider"
+	default:
+		in.mpFrom = "otel global"
+		if fmt.Sprintf("%T", otel.GetMeterProvider()) == "*global.meterProvider" {
+			in.mpFrom = "otel global (not set: no metrics until otel.SetMeterProvider)"
+		}
+	}
+}
+
+func (in *instance) configure(c Config) error {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	in.cfg = cfg
+	return nil
+}
+
+// writer builds the unit of work; it wakes r, if any, after commits.
+// relayChecks says r's start hook checks the table, so this one need not.
+func (in *instance) writer(lc fx.Lifecycle, r *relay.Relay, relayChecks bool) (*unitofwork.UnitOfWork, error) {
+	cfg := in.cfg
+	if err := cfg.validateWriter(); err != nil {
+		return nil, err
+	}
+	var notifier *unitofwork.Notifier
+	var err error
+	if !cfg.DisableNotify {
+		if notifier, err = unitofwork.NewNotifier(in.pool, cfg.Table, 0, in.log); err != nil {
+			return nil, err
+		}
+	}
+	w := &writerHooks{in: in, relay: r, notifier: notifier, relayChecks: relayChecks}
+	u, err := unitofwork.New(in.pool, &unitofwork.Config{
+		Service:    cfg.Service,
+		Table:      cfg.Table,
+		Topics:     cfg.Topics,
+		Limits:     cfg.Limits,
+		Propagator: in.prop,
+		OnCommit:   w.onCommit,
+		Logger:     in.log,
+	})
 	if err != nil {
 		return nil, err
 	}
-	pub := p.Publisher
-	var owned *relay.SaramaPublisher
+	w.uow = u
+	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
+	return u, nil
+}
+
+type writerHooks struct {
+	in          *instance
+	relay       *relay.Relay
+	notifier    *unitofwork.Notifier
+	uow         *unitofwork.UnitOfWork
+	relayChecks bool
+}
+
+// onCommit wakes the relay of this process and, through a NOTIFY after
+// the commit, those of other processes.
+func (w *writerHooks) onCommit(int) {
+	if w.relay != nil {
+		w.relay.Wake()
+	}
+	if w.notifier != nil {
+		w.notifier.Notify()
+	}
+}
+
+func (w *writerHooks) start(ctx context.Context) error {
+	if w.relayChecks {
+		return nil // the relay's start hook, which runs first, did it
+	}
+	w.in.warnings()
+	return ensureSchema(ctx, w.in.pool, w.in.cfg)
+}
+
+func (w *writerHooks) stop(context.Context) error {
+	w.uow.Close()
+	if w.notifier != nil {
+		w.notifier.Close()
+	}
+	return nil
+}
+
+// relay builds the relay and its publisher and hooks them into lc.
+func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
+	cfg := in.cfg
+	h := &relayHooks{in: in}
+	pub := in.pub
 	if pub == nil {
+		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
+			return nil, err
+		}
 		sc, err := cfg.saramaConfig()
 		if err != nil {
 			return nil, err
@@ -166,12 +368,27 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		// The one size rule: sarama, which counts a record without its
 		// batch header, takes every record the relay sends.
 		sc.Producer.MaxMessageBytes = cfg.Limits.MaxRecordBytes
-		if owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
+		if h.owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err
 		}
-		pub = owned
+		pub, h.sarama = h.owned, sc
 	}
-	r, err := relay.New(p.Pool, pub, &relay.Config{
+	if cfg.TopicCheck != TopicsOff {
+		if h.sarama == nil {
+			return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "needs the sarama producer the module builds from Brokers; " +
+				"with a relay.Publisher of your own, check topics yourself or set OUTBOX_TOPICS=off"}
+		}
+		names, err := cfg.TopicNames()
+		if err != nil {
+			return nil, err
+		}
+		if len(names) == 0 {
+			return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "is " + cfg.TopicCheck.String() +
+				" but no event types are declared: list them in Config.EventTypes, or set OUTBOX_TOPICS=off"}
+		}
+		h.topics = names
+	}
+	r, err := relay.New(in.pool, pub, &relay.Config{
 		Table:             cfg.Table,
 		PollInterval:      cfg.PollInterval,
 		BatchSize:         cfg.BatchSize,
@@ -187,33 +404,98 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 		MaxAttempts:       cfg.MaxAttempts,
 		Poison:            cfg.Poison,
 		MaxMessageBytes:   cfg.Limits.MaxRecordBytes, // what the writers accept
-		Logger:            p.Logger,
-		TracerProvider:    p.TracerProvider,
-		MeterProvider:     p.MeterProvider,
-		Propagator:        p.Propagator,
+		Logger:            in.log,
+		TracerProvider:    in.tp,
+		MeterProvider:     in.mp,
+		Propagator:        in.prop,
 	})
 	if err != nil {
+		if h.owned != nil {
+			_ = h.owned.Close()
+		}
 		return nil, err
 	}
-	if cfg.DisableRelay {
-		return r, nil
-	}
-	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(ctx context.Context) error {
-			if err := ensureSchema(ctx, p.Pool, cfg); err != nil {
-				return err
-			}
-			return r.Start(ctx)
-		},
-		OnStop: func(ctx context.Context) error {
-			err := r.Stop(ctx)
-			if owned != nil {
-				_ = owned.Close()
-			}
-			return err
-		},
-	})
+	h.relay = r
+	lc.Append(fx.Hook{OnStart: h.start, OnStop: h.stop})
 	return r, nil
+}
+
+type relayHooks struct {
+	in     *instance
+	relay  *relay.Relay
+	owned  *relay.SaramaPublisher
+	sarama *sarama.Config // of owned, for the topic check
+	topics []string       // to check or create at start
+}
+
+func (h *relayHooks) start(ctx context.Context) error {
+	in, cfg := h.in, h.in.cfg
+	in.warnings()
+	if err := ensureSchema(ctx, in.pool, cfg); err != nil {
+		return err
+	}
+	if cfg.DisableRelay {
+		in.log.Info("outbox relay not started (OUTBOX_RELAY=off); this process only writes", "table", cfg.Table.String())
+		return nil
+	}
+	if len(h.topics) > 0 {
+		if err := ensureTopics(ctx, cfg, h.sarama, h.topics, in.log); err != nil {
+			return err
+		}
+	}
+	in.log.Info("outbox relay starting", in.summary(h)...)
+	return h.relay.Start(ctx)
+}
+
+func (h *relayHooks) stop(ctx context.Context) error {
+	if h.in.cfg.DisableRelay {
+		if h.owned != nil {
+			_ = h.owned.Close()
+		}
+		return nil
+	}
+	err := h.relay.Stop(ctx)
+	if h.owned != nil {
+		_ = h.owned.Close()
+	}
+	return err
+}
+
+// summary is the start-up line's attributes: what the relay publishes from
+// where to where, how, and with which telemetry.
+func (in *instance) summary(h *relayHooks) []any {
+	cfg, rc := in.cfg, h.relay.Config()
+	brokers := "relay.Publisher from fx"
+	if h.owned != nil {
+		brokers = strings.Join(cfg.Brokers, ",")
+	}
+	mode := fmt.Sprintf("poll %v, wake-ups in process", rc.PollInterval)
+	if rc.Listen {
+		mode += " and by LISTEN " + cfg.Table.Channel()
+	}
+	mode += fmt.Sprintf(", %d worker(s), batch %d-%d", rc.Workers, rc.BatchSize, rc.MaxBatchSize)
+	ordering := "per-key"
+	if rc.Ordering == relay.Unordered {
+		ordering = "unordered"
+	}
+	service := cfg.Service
+	if service == "" {
+		service = "(none: events name their topics)"
+	}
+	topics := "off"
+	if len(h.topics) > 0 {
+		topics = fmt.Sprintf("%s, %d topic(s)", cfg.TopicCheck, len(h.topics))
+	}
+	return []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers,
+		"mode", mode, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom}
+}
+
+// warnings logs, once per start, what ConfigFromEnv found doubtful but not
+// wrong enough to fail on.
+func (in *instance) warnings() {
+	for _, w := range in.cfg.warnings {
+		in.log.Warn("outbox config: " + w)
+	}
 }
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {

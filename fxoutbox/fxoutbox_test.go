@@ -140,7 +140,7 @@ func TestStartFailsClearlyWithoutTable(t *testing.T) {
 	pool := testenv.Pool(t)
 	app := fx.New(
 		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Table: outbox.Table{Schema: testenv.Name("missing_")}, Brokers: []string{"127.0.0.1:1"}}),
+		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: outbox.Table{Schema: testenv.Name("missing_")}, Brokers: []string{"127.0.0.1:1"}}),
 		fxoutbox.Module,
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

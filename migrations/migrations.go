@@ -234,8 +234,9 @@ func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, 
 // ErrNoTable is returned by CheckTable when the outbox table does not exist.
 var ErrNoTable = errors.New("outbox table does not exist")
 
-// CheckTable reports whether table exists, with an error that says to run
-// the migrations when it does not.
+// CheckTable reports whether table exists and has the columns every
+// migration adds, with an error (ErrNoTable, ErrOutdatedTable) that says to
+// run the migrations when not.
 func CheckTable(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table outbox.Table) error {
@@ -249,5 +250,45 @@ func CheckTable(ctx context.Context, db interface {
 	if !ok {
 		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, or the SQL files in migrations/)", ErrNoTable, table)
 	}
-	return nil
+	return checkColumns(ctx, db, table)
+}
+
+// ErrOutdatedTable is returned by CheckTable when the outbox table lacks
+// what a later migration adds.
+var ErrOutdatedTable = errors.New("outbox table is behind the latest migration")
+
+var addColumnRE = regexp.MustCompile(`(?i)ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)`)
+
+// checkColumns looks up, in the catalog (readable by any role), the columns
+// the migrations add to the table, and names the first migration whose
+// columns are missing.
+func checkColumns(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table outbox.Table) error {
+	all, err := All(table)
+	if err != nil {
+		return err
+	}
+	var cols []string
+	var from []string // the migration of each column
+	for _, m := range all {
+		for _, c := range addColumnRE.FindAllStringSubmatch(m.Up, -1) {
+			cols, from = append(cols, c[1]), append(from, fmt.Sprintf("%06d_%s", m.Version, m.Name))
+		}
+	}
+	if len(cols) == 0 {
+		return nil
+	}
+	var missing []string
+	err = db.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS u(c, n)
+		WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = u.c AND NOT attisdropped)`,
+		table.Ident(), cols).Scan(&missing)
+	if err != nil {
+		return fmt.Errorf("migrations: check columns of %s: %w", table, err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s has no column %s (migration %s): apply the migrations (migrations.Up, OUTBOX_MIGRATE=on, or the SQL files in migrations/)",
+		ErrOutdatedTable, table, strings.Join(missing, ", "), from[slices.Index(cols, missing[0])])
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
@@ -182,4 +183,95 @@ func BenchmarkWriteOverhead(b *testing.B) {
 		}
 	}
 	b.ReportMetric(med(tps[1])/med(tps[2]), "outbox1/rawinsert")
+}
+
+// BenchmarkAddTxWatchCost measures what the AddTx commit watcher costs
+// writers: transactions (one UPDATE + AddTx of one event, committed by the
+// caller) per second without an OnCommit hook (no watcher: the insert
+// returns nothing) and with one (the insert returns the transaction id and
+// the watcher polls the server until the commit is visible). Rounds of one
+// second alternate; medians and their ratio are reported.
+//
+//	go test -run '^$' -bench AddTxWatchCost -benchtime 1x ./unitofwork
+func BenchmarkAddTxWatchCost(b *testing.B) {
+	for _, writers := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+			cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
+			tbl := testenv.Table(b, pool)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, "CREATE TABLE "+tbl.Schema+".acct (id int PRIMARY KEY, n int NOT NULL)"); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, "INSERT INTO "+tbl.Schema+".acct SELECT g, 0 FROM generate_series(0, 1023) g"); err != nil {
+				b.Fatal(err)
+			}
+			var woken atomic.Int64
+			plain, _ := unitofwork.New(pool, &unitofwork.Config{Table: tbl})
+			watched, _ := unitofwork.New(pool, &unitofwork.Config{Table: tbl, OnCommit: func(n int) { woken.Add(int64(n)) }})
+			defer watched.Close()
+			update := "UPDATE " + tbl.Schema + ".acct SET n = n + 1 WHERE id = $1"
+			variants := []struct {
+				name string
+				uow  *unitofwork.UnitOfWork
+			}{{"nowatch", plain}, {"watch", watched}}
+			rounds := 9
+			tps := make([][]float64, len(variants))
+			var watchedTx int64
+			for range rounds {
+				for vi, v := range variants {
+					var done atomic.Int64
+					stop := time.Now().Add(time.Second)
+					var wg sync.WaitGroup
+					for w := range writers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for i := 0; time.Now().Before(stop); i++ {
+								id := (w*997 + i) % 1024
+								err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+									if _, err := tx.Exec(ctx, update, id); err != nil {
+										return err
+									}
+									return v.uow.AddTx(ctx, tx, outbox.Event{AggregateType: "acct", AggregateID: fmt.Sprint(id), Type: "acct.changed", Topic: "t", Payload: map[string]int{"id": id}})
+								})
+								if err != nil {
+									b.Error(err)
+									return
+								}
+								done.Add(1)
+							}
+						}()
+					}
+					wg.Wait()
+					tps[vi] = append(tps[vi], float64(done.Load()))
+					if vi == 1 {
+						watchedTx += done.Load()
+					}
+				}
+			}
+			med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
+			base := med(tps[0])
+			for vi, v := range variants {
+				b.ReportMetric(med(tps[vi]), v.name+"_tps")
+				if vi > 0 {
+					b.ReportMetric(med(tps[vi])/base, v.name+"/nowatch")
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for woken.Load() < watchedTx && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if woken.Load() != watchedTx {
+				b.Errorf("OnCommit saw %d of %d committed events", woken.Load(), watchedTx)
+			}
+		})
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -68,4 +69,37 @@ func ExampleTx_Add_invalid() {
 	// Output:
 	// outbox: event 0 (type "order.confirmed.v1"): Payload cannot be encoded as JSON: json: unsupported type: chan int
 	// true
+}
+
+// One transaction writes to two outbox tables (here: payments and an audit
+// trail with its own service name): Do on one unit of work, AddTx on the
+// other with the transaction's pgx.Tx. Both commit together.
+func ExamplePgxTx() {
+	pool, payments, cleanup := testenv.ExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	audit := outbox.Table{Schema: payments.Schema, Name: "audit_outbox"}
+	if err := migrations.Up(ctx, pool, audit); err != nil {
+		panic(err)
+	}
+	pay, _ := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: payments})
+	trail, _ := unitofwork.New(pool, &unitofwork.Config{Service: "audit", Table: audit})
+	defer trail.Close()
+
+	err := pay.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		if err := tx.Add(ctx, outbox.Event{AggregateType: "payment", AggregateID: "p-1", Type: "payment.created.v1"}); err != nil {
+			return err
+		}
+		return trail.AddTx(ctx, unitofwork.PgxTx(tx), outbox.Event{AggregateType: "entry", AggregateID: "p-1", Type: "entry.recorded.v1"})
+	})
+	fmt.Println("commit:", err)
+	for _, t := range []outbox.Table{payments, audit} {
+		var topic string
+		_ = pool.QueryRow(ctx, "SELECT topic FROM "+t.Ident()).Scan(&topic)
+		fmt.Println(t.WithDefaults().Name+":", topic)
+	}
+	// Output:
+	// commit: <nil>
+	// outbox_event: payment-service.payment.created
+	// audit_outbox: audit.entry.recorded
 }

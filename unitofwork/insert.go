@@ -16,12 +16,16 @@ type execer interface {
 // inserter writes outbox rows: one event with a plain VALUES insert, several
 // with one INSERT ... SELECT FROM unnest(...) — one round trip either way.
 // Both statements are constant text, so pgx prepares and caches them.
-type inserter struct{ one, many string }
+//
+// The watched variants also return the transaction's id, for AddTx's commit
+// watcher, in the same round trip: "WITH ... INSERT" runs the insert once
+// and needs no SELECT privilege on the table.
+type inserter struct{ one, many, oneWatched, manyWatched string }
 
 const columns = "(event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers)"
 
 func newInserter(t outbox.Table) inserter {
-	return inserter{
+	in := inserter{
 		one: "INSERT INTO " + t.Ident() + " " + columns + " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
 		many: "INSERT INTO " + t.Ident() + " " + columns +
 			" SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, u.topic, u.partition_key, u.headers::jsonb" +
@@ -29,13 +33,33 @@ func newInserter(t outbox.Table) inserter {
 			" WITH ORDINALITY AS u(event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, n)" +
 			" ORDER BY u.n",
 	}
+	const xid = ") SELECT pg_current_xact_id()::text::bigint"
+	in.oneWatched, in.manyWatched = "WITH ins AS ("+in.one+xid, "WITH ins AS ("+in.many+xid
+	return in
 }
 
+// queryRower runs the watched variants.
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// exec inserts recs. With xid set, it runs the watched variant and stores
+// the transaction's id in *xid.
 func (in inserter) exec(ctx context.Context, db execer, recs []outbox.Record) error {
+	return in.run(ctx, db, recs, nil)
+}
+
+func (in inserter) run(ctx context.Context, db execer, recs []outbox.Record, xid *int64) error {
+	do := func(one, watched string, args ...any) error {
+		if xid == nil {
+			_, err := db.Exec(ctx, one, args...)
+			return err
+		}
+		return db.(queryRower).QueryRow(ctx, watched, args...).Scan(xid)
+	}
 	if len(recs) == 1 {
 		r := recs[0]
-		_, err := db.Exec(ctx, in.one, r.ID, r.AggregateType, r.AggregateID, r.Type, r.Payload, r.Topic, r.Key, headersArg(r.Headers))
-		return err
+		return do(in.one, in.oneWatched, r.ID, r.AggregateType, r.AggregateID, r.Type, r.Payload, r.Topic, r.Key, headersArg(r.Headers))
 	}
 	var (
 		ids                             = make([][16]byte, len(recs))
@@ -53,8 +77,7 @@ func (in inserter) exec(ctx context.Context, db execer, recs []outbox.Record) er
 			headers[i] = &s
 		}
 	}
-	_, err := db.Exec(ctx, in.many, ids, aggTypes, aggIDs, types, payloads, topics, keys, headers)
-	return err
+	return do(in.many, in.manyWatched, ids, aggTypes, aggIDs, types, payloads, topics, keys, headers)
 }
 
 // headersArg encodes headers as a JSON object, or nil (SQL NULL) when empty.

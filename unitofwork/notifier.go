@@ -23,8 +23,9 @@ import (
 // database-wide lock at commit, which costs every writer throughput. A lost
 // notification only delays an event to the relay's next tick.
 //
-// Use it as the UnitOfWork's OnCommit hook (fxoutbox does this when
-// Config.NotifyRelays is set); Close it when the application stops.
+// Use it as the UnitOfWork's OnCommit hook, which also runs after commits
+// of AddTx transactions (fxoutbox does this unless its Config.DisableNotify
+// is set); Close it when the application stops.
 type Notifier struct {
 	db       execer
 	channel  string

@@ -20,12 +20,33 @@
 // span and the Kafka consumer continue the trace of the request that wrote it.
 //
 // Ordering: events of one key are published in the order their rows were
-// inserted. Writers that change the same aggregate concurrently must lock it
-// (SELECT ... FOR UPDATE) inside Do, as they would to keep the business data
-// consistent; then its events are inserted and committed in order.
+// inserted, and Kafka keeps that order per key within a topic. Writers that
+// change the same aggregate concurrently must lock it (SELECT ... FOR
+// UPDATE) inside Do, as they would to keep the business data consistent;
+// then its events are inserted and committed in order. With the default
+// per-event topics (outbox.TopicPerEvent) two event types of one aggregate
+// go to two topics, and a consumer of both may see them in either order;
+// choose outbox.TopicPerAggregate when a consumer needs one aggregate's
+// events in order across types.
 //
 // Teams with their own transaction helpers call [UnitOfWork.AddTx] with the
-// pgx.Tx they manage.
+// pgx.Tx they manage. With an OnCommit hook and a *pgxpool.Pool, a commit
+// watcher calls the hook once that transaction commits, so the relay is
+// woken as after Do (see [UnitOfWork.AddTx]); [UnitOfWork.Close] stops it.
+//
+// Several outbox tables in one transaction: each table has its own
+// UnitOfWork; run Do on one and add to the others with AddTx on the
+// transaction's pgx.Tx ([PgxTx]):
+//
+//	err := orders.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+//		if err := tx.Add(ctx, orderPlaced); err != nil {
+//			return err
+//		}
+//		return audit.AddTx(ctx, unitofwork.PgxTx(tx), auditEntry)
+//	})
+//
+// Both tables' events commit or roll back together, and each UnitOfWork's
+// OnCommit runs after the commit.
 //
 // Handlers that depend on the [Doer] interface rather than on *UnitOfWork
 // can be unit tested without a database: package outboxtest provides a
@@ -36,9 +57,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
@@ -101,10 +124,15 @@ type Config struct {
 	// default isolation (READ COMMITTED), read-write.
 	TxOptions pgx.TxOptions
 	// OnCommit, if set, is called after Do commits a transaction that
-	// recorded at least one event, with their number. fxoutbox uses it to
-	// wake an in-process relay at once instead of at its next tick. It must
-	// not block.
+	// recorded at least one event, with their number; and after a
+	// transaction that AddTx wrote into commits (see AddTx). fxoutbox uses
+	// it to wake an in-process relay, and relays in other processes through
+	// a Notifier, at once instead of at their next tick. It must not block.
+	// Default nil.
 	OnCommit func(events int)
+	// Logger receives the AddTx commit watcher's warnings (checks failing).
+	// Default: slog.Default().
+	Logger *slog.Logger
 }
 
 // UnitOfWork runs business transactions that record outbox events. It is
@@ -113,6 +141,7 @@ type UnitOfWork struct {
 	db     Beginner
 	cfg    Config
 	insert inserter
+	watch  *watcher // nil without OnCommit or without a pool
 }
 
 // New returns a UnitOfWork over db (normally the app's *pgxpool.Pool). A nil
@@ -147,7 +176,25 @@ func New(db Beginner, cfg *Config) (*UnitOfWork, error) {
 			return nil, &outbox.ConfigError{Field: "Service", Reason: "must be usable in a topic name: " + err.Error()}
 		}
 	}
-	return &UnitOfWork{db: db, cfg: c, insert: newInserter(c.Table)}, nil
+	u := &UnitOfWork{db: db, cfg: c, insert: newInserter(c.Table)}
+	if q, ok := db.(querier); ok && c.OnCommit != nil {
+		if _, pool := db.(interface {
+			Acquire(ctx context.Context) (*pgxpool.Conn, error)
+		}); pool {
+			u.watch = newWatcher(q, c.OnCommit, c.Logger)
+		}
+	}
+	return u, nil
+}
+
+// Close stops the AddTx commit watcher, if one runs, and waits for it.
+// Transactions still open are no longer watched: their events wait for the
+// relay's poll. Do and AddTx keep working. fxoutbox closes its units of
+// work when the application stops.
+func (u *UnitOfWork) Close() {
+	if u.watch != nil {
+		u.watch.close()
+	}
 }
 
 // Do runs fn in a transaction and commits it together with the events fn
@@ -178,6 +225,9 @@ func (u *UnitOfWork) Do(ctx context.Context, fn func(ctx context.Context, tx Tx)
 	if len(t.pending) > 0 && u.cfg.OnCommit != nil {
 		u.cfg.OnCommit(len(t.pending))
 	}
+	for _, f := range t.after {
+		f()
+	}
 	return nil
 }
 
@@ -194,14 +244,74 @@ type txBeginner interface {
 
 // AddTx validates events and inserts them at once, in one round trip, into
 // a transaction the caller manages and commits. Use it with your own
-// transaction helpers; inside Do, use Tx.Add. The OnCommit hook is not
-// called: the relay finds the events at its next poll.
+// transaction helpers; inside Do of this UnitOfWork, use Tx.Add.
+//
+// The OnCommit hook runs after that transaction commits, as after Do:
+//
+//   - ptx is the transaction of a Do, of this or another UnitOfWork
+//     ([PgxTx]): the hook runs right after that Do commits. This is how one
+//     transaction writes to several outbox tables.
+//   - otherwise, when the UnitOfWork was built on a *pgxpool.Pool: the
+//     insert also returns the transaction's id, and a watcher goroutine
+//     asks the server every few milliseconds (one statement for all open
+//     AddTx transactions, backing off to 100ms while none ends) until the
+//     commit is visible, then runs the hook. No NOTIFY is sent inside the
+//     transaction. Close stops the watcher.
+//   - on a single *pgx.Conn the hook does not run (the watcher would need a
+//     second connection): the relay finds the events at its next poll.
 func (u *UnitOfWork) AddTx(ctx context.Context, ptx pgx.Tx, events ...outbox.Event) error {
+	if t, ok := ptx.(*tx); ok {
+		return u.addToDo(ctx, t, events)
+	}
 	recs, err := u.prepare(ctx, events)
-	if err != nil {
+	if err != nil || len(recs) == 0 {
 		return err
 	}
-	return u.write(ctx, ptx, recs)
+	if u.watch == nil {
+		return u.write(ctx, ptx, recs)
+	}
+	var xid int64
+	if err := u.insert.run(ctx, ptx, recs, &xid); err != nil {
+		return fmt.Errorf("unitofwork: insert %d outbox events into %s: %w", len(recs), u.cfg.Table, err)
+	}
+	u.watch.add(xid, len(recs))
+	return nil
+}
+
+// addToDo adds events to the transaction of a running Do: buffered with
+// that Do's own events when it is this UnitOfWork's, else inserted now with
+// this UnitOfWork's OnCommit run after that Do commits.
+func (u *UnitOfWork) addToDo(ctx context.Context, t *tx, events []outbox.Event) error {
+	if t.done {
+		return ErrTxDone
+	}
+	if t.u == u {
+		return t.Add(ctx, events...)
+	}
+	recs, err := u.prepare(ctx, events)
+	if err != nil || len(recs) == 0 {
+		return err
+	}
+	if err := u.write(ctx, t.Tx, recs); err != nil {
+		return err
+	}
+	if u.cfg.OnCommit != nil {
+		n := len(recs)
+		t.after = append(t.after, func() { u.cfg.OnCommit(n) })
+	}
+	return nil
+}
+
+// PgxTx returns the pgx.Tx behind a Tx that Do passed to its function, for
+// code that takes a pgx.Tx: another UnitOfWork's AddTx (a second outbox
+// table in the same transaction), or a library of your own. Do still owns
+// it: do not Commit or Roll it back. It returns nil for a Tx that Do did
+// not create.
+func PgxTx(t Tx) pgx.Tx {
+	if x, ok := t.(*tx); ok {
+		return x
+	}
+	return nil
 }
 
 // Prepare validates events and applies their defaults exactly as Tx.Add and
@@ -256,6 +366,7 @@ type tx struct {
 	pgx.Tx
 	u       *UnitOfWork
 	pending []outbox.Record
+	after   []func() // other units of work's OnCommit, for their AddTx
 	done    bool
 }
 

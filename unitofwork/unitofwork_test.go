@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -360,5 +361,105 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := unitofwork.New(nil, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("New(nil) = %v", err)
+	}
+}
+
+// AddTx in a transaction the caller commits runs OnCommit after that commit
+// (the commit watcher), never before it and never for a rollback.
+func TestAddTxRunsOnCommitAfterCallersCommit(t *testing.T) {
+	t.Parallel()
+	commits := make(chan int, 10)
+	s := newSetup(t, &unitofwork.Config{Service: "svc", OnCommit: func(n int) { commits <- n }})
+	t.Cleanup(s.uow.Close)
+	tx, err := s.pool.Begin(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.uow.AddTx(s.ctx, tx, created("o-1"), created("o-2")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-commits:
+		t.Fatalf("OnCommit(%d) before the caller committed", n)
+	case <-time.After(300 * time.Millisecond): // the watcher checked many times meanwhile
+	}
+	if err := tx.Commit(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-commits:
+		if n != 2 {
+			t.Errorf("OnCommit(%d), want 2", n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("OnCommit not called after the caller's commit")
+	}
+	// Rolled back: no call.
+	_ = pgx.BeginFunc(s.ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.uow.AddTx(s.ctx, tx, created("o-3")); err != nil {
+			return err
+		}
+		return errors.New("caller rolls back")
+	})
+	select {
+	case n := <-commits:
+		t.Errorf("OnCommit(%d) after a rollback", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// One Do writes to two outbox tables: the second through the other unit of
+// work's AddTx on PgxTx(tx). Both commit together, both roll back together,
+// and each unit of work's OnCommit runs after the commit.
+func TestPgxTxWritesASecondTableInTheSameTransaction(t *testing.T) {
+	t.Parallel()
+	var firstCalls, secondEvents atomic.Int64
+	s := newSetup(t, &unitofwork.Config{Service: "svc", OnCommit: func(int) { firstCalls.Add(1) }})
+	audit := testenv.Table(t, s.pool)
+	second, err := unitofwork.New(s.pool, &unitofwork.Config{Service: "audit", Table: audit,
+		OnCommit: func(n int) { secondEvents.Add(int64(n)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Close)
+	err = s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		if err := tx.Add(ctx, created("o-1")); err != nil {
+			return err
+		}
+		if err := second.AddTx(ctx, unitofwork.PgxTx(tx), created("a-1"), created("a-2")); err != nil {
+			return err
+		}
+		if secondEvents.Load() != 0 {
+			t.Error("second OnCommit ran before the commit")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := s.count(t, s.table.Ident()), s.count(t, audit.Ident()); a != 1 || b != 2 {
+		t.Errorf("rows = %d and %d, want 1 and 2", a, b)
+	}
+	if firstCalls.Load() != 1 || secondEvents.Load() != 2 {
+		t.Errorf("OnCommit: first %d calls, second %d events; want 1 and 2", firstCalls.Load(), secondEvents.Load())
+	}
+	err = s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		_ = tx.Add(ctx, created("o-2"))
+		_ = second.AddTx(ctx, unitofwork.PgxTx(tx), created("a-3"))
+		return errors.New("handler fails")
+	})
+	if err == nil {
+		t.Fatal("Do succeeded")
+	}
+	if a, b := s.count(t, s.table.Ident()), s.count(t, audit.Ident()); a != 1 || b != 2 {
+		t.Errorf("rows after rollback = %d and %d, want 1 and 2", a, b)
+	}
+	if secondEvents.Load() != 2 {
+		t.Errorf("second OnCommit after rollback: %d events", secondEvents.Load())
+	}
+	var late unitofwork.Tx
+	_ = s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error { late = tx; return nil })
+	if err := second.AddTx(s.ctx, unitofwork.PgxTx(late), created("a-4")); !errors.Is(err, unitofwork.ErrTxDone) {
+		t.Errorf("AddTx after Do returned = %v, want ErrTxDone", err)
 	}
 }

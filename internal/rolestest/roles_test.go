@@ -455,6 +455,25 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		if err := migrations.CheckTable(ctx, writer, tbl); err != nil {
 			t.Errorf("CheckTable (fxoutbox's start without Migrate): %v", err)
 		}
+		// AddTx in the writer's own transaction: the insert that returns the
+		// transaction id and the commit watcher's query need no more rights.
+		committed := make(chan int, 1)
+		own, err := unitofwork.New(writer, &unitofwork.Config{Service: "svc", Table: tbl, OnCommit: func(n int) { committed <- n }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer own.Close()
+		err = pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
+			return own.AddTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "o-3", Type: "order.placed.v1", Topic: "orders"})
+		})
+		if err != nil {
+			t.Errorf("writer: AddTx: %v", err)
+		}
+		select {
+		case <-committed:
+		case <-time.After(20 * time.Second):
+			t.Error("writer: the AddTx commit watcher never saw the commit")
+		}
 		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", tbl.Channel()); err != nil {
 			t.Errorf("NOTIFY: %v", err)
 		}
