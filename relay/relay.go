@@ -289,7 +289,9 @@ type Relay struct {
 	health                 health
 
 	wakes   []chan struct{} // one per worker
+	kicks   []chan struct{} // one per worker: end its backoff now (Health)
 	failLog failLog
+	pacer   pacer
 
 	mu       sync.Mutex
 	started  bool
@@ -331,10 +333,13 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		q:      newQueries(c.Table),
 		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
 		wakes:  make([]chan struct{}, c.Workers),
+		kicks:  make([]chan struct{}, c.Workers),
 	}
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
+		r.kicks[i] = make(chan struct{}, 1)
 	}
+	r.health.init(c.Workers)
 	r.txSettings, r.idleMillis = txSettings(c)
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
@@ -431,8 +436,8 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 	failures := 0 // this worker's consecutive failures, for its backoff
 	size := r.cfg.BatchSize
 	for {
-		n, next, err := r.runOnce(ctx, size)
-		r.health.set(n, err)
+		_, next, err := r.runOnce(ctx, size)
+		r.health.set(worker, err)
 		select {
 		case <-r.stop:
 			return
@@ -445,10 +450,14 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
 					"table", r.cfg.Table.String(), "error", err, "consecutive_failures", failures)
 			}
-			if !r.sleep(r.backoff(failures)) {
+			if !r.sleep(r.backoff(failures), r.kicks[worker]) {
 				return
 			}
 			continue
+		}
+		select { // a kick that came while the batch ran is spent
+		case <-r.kicks[worker]:
+		default:
 		}
 		if r.failLog.recovered() {
 			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
@@ -492,8 +501,9 @@ func (f *failLog) recovered() bool {
 	return was
 }
 
-// sleep waits d, or returns false once the relay is stopping.
-func (r *Relay) sleep(d time.Duration) bool {
+// sleep waits d or until kicked, or returns false once the relay is
+// stopping.
+func (r *Relay) sleep(d time.Duration, kick <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -501,6 +511,18 @@ func (r *Relay) sleep(d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	case <-kick:
+		return true
+	}
+}
+
+// kick ends the backoff of every worker that is waiting in one (see Health).
+func (r *Relay) kick() {
+	for _, k := range r.kicks {
+		select {
+		case k <- struct{}{}:
+		default:
+		}
 	}
 }
 
