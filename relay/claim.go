@@ -52,8 +52,8 @@ func (o Ordering) String() string {
 const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
 
 type queries struct {
-	claim   string // unordered: lock rows
-	window  string // per key: lanes with work among the first rows, in order of their first row
+	claim  string // unordered: lock rows
+	window string // per key: lanes with work among the first rows, in order of their first row
 	// claimHeld and windowHeld are claim and window without the rows of
 	// the keys in @held (keys waiting for a failed event's retry), used
 	// only while some key is held.
@@ -64,13 +64,13 @@ type queries struct {
 	rollbackTo string
 	firstID    string // the first claimable row of @ids, reading only its id
 	unreadable string // charge (and park) rows that cannot be read, without reading them
-	lock    string // per key: try-lock candidate lanes
-	read    string // per key: the rows the window saw in locked lanes
-	mark    string
-	attempt string
-	stats   string
-	cleanup string
-	ns      int32 // advisory lock namespace of the table
+	lock       string // per key: try-lock candidate lanes
+	read       string // per key: the rows the window saw in locked lanes
+	mark       string
+	attempt    string
+	stats      string
+	cleanup    string
+	ns         int32 // advisory lock namespace of the table
 }
 
 func newQueries(t outbox.Table) queries {
@@ -106,7 +106,7 @@ func newQueries(t outbox.Table) queries {
 		// that cover the first @n of them: true when locked, false when
 		// another relay holds them; lanes past the first @n come back null.
 		window: window(""),
-		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
+		lock:   "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
 		// read takes the rows the window saw in the locked lanes, in a new
 		// statement: its snapshot, taken after the locks were granted, drops
 		// the rows the lanes' previous holder published or parked meanwhile.
