@@ -382,11 +382,15 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 // each permanently failed one, parking those out of attempts, in one round
 // trip. It returns which failed rows were parked.
 //
-// An event the relay cannot send, or that the broker refused when it was
-// sent alone for a reason of its own (not one of its topic's), is parked at
-// once: no retry changes it. A topic-level failure (missing topic, no
-// authorization) is charged MaxAttempts times, paced (see pacer), so a topic
-// created or authorized a few seconds late loses nothing.
+// An event the relay cannot send, that the broker refused when it was sent
+// alone for a reason of its own (too large for the topic, an invalid
+// record), or whose topic does not exist, is parked at once: no retry
+// changes it. (The producer has already waited for the topic's metadata, up
+// to Metadata.Retry.Max times; a topic created later finds its events
+// parked, and Requeue sends them.) Other permanent failures (no
+// authorization for the topic, a policy violation, a publisher's own) are
+// charged MaxAttempts times, paced (see pacer), so a cause fixed within
+// seconds loses nothing.
 func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed, alone []int) (map[int64]bool, error) {
 	b := &pgx.Batch{}
 	if len(ids) > 0 {
@@ -406,6 +410,8 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 				limits[j] = 1 // can never be sent: park at once
 			case slices.Contains(alone, i) && refusedForGood(errs[i]):
 				limits[j] = 1 // refused alone, for good: park at once
+			case errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition):
+				limits[j] = 1 // the topic does not exist: park at once
 			default:
 				limits[j] = int32(r.cfg.MaxAttempts)
 			}

@@ -88,6 +88,41 @@ func TestUnreadableRowIsParkedAndOthersFlow(t *testing.T) {
 	}
 }
 
+// Under Hold an unreadable row is charged with the reason but not parked:
+// its key waits, the other keys flow, and the row is re-read only when its
+// paced retry is due.
+func TestUnreadableRowIsHeld(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	s.write(t, topic, 10, 5)
+	bad := s.insertUnreadable(t, topic, "kbad")
+	after := s.insertRaw(t, topic, "kbad", []byte(`{"after":true}`))
+	s.write(t, topic, 10, 5)
+	r := s.relay(t, s.publisher(t), relay.Config{Poison: relay.Hold, PollInterval: time.Second})
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	cons.WaitFor(20, 60*time.Second)
+	waitUntil(t, 30*time.Second, "the unreadable row to be charged", func() bool {
+		_, _, attempts, _ := s.row(t, bad)
+		return attempts > 0
+	})
+	published, parked, _, lastErr := s.row(t, bad)
+	if published || parked || !strings.Contains(lastErr, "SQLSTATE 54000") {
+		t.Errorf("held unreadable row: published %v parked %v last_error %q", published, parked, lastErr)
+	}
+	if p, _, _, _ := s.row(t, after); p {
+		t.Error("the held row's key: its later event was published past it")
+	}
+	if err := r.Health(s.ctx, 0); err != nil {
+		t.Errorf("Health with a held row = %v, want healthy", err)
+	}
+}
+
 // Stored headers that are not a JSON object of strings are never sent
 // changed: the row is parked with the reason. JSON null and SQL NULL mean
 // no headers.

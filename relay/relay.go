@@ -36,17 +36,41 @@
 //
 // # Failures
 //
-// A transient failure (broker unavailable, timeout, lost connection) leaves
-// its events unpublished and charges nothing; the relay backs off
-// exponentially with jitter (PollInterval up to MaxBackoff) instead of
-// spinning, logs the failure once and logs again when it recovers. A
-// permanent failure ([PermanentError]: too large, invalid or missing topic,
-// rejected record) is charged to its event (attempts, last_error); after
-// MaxAttempts the event is parked ([Park]) and no longer blocks its key, or
-// it is retried forever with its key waiting ([Hold]). Events the relay
-// refuses before sending (invalid topic name, over MaxMessageBytes) are
-// parked at once. After any failure of a key, its later events in the batch
-// wait. [ListParked] and [Requeue] manage parked events.
+// The relay tells failures of the whole from failures of single events, and
+// only the first make it wait.
+//
+// A batch that fails as a whole (the database errs, or the publish fails
+// transiently with nothing acknowledged: broker unavailable, timeout, lost
+// connection) leaves its events unpublished and charges nothing; that worker
+// backs off exponentially with jitter (PollInterval up to MaxBackoff)
+// instead of spinning, logs the failure once and logs again when it
+// recovers.
+//
+// A failure of single events holds back only those events and their keys.
+// A permanent failure ([PermanentError]: too large, invalid or missing topic,
+// rejected record) is charged to its event (attempts, last_error); a
+// transient one of a single event, in a batch whose other events went
+// through, is not. Either way the event and its key are left out of the
+// claims until its retry is due: PollInterval after the first failure,
+// doubling up to MaxBackoff, kept in the relay's memory (a restarted relay
+// or another replica retries at once, then paces too). The other keys flow
+// meanwhile, and later events of the failed key wait, so its order holds.
+// An event is parked ([Park]) and no longer blocks its key:
+//   - at once, when the relay cannot read, decode or send it: a stored row
+//     PostgreSQL cannot print (a data error, SQLSTATE class 22 or 54, found
+//     under a savepoint and parked by a statement that does not read it),
+//     stored headers that are not a JSON object of strings, an invalid topic
+//     name, a message over MaxMessageBytes;
+//   - at once, when the broker refuses it sent alone for what it is (too
+//     large for the topic, an invalid record; a broker refuses a partition's
+//     whole record batch for one bad record, so events failing in a bulk send
+//     are sent alone before they are charged), or its topic does not exist;
+//   - after MaxAttempts paced attempts for the other permanent failures.
+//
+// Under [Hold] nothing is parked: the event is charged and retried, paced,
+// forever, its key waiting. Parked or held events never make [Relay.Health]
+// fail (a held one shows in the backlog's age). [ListParked] and [Requeue]
+// manage parked events; last_error says what was wrong and what to do.
 //
 // # Bounds
 //
@@ -128,8 +152,10 @@ type Config struct {
 	// (change it only with all relays stopped). 1-4096; default 64.
 	Lanes int
 	// MaxAttempts is how many permanent failures (see PermanentError) an
-	// event may have before it is parked. Messages the relay refuses before
-	// sending (invalid topic, over MaxMessageBytes) are parked at once.
+	// event may have before it is parked; its attempts are paced like its
+	// retries (see Failures in the package documentation). Events the relay
+	// cannot read or send, those the broker refuses alone for good (too
+	// large for the topic) and those for a missing topic are parked at once.
 	// Default 5.
 	MaxAttempts int
 	// Poison says what happens to an event that keeps failing permanently:
@@ -173,9 +199,9 @@ type Config struct {
 	// relay then does not wait for a disk flush per batch, and its commits do
 	// not queue behind the writers' flushes. Default false.
 	SynchronousCommit bool
-	// MaxBackoff caps the wait after consecutive failed batches; the wait
-	// starts at PollInterval and doubles, with jitter. Default 30s (or
-	// PollInterval, if longer).
+	// MaxBackoff caps the wait after consecutive failed batches, and between
+	// the retries of a failed event; the wait starts at PollInterval and
+	// doubles, with jitter. Default 30s (or PollInterval, if longer).
 	MaxBackoff time.Duration
 	// Logger receives the relay's logs: one line when publishing starts to
 	// fail, and one when it recovers. No payloads or header values are
