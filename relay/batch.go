@@ -177,12 +177,14 @@ func (r *Relay) batch(ctx context.Context, size int) (n, next int, err error) {
 		}
 	}
 	progress := len(ids) > 0 || len(failed) > 0 || len(transient) > 0 || len(c.bad) > 0
+	heldBehind := slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, ErrHeld) })
 	switch {
 	case len(ids) == size:
 		next = min(2*size, r.cfg.MaxBatchSize)
-	case c.more && progress:
-		// Held keys and paced events are left out of the next claim, so it
-		// reaches further.
+	case c.more && progress, len(failed) > 0 || heldBehind:
+		// Paced events and their keys are left out of the next claim, so it
+		// reaches further; events held behind one parked now, or not sent
+		// in this batch, can go at once.
 		next = size
 	}
 	return len(ids), next, nil
@@ -270,22 +272,28 @@ func unreadableReason(err error) string {
 		"; fix the row (e.g. rewrite its payload or headers) or delete it, then requeue it"
 }
 
-// isolateMax caps the events one batch sends alone to attribute a permanent
-// failure (see publish); the rest wait for the next batch.
-const isolateMax = 10
+// isolateMax caps the events that failed before (attempts > 0) one batch
+// sends alone first; the rest wait for the next batch. maxSends caps the
+// sends one batch spends finding the events that fail a bulk send.
+const (
+	isolateMax = 10
+	maxSends   = 24
+)
 
 // publish sends the messages that can be sent and returns each row's
-// outcome (nil when acknowledged) and which rows were sent alone.
+// outcome (nil when acknowledged) and the rows found failing on their own.
 //
 // A broker rejects a partition's whole record batch for one bad record, so
-// a permanent error in a bulk send does not say which event is bad. Events
-// that failed so (and events that failed before: attempts > 0) are sent
-// alone, up to isolateMax per batch, and only an event that fails alone is
-// charged; one the broker refuses alone for a reason of its own (too large
-// for the topic, an invalid record) is parked at once (see record). Errors
-// that condemn a whole topic (missing, invalid, unauthorized) are charged to
-// each event without that. encErrs holds the rows that could not be made
-// into messages (see messages): they are not sent.
+// a permanent error in a bulk send does not say which event is bad. The
+// events that failed so are sent again in two halves, in order, and each
+// half that fails is split again, until the events that fail on their own
+// are found; only those are charged (one the broker refuses for what it is,
+// too large for the topic or an invalid record, is parked at once: see
+// record), and the others are published in the same batch. Events that
+// failed before (attempts > 0) are sent alone first, up to isolateMax.
+// Errors that condemn a whole topic (missing, invalid, unauthorized) are
+// charged to each event without that. encErrs holds the rows that could not
+// be made into messages (see messages): they are not sent.
 //
 // After the first failure of a key its later events in the batch are
 // ErrHeld: not sent when the failure was known before sending, not marked
@@ -317,22 +325,6 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 			bulk = append(bulk, i)
 		}
 	}
-	r.send(ctx, msgs, bulk, errs)
-	for _, i := range bulk {
-		if !IsPermanent(errs[i]) || topicLevel(errs[i]) {
-			continue
-		}
-		if blocked[rows[i].key] { // behind its key's first failure: not charged
-			errs[i] = ErrHeld
-			continue
-		}
-		blocked[rows[i].key] = true
-		if len(alone) < isolateMax {
-			alone = append(alone, i)
-		} else {
-			errs[i] = ErrHeld
-		}
-	}
 	for _, i := range alone {
 		if ctx.Err() != nil {
 			errs[i] = ctx.Err()
@@ -340,6 +332,8 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 		}
 		r.send(ctx, msgs, []int{i}, errs)
 	}
+	sends := 0
+	r.resolve(ctx, rows, msgs, bulk, errs, blocked, &sends, &alone)
 	blocked = map[string]bool{}
 	for i := range rows {
 		if blocked[rows[i].key] && errs[i] == nil {
@@ -350,6 +344,65 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 		}
 	}
 	return errs, alone
+}
+
+// resolve sends the rows g (in order; none of their keys has failed so far)
+// and, when some fail permanently but not on their own account, splits
+// those in two halves and resolves each, so that every row ends published,
+// failed on its own (added to alone), failed with its topic or transiently,
+// or ErrHeld behind its key's failure or for want of sends.
+func (r *Relay) resolve(ctx context.Context, rows []row, msgs []Message, g []int, errs []error, blocked map[string]bool, sends *int, alone *[]int) {
+	h := g[:0:0]
+	for _, i := range g {
+		if blocked[rows[i].key] {
+			errs[i] = ErrHeld
+		} else {
+			h = append(h, i)
+		}
+	}
+	if len(h) == 0 {
+		return
+	}
+	if *sends >= maxSends || ctx.Err() != nil {
+		for _, i := range h {
+			errs[i] = ErrHeld
+		}
+		return
+	}
+	*sends++
+	r.send(ctx, msgs, h, errs)
+	var failed []int
+	split := map[string]int{} // keys with a row in failed: 1, and then ErrHeld (the rest of the key waits): 2
+	for _, i := range h {
+		k := rows[i].key
+		switch err := errs[i]; {
+		case err == nil:
+		case blocked[k] || split[k] == 2:
+			if IsPermanent(err) { // behind its key's failure: not charged
+				errs[i] = ErrHeld
+			}
+		case IsPermanent(err) && !topicLevel(err):
+			failed = append(failed, i)
+			split[k] = 1
+		case errors.Is(err, ErrHeld) && split[k] == 1:
+			// Held by the publisher behind its key's failure, which the
+			// split resolves: the rest of the key waits for the next batch.
+			split[k] = 2
+		default: // transient, held, or its topic's failure: the key stops here
+			blocked[k] = true
+		}
+	}
+	switch {
+	case len(failed) == 0:
+	case len(failed) == 1:
+		// The only one of its send to fail: it failed on its own.
+		*alone = append(*alone, failed[0])
+		blocked[rows[failed[0]].key] = true
+	default:
+		half := len(failed) / 2
+		r.resolve(ctx, rows, msgs, failed[:half], errs, blocked, sends, alone)
+		r.resolve(ctx, rows, msgs, failed[half:], errs, blocked, sends, alone)
+	}
 }
 
 // send publishes msgs[idx...] and stores each outcome in errs.

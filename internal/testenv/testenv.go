@@ -304,7 +304,7 @@ func Main(m *testing.M) {
 		// A sarama producer whose circuit breaker opened (e.g. on a missing
 		// topic) leaves its timer sleeping out the breaker's timeout (10s)
 		// after Close; it ends by itself.
-		goleak.IgnoreTopFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"))
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"))
 }
 
 // ExampleDB connects to DATABASE_URL and migrates a fresh schema for a
