@@ -63,8 +63,9 @@
 //     name, a message over MaxMessageBytes;
 //   - at once, when the broker refuses it sent alone for what it is (too
 //     large for the topic, an invalid record; a broker refuses a partition's
-//     whole record batch for one bad record, so events failing in a bulk send
-//     are sent alone before they are charged), or its topic does not exist;
+//     whole record batch for one bad record, so the events failing in a bulk
+//     send are sent again in halves until those failing on their own are
+//     found, and only those are charged), or its topic does not exist;
 //   - after MaxAttempts paced attempts for the other permanent failures.
 //
 // Under [Hold] nothing is parked: the event is charged and retried, paced,
