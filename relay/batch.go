@@ -152,6 +152,11 @@ func (r *Relay) batch(ctx context.Context, size int) (n, next int, err error) {
 	// Pace the events that failed, so they and their keys wait while the
 	// rest flows; forget those that were published or parked.
 	now := time.Now()
+	for _, i := range failed {
+		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.get(rows[i].topic, now) == nil {
+			r.missing.set(rows[i].topic, errs[i], now)
+		}
+	}
 	r.pacer.done(ids...)
 	r.pacer.done(badParked...)
 	for _, i := range failed {
@@ -303,11 +308,15 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 	errs = make([]error, len(rows))
 	blocked := map[string]bool{}
 	var bulk []int
+	now := time.Now()
 	for i, m := range msgs {
 		k := rows[i].key
 		err := encErrs[i]
 		if err == nil {
 			err = r.precheck(m)
+		}
+		if err == nil {
+			err = r.missing.get(m.Topic, now)
 		}
 		switch {
 		case blocked[k]:
@@ -439,8 +448,9 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 // alone for a reason of its own (too large for the topic, an invalid
 // record), or whose topic does not exist, is parked at once: no retry
 // changes it. (The producer has already waited for the topic's metadata, up
-// to Metadata.Retry.Max times; a topic created later finds its events
-// parked, and Requeue sends them.) Other permanent failures (no
+// to Metadata.Retry.Max times, and for 5s after that the relay parks the
+// topic's events without sending them; a topic created later finds its
+// events parked, and Requeue sends them.) Other permanent failures (no
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pacer), so a cause fixed within
 // seconds loses nothing.

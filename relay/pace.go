@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -98,4 +99,46 @@ func (p *pacer) done(ids ...int64) {
 	for _, id := range ids {
 		delete(p.rows, id)
 	}
+}
+
+// missingTopics remembers for a few seconds the topics the broker said do
+// not exist, so that their next events are parked without being sent: the
+// producer waits for a missing topic's metadata (Metadata.Retry.Max times)
+// on every send, and that wait holds up the whole batch.
+type missingTopics struct {
+	mu     sync.Mutex
+	topics map[string]missingTopic
+}
+
+type missingTopic struct {
+	at  time.Time
+	err error
+}
+
+// missingFor is how long a topic reported missing is not asked for again.
+const missingFor = 5 * time.Second
+
+func (m *missingTopics) set(topic string, err error, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.topics == nil {
+		m.topics = map[string]missingTopic{}
+	}
+	m.topics[topic] = missingTopic{at: now, err: err}
+}
+
+// get returns the error of a topic reported missing less than missingFor
+// ago, or nil.
+func (m *missingTopics) get(topic string, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.topics[topic]
+	if !ok {
+		return nil
+	}
+	if now.Sub(t.at) >= missingFor {
+		delete(m.topics, topic)
+		return nil
+	}
+	return fmt.Errorf("not sent: the broker reported the topic missing %v ago: %w", now.Sub(t.at).Round(time.Millisecond), t.err)
 }

@@ -319,6 +319,7 @@ type Relay struct {
 	kicks   []chan struct{} // one per worker: end its backoff now (Health)
 	failLog failLog
 	pacer   pacer
+	missing missingTopics
 
 	mu       sync.Mutex
 	started  bool
