@@ -2,13 +2,16 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
 )
@@ -49,33 +52,60 @@ func (o Ordering) String() string {
 const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
 
 type queries struct {
-	claim   string // unordered: lock rows
-	window  string // per key: lanes with work among the first rows, in order of their first row
-	lock    string // per key: try-lock candidate lanes
-	read    string // per key: the rows the window saw in locked lanes
-	mark    string
-	attempt string
-	cleanup string
-	ns      int32 // advisory lock namespace of the table
+	claim  string // unordered: lock rows
+	window string // per key: lanes with work among the first rows, in order of their first row
+	// claimHeld and windowHeld are claim and window without the rows of
+	// the keys in @held (keys waiting for a failed event's retry), used
+	// only while some key is held.
+	claimHeld  string
+	windowHeld string
+	claimIDs   string // unordered, isolating unreadable rows: lock rows, reading only their ids
+	savepoint  string // before the read of rows by id, so a row that cannot be read does not abort the batch
+	rollbackTo string
+	firstID    string // the first claimable row of @ids, reading only its id
+	unreadable string // charge (and park) rows that cannot be read, without reading them
+	lock       string // per key: try-lock candidate lanes
+	read       string // per key: the rows the window saw in locked lanes
+	mark       string
+	attempt    string
+	cleanup    string
+	ns         int32 // advisory lock namespace of the table
 }
 
 func newQueries(t outbox.Table) queries {
 	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at"
 	h := fnv.New32a()
 	h.Write([]byte("fxoutbox:" + t.String()))
+	const notHeld = " AND partition_key <> ALL(@held::text[])"
+	window := func(held string) string {
+		return "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
+			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
+			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
+			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
+			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY first"
+	}
 	return queries{
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
+		claimHeld: "SELECT " + cols + " FROM " + t.Ident() +
+			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
+		claimIDs: "SELECT id FROM " + t.Ident() +
+			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
+		windowHeld: window(notHeld),
+		savepoint:  "SAVEPOINT fxoutbox_read",
+		rollbackTo: "ROLLBACK TO SAVEPOINT fxoutbox_read",
+		firstID: "SELECT id FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1",
+		unreadable: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
+			" parked_at = CASE WHEN @park::bool THEN now() END" +
+			" FROM unnest(@ids::bigint[], @errs::text[]) AS f(id, err) WHERE e.id = f.id AND e.published_at IS NULL AND e.parked_at IS NULL" +
+			" RETURNING e.id, e.event_id, e.topic, e.partition_key, e.parked_at IS NOT NULL",
 		// window groups the oldest unpublished rows by lane, in order of
 		// each lane's first row, with their ids, and try-locks the lanes
 		// that cover the first @n of them: true when locked, false when
 		// another relay holds them; lanes past the first @n come back null.
-		window: "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
-			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
-			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
-			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY first",
-		lock: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
+		window: window(""),
+		lock:   "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
 		// read takes the rows the window saw in the locked lanes, in a new
 		// statement: its snapshot, taken after the locks were granted, drops
 		// the rows the lanes' previous holder published or parked meanwhile.
@@ -106,10 +136,11 @@ func txSettings(cfg Config) (sql, idleMillis string) {
 	return sql, strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 }
 
-// query runs sql and hands its rows to scan. The claim's first statement
-// (first) goes in one round trip with the transaction's settings.
-func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
-	if !first {
+// query runs sql and hands its rows to scan. A statement pre (the
+// transaction's settings before the claim's first statement, a savepoint
+// before the read of rows) goes in the same round trip.
+func (r *Relay) query(ctx context.Context, tx pgx.Tx, pre string, preArgs []any, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
+	if pre == "" {
 		rows, err := tx.Query(ctx, sql, args)
 		if err != nil {
 			return err
@@ -122,26 +153,146 @@ func (r *Relay) query(ctx context.Context, tx pgx.Tx, first bool, sql string, ar
 		return rows.Err()
 	}
 	b := &pgx.Batch{}
-	b.Queue(r.txSettings, r.idleMillis)
+	b.Queue(pre, preArgs...)
 	b.Queue(sql, args).Query(scan)
 	return tx.SendBatch(ctx, b).Close()
 }
 
+// claimed is what a claim returns.
+type claimed struct {
+	rows []row        // readable rows, in id order
+	bad  []unreadable // rows that cannot be read, in id order
+	more bool         // more unpublished rows are likely waiting
+}
+
+// unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot
+// decode): it is charged, and parked, without being read.
+type unreadable struct {
+	id  int64
+	err error
+}
+
+// errIsolate says an Unordered claim met a row it cannot read: the batch
+// starts over in a new transaction with claimIsolating.
+var errIsolate = errors.New("relay: claim met an unreadable row")
+
 // claim returns the next batch of up to n rows, locked for this
-// transaction (under PerKey, by the lanes' advisory locks), and whether more
-// unpublished rows are likely waiting behind them.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int) (rows []row, more bool, err error) {
+// transaction (under PerKey, by the lanes' advisory locks), leaving out the
+// rows of the held keys.
+//
+// Rows are read in id order. Under PerKey the read of the locked lanes' rows
+// runs under a savepoint (sent in the read's round trip): if a row cannot be
+// read (a data error: SQLSTATE class 22 or 54, XX001, or a value pgx cannot
+// decode), the rows before it were received already, the transaction goes
+// back to the savepoint, keeping the lane locks, a query that reads only ids
+// names the row, and the read goes on after it (see readGuarded). Under
+// Unordered the claim reads and locks in one statement; if it fails so,
+// claim returns errIsolate and the caller runs claimIsolating in a new
+// transaction.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c claimed, err error) {
 	if r.cfg.Ordering == Unordered {
-		rows, err = r.readRows(ctx, tx, true, n, r.q.claim, pgx.NamedArgs{"n": n})
-		return rows, len(rows) == n, err
+		sql, args := r.q.claim, pgx.NamedArgs{"n": n}
+		if len(held) > 0 {
+			sql, args["held"] = r.q.claimHeld, held
+		}
+		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, sql, args)
+		if err != nil {
+			if isUnreadable(err) {
+				return claimed{}, errIsolate
+			}
+			return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+		}
+		c.more = len(c.rows) == n
+		return c, nil
 	}
-	ids, more, err := r.lockLanes(ctx, tx, n)
+	ids, more, err := r.lockLanes(ctx, tx, n, held)
 	if err != nil || len(ids) == 0 {
-		return nil, false, err
+		return claimed{}, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
-	rows, err = r.readRows(ctx, tx, false, n, r.q.read, pgx.NamedArgs{"ids": ids, "n": n})
-	return rows, more || len(rows) == n, err
+	c, err = r.readGuarded(ctx, tx, ids, n)
+	c.more = c.more || more || len(c.rows) == n
+	return c, err
+}
+
+// claimIsolating is the Unordered claim after it met an unreadable row: it
+// locks the rows reading only their ids, then reads them as readGuarded does.
+func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []string) (claimed, error) {
+	if held == nil {
+		held = []string{}
+	}
+	var ids []int64
+	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.q.claimIDs, pgx.NamedArgs{"n": n, "held": held}, func(rows pgx.Rows) error {
+		var err error
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+	}
+	if len(ids) == 0 {
+		return claimed{}, nil
+	}
+	c, err := r.readGuarded(ctx, tx, ids, n)
+	c.more = c.more || len(ids) == n
+	return c, err
+}
+
+// readGuarded reads up to n of the rows ids (sorted, locked by this
+// transaction) in id order, under a savepoint. PostgreSQL sends rows as it
+// prints them, so when one cannot be printed the rows before it have
+// arrived: the unreadable one is the first claimable id after them, which a
+// query reading only ids names. It is set aside and the read goes on after
+// it, back at the savepoint. Each unreadable row costs one failed read and
+// one id query; the happy path is the read alone, its savepoint in the same
+// round trip.
+func (r *Relay) readGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int) (c claimed, err error) {
+	pre := r.q.savepoint
+	for len(ids) > 0 && len(c.rows) < n {
+		got, err := r.readRows(ctx, tx, pre, nil, n-len(c.rows), r.q.read, pgx.NamedArgs{"ids": ids, "n": n - len(c.rows)})
+		c.rows = append(c.rows, got...)
+		if err == nil {
+			return c, nil
+		}
+		if !isUnreadable(err) {
+			return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+		}
+		pre = "" // the savepoint stays: ROLLBACK TO keeps it
+		if len(got) > 0 {
+			last := got[len(got)-1].id
+			i, _ := slices.BinarySearch(ids, last)
+			ids = ids[min(i+1, len(ids)):]
+		}
+		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+		}
+		var first int64
+		if e := tx.QueryRow(ctx, r.q.firstID, pgx.NamedArgs{"ids": ids}).Scan(&first); e != nil {
+			if errors.Is(e, pgx.ErrNoRows) {
+				// Nothing left to blame: not a row's fault after all.
+				return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+			}
+			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+		}
+		c.bad = append(c.bad, unreadable{id: first, err: err})
+		i, _ := slices.BinarySearch(ids, first)
+		ids = ids[min(i+1, len(ids)):]
+	}
+	c.more = c.more || len(ids) > 0
+	return c, nil
+}
+
+// isUnreadable reports an error that a row's stored data causes when it is
+// read: a data exception (class 22), a program limit (class 54, e.g. a
+// jsonb value too large to print), data corruption (XX001), or a value pgx
+// cannot decode. Connection errors, timeouts and every other error are not.
+func isUnreadable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "54") || pe.Code == "XX001"
+	}
+	var se pgx.ScanArgError
+	return errors.As(err, &se)
 }
 
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
@@ -153,7 +304,10 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int) (rows []row, more b
 // at a time. Every unpublished event of a lane older than the window's last
 // one is in the window, so reading the window's ids of a locked lane keeps
 // its keys' order. more reports unpublished rows this batch does not take.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (ids []int64, more bool, err error) {
+//
+// The rows of held keys are left out (windowHeld), so a key waiting for a
+// failed event's retry takes no room in the batch.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) (ids []int64, more bool, err error) {
 	covered := 0
 	tried := map[int32]bool{}
 	for window := 2 * n; ; window *= 4 {
@@ -173,7 +327,15 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (ids []int64, m
 		if window == 2*n {
 			lockUpTo = n
 		}
-		err = r.query(ctx, tx, window == 2*n, r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns},
+		sql, args := r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns}
+		if len(held) > 0 {
+			sql, args["held"] = r.q.windowHeld, held
+		}
+		pre, preArgs := "", []any(nil)
+		if window == 2*n {
+			pre, preArgs = r.txSettings, []any{r.idleMillis}
+		}
+		err = r.query(ctx, tx, pre, preArgs, sql, args,
 			func(rows pgx.Rows) error {
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
@@ -230,10 +392,12 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int) (ids []int64, m
 	}
 }
 
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, first bool, n int, sql string, args pgx.NamedArgs) ([]row, error) {
+// readRows runs a query of rows (pre in the same round trip, see query)
+// and returns the rows it read, also those that arrived before an error.
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []any, n int, sql string, args pgx.NamedArgs) ([]row, error) {
 	out := make([]row, 0, n)
 	var x row
-	err := r.query(ctx, tx, first, sql, args, func(rs pgx.Rows) error {
+	err := r.query(ctx, tx, pre, preArgs, sql, args, func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt}, func() error {
 			out = append(out, x)
 			x = row{}
@@ -241,8 +405,5 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, first bool, n int, sql 
 		})
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-	}
-	return out, nil
+	return out, err
 }

@@ -16,15 +16,18 @@ import (
 type PoisonPolicy int
 
 const (
-	// Park sets the event aside after MaxAttempts permanent failures: it is
-	// no longer claimed, and later events of its key are published without
-	// it (consumers see a gap in that key's sequence). List parked events
-	// with ListParked (or `outboxctl parked list`) and put them back with
-	// Requeue (`outboxctl parked requeue`) once the cause is fixed.
+	// Park sets the event aside after MaxAttempts permanent failures, or at
+	// once when it can never go as stored (unreadable row, malformed
+	// headers, invalid topic, too large, missing topic): it is no longer
+	// claimed, and later events of its key are published without it
+	// (consumers see a gap in that key's sequence). List parked events with
+	// ListParked (or `outboxctl parked list`) and put them back with Requeue
+	// (`outboxctl parked requeue`) once the cause is fixed.
 	Park PoisonPolicy = iota
-	// Hold never parks: the event is retried (with its attempts and last
-	// error recorded) and later events of its key wait behind it, so the
-	// key's order is kept at the price of blocking the key.
+	// Hold never parks: the event is retried, paced up to MaxBackoff apart
+	// (with its attempts and last error recorded), and later events of its
+	// key wait behind it, so the key's order is kept at the price of
+	// blocking the key; the other keys flow.
 	Hold
 )
 

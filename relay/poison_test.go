@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox/internal/testenv"
@@ -124,7 +126,9 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 			}
 			return nil
 		})
-		r := s.relay(t, pub, relay.Config{MaxAttempts: 3, Poison: policy})
+		// Retries of a failed event are paced from PollInterval up to
+		// MaxBackoff: keep both short and let each retry come due.
+		r := s.relay(t, pub, relay.Config{MaxAttempts: 3, Poison: policy, PollInterval: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		transient.Store(true)
 		for range 3 {
 			if _, err := r.RunOnce(s.ctx); err == nil {
@@ -138,8 +142,9 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 		}
 		transient.Store(false)
 		for range 4 {
-			if _, err := r.RunOnce(s.ctx); err != nil && !relay.IsPermanent(err) {
-				t.Fatalf("%v: RunOnce: %v", policy, err)
+			time.Sleep(20 * time.Millisecond)
+			if _, err := r.RunOnce(s.ctx); err != nil {
+				t.Fatalf("%v: RunOnce: %v (a charged event is not a failure of the batch)", policy, err)
 			}
 		}
 		var att int
@@ -171,5 +176,54 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 		if k1 := len(got) - k0published; k1 < 3 {
 			t.Errorf("%v: other key published %d events, want its 3 (not blocked)", policy, k1)
 		}
+	}
+}
+
+// An event whose topic does not exist is parked on its first failure, and
+// the topic's next events for a few seconds are parked without being sent
+// (each send would wait for the missing topic's metadata); a requeued event
+// goes once the topic exists.
+func TestMissingTopicParksAtOnce(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	var created atomic.Bool
+	var sentToMissing atomic.Int32
+	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+		failed := map[int]error{}
+		for i, m := range msgs {
+			if m.Topic == "late.topic" && !created.Load() {
+				sentToMissing.Add(1)
+				failed[i] = relay.Permanent(fmt.Errorf("%s: %w", m.Topic, sarama.ErrUnknownTopicOrPartition))
+			}
+		}
+		if len(failed) > 0 {
+			return &relay.BatchError{Failed: failed}
+		}
+		return nil
+	})
+	r := s.relay(t, pub, relay.Config{})
+	first := s.insertRaw(t, "late.topic", "k1", []byte(`{}`))
+	if _, err := r.RunOnce(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := s.insertRaw(t, "late.topic", "k2", []byte(`{}`))
+	if _, err := r.RunOnce(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{first, second} {
+		if _, parked, attempts, lastErr := s.row(t, id); !parked || attempts != 1 || !strings.Contains(lastErr, "does not exist") {
+			t.Errorf("event for the missing topic: parked %v after %d attempts, last_error %q; want parked at once", parked, attempts, lastErr)
+		}
+	}
+	if n := sentToMissing.Load(); n != 1 {
+		t.Errorf("%d sends to the missing topic, want 1 (the second event parked without a send)", n)
+	}
+	created.Store(true)
+	time.Sleep(5 * time.Second) // the relay asks for the topic again after 5s
+	if _, err := relay.Requeue(s.ctx, s.pool, s.table, first, second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(s.ctx); err != nil || n != 2 {
+		t.Fatalf("RunOnce after the topic was created = %d, %v; want 2 published", n, err)
 	}
 }

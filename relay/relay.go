@@ -36,19 +36,44 @@
 //
 // # Failures
 //
-// A transient failure (broker unavailable, timeout, lost connection) leaves
-// its events unpublished and charges nothing; the relay backs off
-// exponentially with jitter (PollInterval up to MaxBackoff) instead of
-// spinning, logs the failure once and logs again when it recovers. A
-// permanent failure ([PermanentError]: too large, invalid or missing topic,
-// rejected record) is charged to its event (attempts, last_error); after
-// MaxAttempts the event is parked ([Park]) and no longer blocks its key, or
-// it is retried forever with its key waiting ([Hold]). Events the relay
-// refuses before sending (invalid topic name, over MaxMessageBytes) are
-// parked at once. After any failure of a key, its later events in the batch
-// wait. [ListParked] and [Requeue] manage parked events; package admin,
-// which they call, and the outboxctl command filter, show, requeue and
-// delete them, and replay published events.
+// The relay tells failures of the whole from failures of single events, and
+// only the first make it wait.
+//
+// A batch that fails as a whole (the database errs, or the publish fails
+// transiently with nothing acknowledged: broker unavailable, timeout, lost
+// connection) leaves its events unpublished and charges nothing; that worker
+// backs off exponentially with jitter (PollInterval up to MaxBackoff)
+// instead of spinning, logs the failure once and logs again when it
+// recovers.
+//
+// A failure of single events holds back only those events and their keys.
+// A permanent failure ([PermanentError]: too large, invalid or missing topic,
+// rejected record) is charged to its event (attempts, last_error); a
+// transient one of a single event, in a batch whose other events went
+// through, is not. Either way the event and its key are left out of the
+// claims until its retry is due: PollInterval after the first failure,
+// doubling up to MaxBackoff, kept in the relay's memory (a restarted relay
+// or another replica retries at once, then paces too). The other keys flow
+// meanwhile, and later events of the failed key wait, so its order holds.
+// An event is parked ([Park]) and no longer blocks its key:
+//   - at once, when the relay cannot read, decode or send it: a stored row
+//     PostgreSQL cannot print (a data error, SQLSTATE class 22 or 54, found
+//     under a savepoint and parked by a statement that does not read it),
+//     stored headers that are not a JSON object of strings, an invalid topic
+//     name, a message over MaxMessageBytes;
+//   - at once, when the broker refuses it sent alone for what it is (too
+//     large for the topic, an invalid record; a broker refuses a partition's
+//     whole record batch for one bad record, so the events failing in a bulk
+//     send are sent again in halves until those failing on their own are
+//     found, and only those are charged), or its topic does not exist;
+//   - after MaxAttempts paced attempts for the other permanent failures.
+//
+// Under [Hold] nothing is parked: the event is charged and retried, paced,
+// forever, its key waiting. Parked or held events never make [Relay.Health]
+// fail (a held one shows in the backlog's age). last_error says what was
+// wrong and what to do. [ListParked] and [Requeue] manage parked events;
+// package admin, which they call, and the outboxctl command filter, show,
+// requeue and delete them, and replay published events.
 //
 // # Bounds
 //
@@ -146,8 +171,10 @@ type Config struct {
 	// (change it only with all relays stopped). 1-4096; default 64.
 	Lanes int
 	// MaxAttempts is how many permanent failures (see PermanentError) an
-	// event may have before it is parked. Messages the relay refuses before
-	// sending (invalid topic, over MaxMessageBytes) are parked at once.
+	// event may have before it is parked; its attempts are paced like its
+	// retries (see Failures in the package documentation). Events the relay
+	// cannot read or send, those the broker refuses alone for good (too
+	// large for the topic) and those for a missing topic are parked at once.
 	// Default 5.
 	MaxAttempts int
 	// Poison says what happens to an event that keeps failing permanently:
@@ -199,9 +226,9 @@ type Config struct {
 	// relay then does not wait for a disk flush per batch, and its commits do
 	// not queue behind the writers' flushes. Default false.
 	SynchronousCommit bool
-	// MaxBackoff caps the wait after consecutive failed batches; the wait
-	// starts at PollInterval and doubles, with jitter. Default 30s (or
-	// PollInterval, if longer).
+	// MaxBackoff caps the wait after consecutive failed batches, and between
+	// the retries of a failed event; the wait starts at PollInterval and
+	// doubles, with jitter. Default 30s (or PollInterval, if longer).
 	MaxBackoff time.Duration
 	// Logger receives the relay's logs: one line when publishing starts to
 	// fail, and one when it recovers. No payloads or header values are
@@ -329,7 +356,10 @@ type Relay struct {
 	health                 health
 
 	wakes   []chan struct{} // one per worker
+	kicks   []chan struct{} // one per worker: end its backoff now (Health)
 	failLog failLog
+	pacer   pacer
+	missing missingTopics
 
 	mu       sync.Mutex
 	started  bool
@@ -371,10 +401,13 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		q:      newQueries(c.Table),
 		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
 		wakes:  make([]chan struct{}, c.Workers),
+		kicks:  make([]chan struct{}, c.Workers),
 	}
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
+		r.kicks[i] = make(chan struct{}, 1)
 	}
+	r.health.init(c.Workers)
 	r.txSettings, r.idleMillis = txSettings(c)
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
@@ -473,8 +506,8 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 	failures := 0 // this worker's consecutive failures, for its backoff
 	size := r.cfg.BatchSize
 	for {
-		n, next, err := r.runOnce(ctx, size)
-		r.health.set(n, err)
+		_, next, err := r.runOnce(ctx, size)
+		r.health.set(worker, err)
 		select {
 		case <-r.stop:
 			return
@@ -487,10 +520,14 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
 					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
 			}
-			if !r.sleep(r.backoff(failures)) {
+			if !r.sleep(r.backoff(failures), r.kicks[worker]) {
 				return
 			}
 			continue
+		}
+		select { // a kick that came while the batch ran is spent
+		case <-r.kicks[worker]:
+		default:
 		}
 		if r.failLog.recovered() {
 			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
@@ -534,8 +571,9 @@ func (f *failLog) recovered() bool {
 	return was
 }
 
-// sleep waits d, or returns false once the relay is stopping.
-func (r *Relay) sleep(d time.Duration) bool {
+// sleep waits d or until kicked, or returns false once the relay is
+// stopping.
+func (r *Relay) sleep(d time.Duration, kick <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -543,6 +581,18 @@ func (r *Relay) sleep(d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	case <-kick:
+		return true
+	}
+}
+
+// kick ends the backoff of every worker that is waiting in one (see Health).
+func (r *Relay) kick() {
+	for _, k := range r.kicks {
+		select {
+		case k <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -489,9 +489,11 @@ func TestPartialFailureHoldsTheRestOfTheKey(t *testing.T) {
 		return &relay.BatchError{Failed: map[int]error{2: errors.New("leader not available")}} // the second k0 event
 	})
 	r := s.relay(t, pub, relay.Config{})
+	// The batch went through but for one event: not a failure of the
+	// relay (that event and its key are retried, paced).
 	n, err := r.RunOnce(s.ctx)
-	if err == nil || !strings.Contains(err.Error(), "leader not available") || n != 4 {
-		t.Fatalf("RunOnce = %d, %v; want 4 marked and the transient error", n, err)
+	if err != nil || n != 4 {
+		t.Fatalf("RunOnce = %d, %v; want 4 marked and no error", n, err)
 	}
 	rows, _ := s.pool.Query(s.ctx, "SELECT partition_key, published_at IS NOT NULL FROM "+s.table.Ident()+" ORDER BY id")
 	var got []string

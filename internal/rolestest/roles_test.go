@@ -539,13 +539,23 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 			}
 			return &relay.BatchError{Failed: failed}
 		})
-		rl, err := relay.New(relayDB, failing, &relay.Config{Table: tbl, MaxAttempts: 2, Logger: slog.New(slog.DiscardHandler)})
+		// Charged events wait for a paced retry (PollInterval, doubling to
+		// MaxBackoff): short here, so the second attempt comes at once.
+		rl, err := relay.New(relayDB, failing, &relay.Config{Table: tbl, MaxAttempts: 2, PollInterval: time.Millisecond,
+			MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 2 {
-			// Until parked, a charged event is retried with backoff: RunOnce reports it.
-			if _, err := rl.RunOnce(ctx); err != nil && !relay.IsPermanent(err) {
+		parkedBoth := func() bool {
+			for _, id := range bad {
+				if _, parked, _ := state(id); !parked {
+					return false
+				}
+			}
+			return true
+		}
+		for deadline := time.Now().Add(10 * time.Second); !parkedBoth() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if _, err := rl.RunOnce(ctx); err != nil {
 				t.Fatalf("RunOnce with permanent failures: %v", err)
 			}
 		}

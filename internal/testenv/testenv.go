@@ -105,6 +105,13 @@ func CreateTopic(t testing.TB, brokers []string, name string, partitions int32) 
 	CreateTopicDetail(t, brokers, name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1})
 }
 
+// CreateTopicWithConfig is CreateTopic with topic configs, e.g.
+// {"max.message.bytes": "10000"}.
+func CreateTopicWithConfig(t testing.TB, brokers []string, name string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	CreateTopicDetail(t, brokers, name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1, ConfigEntries: configs})
+}
+
 // CreateTopicDetail is CreateTopic with the topic's replication factor and
 // configuration entries (e.g. min.insync.replicas, max.message.bytes).
 func CreateTopicDetail(t testing.TB, brokers []string, name string, detail *sarama.TopicDetail) {
@@ -294,13 +301,18 @@ func Header(m *sarama.ConsumerMessage, name string) string {
 // only when the services they need are configured: without DATABASE_URL it
 // reports why and exits 0, unless OUTBOX_TEST_REQUIRE=1. It then checks for
 // leaked goroutines with goleak, ignoring go-metrics' global ticker that
-// sarama starts on first use.
+// sarama starts on first use and the timer of an opened sarama circuit
+// breaker, which ends by itself.
 func Main(m *testing.M) {
 	if os.Getenv("DATABASE_URL") == "" && os.Getenv("OUTBOX_TEST_REQUIRE") != "1" {
 		fmt.Println("skipping: DATABASE_URL is not set (run `make test`, which starts PostgreSQL)")
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		// A sarama producer whose circuit breaker opened (e.g. on a missing
+		// topic) leaves its timer sleeping out the breaker's timeout (10s)
+		// after Close; it ends by itself.
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"))
 }
 
 // ExampleDB connects to DATABASE_URL and migrates a fresh schema for a

@@ -1,0 +1,144 @@
+package relay
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// pacer spaces the retries of events that failed while the relay as a whole
+// works (a permanent failure charged to the event, or a transient one of a
+// single event in a batch that otherwise went through). A failed event, and
+// with it its key, is held out of the claims until its retry is due:
+// PollInterval after its first failure, doubling with each further one up to
+// MaxBackoff, with jitter. The other keys flow meanwhile, and the relay never
+// backs off for one event. The pacing lives in the memory of each relay: a
+// restarted relay, or another replica, tries such an event once at once.
+type pacer struct {
+	mu   sync.Mutex
+	rows map[int64]*pace // by row id
+}
+
+type pace struct {
+	key   string
+	fails int
+	due   time.Time
+}
+
+// maxPaced bounds the pacer's memory. Past it, expired entries are dropped
+// first, then the entry due soonest.
+const maxPaced = 10000
+
+// held returns the keys whose failed event is not due yet, and forgets
+// entries long past due (their event was published or parked by another
+// relay, or requeued).
+func (p *pacer) held(now time.Time, forgetAfter time.Duration) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.rows) == 0 {
+		return nil
+	}
+	seen := map[string]bool{}
+	var keys []string
+	for id, e := range p.rows {
+		switch {
+		case now.Before(e.due):
+			if !seen[e.key] {
+				seen[e.key] = true
+				keys = append(keys, e.key)
+			}
+		case now.Sub(e.due) > forgetAfter:
+			delete(p.rows, id)
+		}
+	}
+	return keys
+}
+
+// failed records a failure of row id (of key) and returns how many times in
+// a row it failed; delay gives the wait after that many failures.
+func (p *pacer) failed(id int64, key string, now time.Time, delay func(fails int) time.Duration) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rows == nil {
+		p.rows = map[int64]*pace{}
+	}
+	e := p.rows[id]
+	if e == nil {
+		if len(p.rows) >= maxPaced {
+			p.evict(now)
+		}
+		e = &pace{key: key}
+		p.rows[id] = e
+	}
+	e.fails++
+	e.due = now.Add(delay(e.fails))
+	return e.fails
+}
+
+func (p *pacer) evict(now time.Time) {
+	var soonest int64
+	var first *pace
+	for id, e := range p.rows {
+		if !now.Before(e.due) {
+			delete(p.rows, id)
+			continue
+		}
+		if first == nil || e.due.Before(first.due) {
+			soonest, first = id, e
+		}
+	}
+	if len(p.rows) >= maxPaced && first != nil {
+		delete(p.rows, soonest)
+	}
+}
+
+// done forgets rows that were published or parked.
+func (p *pacer) done(ids ...int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		delete(p.rows, id)
+	}
+}
+
+// missingTopics remembers for a few seconds the topics the broker said do
+// not exist, so that their next events are parked without being sent: the
+// producer waits for a missing topic's metadata (Metadata.Retry.Max times)
+// on every send, and that wait holds up the whole batch.
+type missingTopics struct {
+	mu     sync.Mutex
+	topics map[string]missingTopic
+}
+
+type missingTopic struct {
+	at  time.Time
+	err error
+}
+
+// missingFor is how long a topic reported missing is not asked for again.
+const missingFor = 5 * time.Second
+
+func (m *missingTopics) set(topic string, err error, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.topics == nil {
+		m.topics = map[string]missingTopic{}
+	}
+	m.topics[topic] = missingTopic{at: now, err: err}
+}
+
+// get returns the error of a topic reported missing less than missingFor
+// ago, or nil.
+func (m *missingTopics) get(topic string, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.topics[topic]
+	if !ok {
+		return nil
+	}
+	if now.Sub(t.at) >= missingFor {
+		delete(m.topics, topic)
+		return nil
+	}
+	return fmt.Errorf("not sent: the broker reported the topic missing %v ago: %w", now.Sub(t.at).Round(time.Millisecond), t.err)
+}
