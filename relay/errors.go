@@ -36,27 +36,10 @@ func IsPermanent(err error) bool {
 }
 
 // ErrHeld is reported for a message not sent, or not marked, because an
-// earlier event of its key failed in the same batch. It is transient.
+// earlier event of its key failed in the same batch (or, from
+// SaramaPublisher, an earlier record of its partition was rejected). It is
+// transient and not counted against the event.
 var ErrHeld = errors.New("relay: held behind a failed event of the same key")
-
-// classifySarama marks the producer errors that cannot succeed for this
-// message as permanent.
-func classifySarama(err error) error {
-	var kerr sarama.KError
-	if errors.As(err, &kerr) {
-		switch kerr {
-		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrInvalidRecord,
-			sarama.ErrInvalidMessage, sarama.ErrUnknownTopicOrPartition, sarama.ErrTopicAuthorizationFailed,
-			sarama.ErrPolicyViolation, sarama.ErrInvalidRequiredAcks:
-			return Permanent(err)
-		}
-	}
-	var cerr sarama.ConfigurationError
-	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
-		return Permanent(err)
-	}
-	return err
-}
 
 // topicLevel reports a permanent error that condemns every message to the
 // topic, not one message: it is charged to each event without isolating it.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -27,7 +26,8 @@ import (
 //	Version                  = sarama.V2_8_0_0 (any broker 2.8 or newer, Kafka 4.x included)
 //	ClientID                 = "fxoutbox"
 //
-// Change what you need (TLS, SASL, Version, compression) and pass it to
+// Change what you need (TLS, SASL, Version, Producer.Compression,
+// Producer.MaxMessageBytes, Producer.Partitioner) and pass it to
 // NewSaramaPublisher, which rejects changes that break the guarantees.
 func DefaultSaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
@@ -44,8 +44,6 @@ func DefaultSaramaConfig() *sarama.Config {
 	c.Net.WriteTimeout = 10 * time.Second
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Timeout = 15 * time.Second
-	c.Producer.Return.Successes = true
-	c.Producer.Return.Errors = true
 	return c
 }
 
@@ -77,23 +75,24 @@ func ValidateSaramaConfig(c *sarama.Config) error {
 	return nil
 }
 
-// SaramaPublisher publishes through a sarama AsyncProducer. It connects
-// lazily, on the first Publish, so an application starts while the broker is
-// down (writers do not need Kafka); Publish returns the connection error and
-// the relay retries with backoff. Close it after the relay has stopped.
+// SaramaPublisher publishes through sarama's client, as an idempotent
+// producer of its own that keeps the order of first deliveries per
+// partition through broker faults (see Publish). It connects lazily, on the
+// first Publish, so an application starts while the broker is down (writers
+// do not need Kafka); Publish returns the connection error and the relay
+// retries with backoff. Close it after the relay has stopped.
 type SaramaPublisher struct {
 	addrs []string
 	cfg   *sarama.Config
 
 	mu         sync.Mutex
-	producer   sarama.AsyncProducer
-	client     sarama.Client   // the producer's; closed after it
-	drained    <-chan struct{} // closed when the producer's results are all resolved
-	connecting chan struct{}   // closed when the connect in flight ends
-	connErr    error           // the last connect's error
-	stale      bool            // producer had a transient failure: replace it
-	careful    atomic.Bool     // a recent batch failed: one message per key in flight
+	prod       *producer
+	client     sarama.Client
+	connecting chan struct{} // closed when the connect in flight ends
+	connErr    error         // the last connect's error
 	closed     bool
+	closing    context.Context // ended by Close: abandoned publishes stop early
+	stop       context.CancelFunc
 	wg         sync.WaitGroup
 }
 
@@ -103,9 +102,8 @@ var _ Publisher = (*SaramaPublisher)(nil)
 var ErrPublisherClosed = errors.New("relay: publisher closed")
 
 // NewSaramaPublisher validates cfg (nil means DefaultSaramaConfig()) and
-// returns a publisher for the brokers at addrs. It works on a copy of cfg;
-// Producer.Return.Successes and Producer.Return.Errors are turned on. It does
-// no I/O.
+// returns a publisher for the brokers at addrs. It works on a copy of cfg.
+// It does no I/O.
 func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, error) {
 	if len(addrs) == 0 {
 		return nil, &outbox.ConfigError{Field: "Kafka brokers", Reason: "none given: set at least one host:port (e.g. KAFKA_BROKERS=localhost:9092)"}
@@ -114,56 +112,49 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 		cfg = DefaultSaramaConfig()
 	}
 	c := *cfg
-	c.Producer.Return.Successes = true
-	c.Producer.Return.Errors = true
 	if err := ValidateSaramaConfig(&c); err != nil {
 		return nil, err
 	}
-	return &SaramaPublisher{addrs: addrs, cfg: &c}, nil
+	closing, stop := context.WithCancel(context.Background())
+	return &SaramaPublisher{addrs: addrs, cfg: &c, closing: closing, stop: stop}, nil
 }
-
-// batch collects the results of one Publish call. Every message handed to
-// the producer resolves exactly once (Return.Successes and Return.Errors
-// are on), and results has room for all of them, so resolving never blocks,
-// even for a batch whose Publish already returned.
-type batch struct {
-	results chan result
-}
-
-type result struct {
-	idx int
-	err error
-}
-
-type ticket struct {
-	b   *batch
-	idx int
-}
-
-func (t ticket) resolve(err error) { t.b.results <- result{t.idx, err} }
-
-// pkey identifies the messages whose order Publish keeps.
-type pkey struct{ topic, key string }
 
 // Publish sends msgs and waits for every acknowledgement or ctx.
 //
-// Normally every message goes to the producer at once, which batches them
-// per partition; the idempotent producer keeps each partition's order
-// through its own retries. But sarama can fail one message and deliver the
-// next of the same partition: it fails each message that finds no leader,
-// e.g. while its circuit breaker is open after a broker crash, and goes on
-// with the next once the broker is back. A later event of a key would then
-// be in Kafka before the failed one, which the relay sends again after it.
-// So after a failed batch, until a batch succeeds whole, Publish is careful:
-// it hands the producer one message per key at a time, the next when the
-// previous one was acknowledged, and after a failure the rest of that key's
-// messages are not sent and fail with ErrHeld. Messages of different keys
-// are still in flight together.
+// Each message goes to the partition the configured partitioner chooses
+// (by default a hash of the key, as with sarama's own producer). Each
+// partition's messages are cut, in order, into record batches of at most
+// Producer.MaxMessageBytes, and sent as an idempotent producer: one
+// ProduceRequest per leader broker carries the next batch of every
+// partition it leads. For each partition at most one batch is in flight,
+// also across concurrent calls, and the next is sent only after the
+// previous one was acknowledged. A broker appends or rejects a batch
+// whole, so a later message of a partition never reaches Kafka ahead of an
+// earlier one that failed: per-key order of first deliveries holds through
+// broker crashes, leader changes and rejected records.
 //
-// After a transient failure, or when ctx ends, the producer is replaced
-// before the next batch: a new one starts without open circuit breakers and
-// with a new idempotent producer id, instead of recovering partition by
-// partition.
+// Failures, per partition (other partitions go on):
+//   - Retriable broker errors (no leader, leader moved, timeout, not enough
+//     replicas, connection lost): the same batch is sent again with the
+//     same sequence numbers, after a metadata refresh and
+//     Producer.Retry.Backoff, up to Producer.Retry.Max times within ctx. If
+//     it still fails, it and every later message of the partition fail with
+//     that (transient) error, and a new producer id is fetched before the
+//     next batch, because whether the broker appended it is unknown.
+//   - A record batch rejected for its content (too large, invalid record,
+//     policy): it is split and the halves sent in turn, so the records
+//     before the bad one are delivered and only the bad one fails, with a
+//     PermanentError; the later messages of its partition are not sent and
+//     fail with ErrHeld.
+//   - A topic that is missing (with Metadata.AllowAutoTopicCreation off, or
+//     not created), invalid or not authorized: every message of the topic
+//     fails with a PermanentError at once, without retries.
+//   - Connection, TLS and authentication errors are transient.
+//
+// Errors wrap their cause (sarama.KError, *net.OpError, TLS and SASL
+// errors) for errors.Is and errors.As. A call abandoned when ctx ends
+// returns at once; its broker calls end within Net.ReadTimeout, and until
+// then later calls wait for its partitions.
 func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -172,138 +163,55 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if err != nil {
 		return err
 	}
-	b := &batch{results: make(chan result, len(msgs))}
-	// Careful (after a failure, until a batch succeeds whole): one message
-	// per key in flight, so a failure cannot be followed by a later message
-	// of its key getting through. Otherwise everything goes at once.
-	careful := p.careful.Load()
-	var (
-		keys   []pkey         // careful: each message's key
-		queued map[pkey][]int // careful: each key's messages not sent yet, in order
-		firsts = make([]int, 0, len(msgs))
-	)
-	if careful {
-		keys, queued = make([]pkey, len(msgs)), map[pkey][]int{}
-		for i, m := range msgs {
-			k := pkey{m.Topic, string(m.Key)}
-			keys[i] = k
-			if rest, ok := queued[k]; ok {
-				queued[k] = append(rest, i)
-			} else {
-				queued[k] = nil
-				firsts = append(firsts, i)
-			}
-		}
-	} else {
-		for i := range msgs {
-			firsts = append(firsts, i)
-		}
+	done := make(chan map[int]error, 1)
+	if !p.goTracked(func() {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(p.closing, cancel)()
+		done <- prod.publish(pctx, msgs)
+	}) {
+		return ErrPublisherClosed
 	}
-	send := func(i int) error {
-		m := msgs[i]
-		pm := &sarama.ProducerMessage{
-			Topic:    m.Topic,
-			Key:      sarama.ByteEncoder(m.Key),
-			Value:    sarama.ByteEncoder(m.Value),
-			Headers:  make([]sarama.RecordHeader, len(m.Headers)),
-			Metadata: ticket{b, i},
+	select {
+	case failed := <-done:
+		if len(failed) > 0 {
+			return &BatchError{Failed: failed}
 		}
-		for j, h := range m.Headers {
-			pm.Headers[j] = sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
-		}
-		select {
-		case prod.Input() <- pm:
-			return nil
-		case <-ctx.Done():
-			// Messages already queued resolve into this abandoned batch.
-			p.replace(prod)
-			return fmt.Errorf("relay: publish: %w", ctx.Err())
-		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("relay: publish: %w", ctx.Err())
 	}
-	for _, i := range firsts {
-		if err := send(i); err != nil {
-			return err
-		}
-	}
-	failed := map[int]error{}
-	for open := len(msgs); open > 0; {
-		select {
-		case r := <-b.results:
-			open--
-			if r.err != nil {
-				failed[r.idx] = r.err
-				if !IsPermanent(r.err) {
-					p.replace(prod)
-				}
-			}
-			if !careful {
-				continue
-			}
-			k := keys[r.idx]
-			if r.err != nil {
-				for _, j := range queued[k] {
-					failed[j] = ErrHeld
-					open--
-				}
-				queued[k] = nil
-				continue
-			}
-			if rest := queued[k]; len(rest) > 0 {
-				queued[k] = rest[1:]
-				if err := send(rest[0]); err != nil {
-					return err
-				}
-			}
-		case <-ctx.Done():
-			p.replace(prod)
-			return fmt.Errorf("relay: publish: waiting for acknowledgements: %w", ctx.Err())
-		}
-	}
-	p.careful.Store(len(failed) > 0)
-	if len(failed) > 0 {
-		return &BatchError{Failed: failed}
-	}
-	return nil
 }
 
-// replace marks prod to be closed and replaced by a new producer at the
-// next connect, unless it was already.
-func (p *SaramaPublisher) replace(prod sarama.AsyncProducer) {
-	p.careful.Store(true)
+// goTracked runs f in a goroutine that Close waits for, unless the
+// publisher is closed.
+func (p *SaramaPublisher) goTracked(f func()) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.producer == prod {
-		p.stale = true
+	if p.closed {
+		return false
 	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return true
 }
 
-// connect returns the producer, creating it on first use. Creating it talks
-// to the brokers without a context, so it runs in its own goroutine and a
-// caller whose ctx ends stops waiting (the attempt goes on, bounded by
-// Metadata.Timeout, and its producer serves the next call).
-func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, error) {
+// connect returns the producer, creating its client on first use. Creating
+// it talks to the brokers without a context, so it runs in its own
+// goroutine and a caller whose ctx ends stops waiting (the attempt goes on,
+// bounded by Metadata.Timeout, and its client serves the next call).
+func (p *SaramaPublisher) connect(ctx context.Context) (*producer, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, ErrPublisherClosed
 	}
-	if p.producer != nil && p.stale {
-		// AsyncClose delivers or fails what the old producer still holds
-		// (messages of abandoned batches), then ends its two goroutines;
-		// its client is closed after them.
-		prod, client, drained := p.producer, p.client, p.drained
-		p.producer, p.client, p.drained, p.stale = nil, nil, nil, false
-		prod.AsyncClose()
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			<-drained
-			_ = client.Close()
-		}()
-	}
-	if p.producer != nil {
+	if p.prod != nil {
 		defer p.mu.Unlock()
-		return p.producer, nil
+		return p.prod, nil
 	}
 	if p.connecting == nil {
 		done := make(chan struct{})
@@ -312,23 +220,15 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 		go func() {
 			defer p.wg.Done()
 			client, err := sarama.NewClient(p.addrs, p.cfg)
-			var prod sarama.AsyncProducer
-			if err == nil {
-				if prod, err = sarama.NewAsyncProducerFromClient(client); err != nil {
-					_ = client.Close()
-				}
-			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			switch {
 			case err != nil:
 				p.connErr = fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, err)
 			case p.closed:
-				_ = prod.Close()
 				_ = client.Close()
 			default:
-				p.producer, p.client, p.connErr = prod, client, nil
-				p.drained = p.dispatch(prod)
+				p.client, p.prod, p.connErr = client, newProducer(client, p.cfg), nil
 			}
 			p.connecting = nil
 			close(done)
@@ -343,33 +243,26 @@ func (p *SaramaPublisher) connect(ctx context.Context) (sarama.AsyncProducer, er
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.producer == nil {
+	if p.prod == nil {
 		if p.closed {
 			return nil, ErrPublisherClosed
 		}
 		return nil, p.connErr
 	}
-	return p.producer, nil
+	return p.prod, nil
 }
 
 // Ping checks that a broker answers: it connects if needed and asks the
 // cluster for its metadata. It implements Pinger for Relay.Health.
 func (p *SaramaPublisher) Ping(ctx context.Context) error {
-	if _, err := p.connect(ctx); err != nil {
+	prod, err := p.connect(ctx)
+	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	client := p.client
-	p.mu.Unlock()
-	if client == nil {
+	done := make(chan error, 1)
+	if !p.goTracked(func() { done <- prod.client.RefreshMetadata() }) { // sarama takes no context
 		return ErrPublisherClosed
 	}
-	done := make(chan error, 1)
-	p.wg.Add(1)
-	go func() { // sarama takes no context
-		defer p.wg.Done()
-		done <- client.RefreshMetadata()
-	}()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -381,48 +274,17 @@ func (p *SaramaPublisher) Ping(ctx context.Context) error {
 	}
 }
 
-// dispatch starts the two goroutines that resolve acknowledgements. The
-// returned channel is closed when both have ended (the producer is closed).
-func (p *SaramaPublisher) dispatch(prod sarama.AsyncProducer) <-chan struct{} {
-	var both sync.WaitGroup
-	both.Add(2)
-	p.wg.Add(3)
-	go func() {
-		defer p.wg.Done()
-		defer both.Done()
-		for m := range prod.Successes() {
-			m.Metadata.(ticket).resolve(nil)
-		}
-	}()
-	go func() {
-		defer p.wg.Done()
-		defer both.Done()
-		for e := range prod.Errors() {
-			e.Msg.Metadata.(ticket).resolve(classifySarama(e.Err))
-		}
-	}()
-	drained := make(chan struct{})
-	go func() {
-		defer p.wg.Done()
-		both.Wait()
-		close(drained)
-	}()
-	return drained
-}
-
-// Close flushes and closes the producer and waits for its goroutines,
-// including a connect in flight (bounded by Metadata.Timeout). Call it after
-// the relay has stopped; Publish fails with ErrPublisherClosed after.
+// Close stops the publishes still running (calls abandoned when their ctx
+// ended), waits for every goroutine, including a connect in flight (bounded
+// by Metadata.Timeout) and broker calls (bounded by Net.ReadTimeout), and
+// closes the client. Call it after the relay has stopped; Publish fails
+// with ErrPublisherClosed after.
 func (p *SaramaPublisher) Close() error {
 	p.mu.Lock()
-	prod, client := p.producer, p.client
-	p.closed, p.producer, p.client = true, nil, nil
+	client := p.client
+	p.closed, p.prod, p.client = true, nil, nil
 	p.mu.Unlock()
-	if prod != nil {
-		// AsyncClose flushes, then closes Successes and Errors, which ends
-		// the two goroutines that resolve acknowledgements.
-		prod.AsyncClose()
-	}
+	p.stop()
 	p.wg.Wait()
 	if client != nil {
 		_ = client.Close()
