@@ -491,10 +491,16 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 				pr.acked(l)
 			case retriableKError(kerr):
 				again(l, err)
-			case kerr == sarama.ErrOutOfOrderSequenceNumber || kerr == sarama.ErrUnknownProducerID ||
-				kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrProducerFenced ||
-				kerr == sarama.ErrInvalidProducerIDMapping:
-				pr.failLane(l, err, err, true, failed) // the identity is replaced
+			case identityKError(kerr):
+				// The broker refused the batch (appended none of it) for
+				// its producer id or sequence: it lost or expired the
+				// producer's state. Every earlier batch of the partition
+				// was acknowledged, so the batch is sent again under a new
+				// identity.
+				pr.markStale(l.head().id)
+				b := l.head()
+				b.assigned, b.rb = false, nil
+				again(l, err)
 			case topicLevelKError(kerr):
 				pr.failTopic(l.tp.topic, lanes, err, failed)
 			case recordLevelKError(kerr):
@@ -517,6 +523,17 @@ func retriableKError(kerr sarama.KError) bool {
 		sarama.ErrUnknownTopicOrPartition, sarama.ErrKafkaStorageError, sarama.ErrFencedLeaderEpoch,
 		sarama.ErrUnknownLeaderEpoch, sarama.ErrOffsetNotAvailable, sarama.ErrNotController,
 		sarama.ErrThrottlingQuotaExceeded, sarama.ErrBrokerNotAvailable, sarama.ErrReplicaNotAvailable:
+		return true
+	}
+	return false
+}
+
+// identityKError reports a partition error about the producer's id, epoch
+// or sequence numbers.
+func identityKError(kerr sarama.KError) bool {
+	switch kerr {
+	case sarama.ErrOutOfOrderSequenceNumber, sarama.ErrUnknownProducerID, sarama.ErrInvalidProducerEpoch,
+		sarama.ErrProducerFenced, sarama.ErrInvalidProducerIDMapping:
 		return true
 	}
 	return false
