@@ -117,7 +117,7 @@ type pbatch struct {
 	rb       *sarama.RecordBatch // built at the first send, resent as is
 }
 
-// plane (partition lane) is one partition's part of a call.
+// plane (a partition lane) is one partition's part of a call.
 type plane struct {
 	tp      tp
 	st      *partState
@@ -129,7 +129,7 @@ type plane struct {
 
 func (l *plane) head() *pbatch { return l.batches[0] }
 
-// add appends message i to the plane's last batch, or starts a new batch
+// add appends message i to the lane's last batch, or starts a new batch
 // when that one would grow past max bytes (a larger record goes alone).
 func (l *plane) add(i, size, max int) {
 	if n := len(l.batches); n > 0 {
@@ -153,8 +153,9 @@ func recordSize(m Message) int {
 }
 
 // publish sends msgs and returns the error of each message that was not
-// acknowledged. It blocks in broker calls (sarama takes no context), at
-// most about Net.ReadTimeout past the end of ctx.
+// acknowledged. It can block in a broker or metadata call (sarama takes no
+// context) past the end of ctx, for as long as sarama's timeouts allow
+// (Net.ReadTimeout, Metadata.Timeout).
 func (pr *producer) publish(ctx context.Context, msgs []Message) map[int]error {
 	failed := map[int]error{}
 	lanes := pr.plan(msgs, failed)
@@ -338,7 +339,7 @@ func topicLevelKError(err error) bool {
 }
 
 // acquire takes the partition locks of the active lanes that are free and
-// returns the lanes it holds. Holding none, it waits for the first plane's
+// returns the lanes it holds. Holding none, it waits for the first lane's
 // lock (never while holding one: calls cannot deadlock). It returns nil
 // when ctx ends first.
 func (pr *producer) acquire(ctx context.Context, active []*plane) []*plane {
@@ -391,7 +392,7 @@ type sent struct {
 	err    error
 }
 
-// wave sends the head batch of every ready plane, one ProduceRequest per
+// wave sends the head batch of every ready lane, one ProduceRequest per
 // leader broker, the brokers in parallel, and resolves the outcomes. It
 // returns the lanes to retry (they keep their lock).
 func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed map[int]error) (retry []*plane) {
@@ -551,7 +552,7 @@ func recordLevelKError(kerr sarama.KError) bool {
 	return false
 }
 
-// acked resolves a plane's head batch as appended: the partition's sequence
+// acked resolves a lane's head batch as appended: the partition's sequence
 // advances and the lock is released for other calls.
 func (pr *producer) acked(l *plane) {
 	b := l.head()
@@ -561,7 +562,7 @@ func (pr *producer) acked(l *plane) {
 	l.done = len(l.batches) == 0
 }
 
-// rejected resolves a plane's head batch that the broker refused for its
+// rejected resolves a lane's head batch that the broker refused for its
 // content: it appended none of it, so no sequence number was used. A batch
 // of several records is split in two and the halves are sent in turn, down
 // to the one record the broker refuses, so the records before it are
@@ -581,7 +582,7 @@ func (pr *producer) rejected(l *plane, err error, failed map[int]error) {
 	pr.failLane(l, err, fmt.Errorf("relay: not sent after an earlier record of %s was rejected: %w", l.tp, ErrHeld), false, failed)
 }
 
-// failLane fails the plane's messages: its head batch with headErr, the
+// failLane fails the lane's messages: its head batch with headErr, the
 // later ones with restErr. unknown says the head batch may have been
 // appended: its identity is then replaced before the next batch.
 func (pr *producer) failLane(l *plane, headErr, restErr error, unknown bool, failed map[int]error) {

@@ -153,8 +153,9 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 //
 // Errors wrap their cause (sarama.KError, *net.OpError, TLS and SASL
 // errors) for errors.Is and errors.As. A call abandoned when ctx ends
-// returns at once; its broker calls end within Net.ReadTimeout, and until
-// then later calls wait for its partitions.
+// returns at once; its broker call in flight ends within sarama's timeouts
+// (Net.ReadTimeout, Metadata.Timeout), and until then later calls wait for
+// its partitions.
 func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -57,7 +57,9 @@ func TestBrokerOutage30sParksNothing(t *testing.T) {
 // broker's port lies in Linux's ephemeral range (32768-60999): after 30 s
 // of clients dialing it, the JVM has been seen to fail its bind with
 // "Address already in use" once, a fault of the test machine, not of the
-// relay.
+// relay (a client's dial to a port in that range with nobody listening
+// can connect to itself and hold the port for a moment). The crash tests
+// restart the broker many times, so it retries a few times.
 func upAfterOutage(t *testing.T, b *broker) {
 	t.Helper()
 	for i := 1; ; i++ {
@@ -67,10 +69,10 @@ func upAfterOutage(t *testing.T, b *broker) {
 			t.Logf("broker %s up in %v", b.addr, time.Since(start).Round(time.Millisecond))
 			return
 		}
-		if i == 3 {
+		if i == 5 {
 			t.Fatal(err)
 		}
 		t.Logf("broker restart %d failed, retrying: %v", i, strings.SplitN(err.Error(), "\n", 2)[0])
-		time.Sleep(2 * time.Second)
+		time.Sleep(3 * time.Second)
 	}
 }
