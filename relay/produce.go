@@ -152,12 +152,22 @@ func recordSize(m Message) int {
 	return n
 }
 
+// storedAt is where the broker stored an acknowledged message.
+type storedAt struct {
+	ok        bool
+	partition int32
+	offset    int64
+	broker    string
+}
+
 // publish sends msgs and returns the error of each message that was not
-// acknowledged. It can block in a broker or metadata call (sarama takes no
+// acknowledged, and where each acknowledged one was stored (when the
+// broker said). It can block in a broker or metadata call (sarama takes no
 // context) past the end of ctx, for as long as sarama's timeouts allow
 // (Net.ReadTimeout, Metadata.Timeout).
-func (pr *producer) publish(ctx context.Context, msgs []Message) map[int]error {
+func (pr *producer) publish(ctx context.Context, msgs []Message) (map[int]error, []storedAt) {
 	failed := map[int]error{}
+	stored := make([]storedAt, len(msgs))
 	lanes := pr.plan(msgs, failed)
 	defer func() {
 		for _, l := range lanes {
@@ -172,20 +182,20 @@ func (pr *producer) publish(ctx context.Context, msgs []Message) map[int]error {
 			}
 		}
 		if len(active) == 0 {
-			return failed
+			return failed, stored
 		}
 		if err := ctx.Err(); err != nil {
 			for _, l := range active {
 				err := fmt.Errorf("relay: publish to %s: %w", l.tp, err)
 				pr.failLane(l, err, err, true, failed)
 			}
-			return failed
+			return failed, stored
 		}
 		ready := pr.acquire(ctx, active)
 		if len(ready) == 0 {
 			continue // ctx ended
 		}
-		retry := pr.wave(ready, msgs, lanes, failed)
+		retry := pr.wave(ready, msgs, lanes, failed, stored)
 		if len(retry) == 0 {
 			continue
 		}
@@ -395,7 +405,7 @@ type sent struct {
 // wave sends the head batch of every ready lane, one ProduceRequest per
 // leader broker, the brokers in parallel, and resolves the outcomes. It
 // returns the lanes to retry (they keep their lock).
-func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed map[int]error) (retry []*plane) {
+func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed map[int]error, stored []storedAt) (retry []*plane) {
 	again := func(l *plane, err error) {
 		l.retries++
 		if l.retries > pr.conf.Producer.Retry.Max {
@@ -489,7 +499,7 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 			err := fmt.Errorf("relay: broker %s rejected the record batch for %s: %w", s.broker.Addr(), l.tp, kerr)
 			switch {
 			case kerr == sarama.ErrNoError || kerr == sarama.ErrDuplicateSequenceNumber:
-				pr.acked(l)
+				pr.acked(l, blk.Offset, s.broker.Addr(), stored)
 			case retriableKError(kerr):
 				again(l, err)
 			case identityKError(kerr):
@@ -552,10 +562,16 @@ func recordLevelKError(kerr sarama.KError) bool {
 	return false
 }
 
-// acked resolves a lane's head batch as appended: the partition's sequence
-// advances and the lock is released for other calls.
-func (pr *producer) acked(l *plane) {
+// acked resolves a lane's head batch as appended at base offset (-1:
+// unknown) by broker: the partition's sequence advances and the lock is
+// released for other calls.
+func (pr *producer) acked(l *plane, base int64, broker string, stored []storedAt) {
 	b := l.head()
+	if base >= 0 {
+		for j, i := range b.idx {
+			stored[i] = storedAt{ok: true, partition: l.tp.partition, offset: base + int64(j), broker: broker}
+		}
+	}
 	l.st.seq = nextSeq(b.seq, len(b.idx))
 	l.batches, l.retries = l.batches[1:], 0
 	pr.release(l)

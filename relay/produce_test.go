@@ -79,8 +79,8 @@ func (s *setup) writeSeq(t *testing.T, topic string, from, n, keys int) {
 }
 
 // firstDeliveries reads every record of topic and returns, per key, the
-// seq of each event's first delivery, in log order.
-func firstDeliveries(t *testing.T, brokers []string, topic string) (map[string][]int, int) {
+// seq of each event's first delivery, in log order, and the records.
+func firstDeliveries(t *testing.T, brokers []string, topic string) (map[string][]int, []*sarama.ConsumerMessage) {
 	t.Helper()
 	total := testenv.RecordCount(t, brokers, topic)
 	cons := testenv.Consume(t, brokers, topic)
@@ -103,7 +103,7 @@ func firstDeliveries(t *testing.T, brokers []string, topic string) (map[string][
 		}
 		got[string(m.Key)] = append(got[string(m.Key)], p.Seq)
 	}
-	return got, len(msgs)
+	return got, msgs
 }
 
 // A broker rejects a whole record batch for one record over the topic's
@@ -153,7 +153,7 @@ func TestRejectedRecordBatchKeepsKeyOrder(t *testing.T) {
 			t.Errorf("key %s: first deliveries %v, want %v", key, got[key], want)
 		}
 	}
-	t.Logf("%d records for 430 events", records)
+	t.Logf("%d records for 430 events", len(records))
 }
 
 // With auto-creation off, messages to a topic that does not exist fail
@@ -208,7 +208,8 @@ func TestMissingTopicFailsPermanentlyAtOnce(t *testing.T) {
 // each call's messages are acknowledged and every key's records are in
 // order (the calls' record batches interleave per partition with
 // consecutive sequence numbers; a gap would fail a call with
-// OutOfOrderSequenceNumber).
+// OutOfOrderSequenceNumber). Each acknowledged message says where it was
+// stored, as a consumer finds it.
 func TestConcurrentPublishesShareTheirPartitions(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.Brokers(t)
@@ -224,7 +225,11 @@ func TestConcurrentPublishesShareTheirPartitions(t *testing.T) {
 		perKey  = 5
 		keys    = 10 // per caller
 	)
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		stored = map[string]string{} // event id -> partition/offset@broker reported
+	)
 	errs := make(chan error, callers*rounds)
 	for c := range callers {
 		wg.Add(1)
@@ -242,6 +247,13 @@ func TestConcurrentPublishesShareTheirPartitions(t *testing.T) {
 					errs <- fmt.Errorf("caller %d round %d: %w", c, r, err)
 					return
 				}
+				mu.Lock()
+				for _, m := range msgs {
+					if m.Stored {
+						stored[m.EventID.String()] = fmt.Sprintf("%d/%d@%s", m.Partition, m.Offset, m.Broker)
+					}
+				}
+				mu.Unlock()
 			}
 		}()
 	}
@@ -251,8 +263,20 @@ func TestConcurrentPublishesShareTheirPartitions(t *testing.T) {
 		t.Error(err)
 	}
 	got, records := firstDeliveries(t, brokers, topic)
-	if records != callers*rounds*perKey*keys {
-		t.Errorf("%d records, want %d", records, callers*rounds*perKey*keys)
+	if len(records) != callers*rounds*perKey*keys {
+		t.Errorf("%d records, want %d", len(records), callers*rounds*perKey*keys)
+	}
+	wrong := 0
+	for _, m := range records {
+		id := testenv.Header(m, outbox.HeaderEventID)
+		if want := fmt.Sprintf("%d/%d@", m.Partition, m.Offset); !strings.HasPrefix(stored[id], want) || !strings.Contains(stored[id], ":") {
+			if wrong++; wrong <= 3 {
+				t.Errorf("event %s consumed at %s, Publish reported %q (want partition/offset@host:port)", id, want, stored[id])
+			}
+		}
+	}
+	if pub.ClientID() != "fxoutbox" {
+		t.Errorf("ClientID() = %q, want the sarama config's", pub.ClientID())
 	}
 	for c := range callers {
 		for k := range keys {

@@ -96,7 +96,10 @@ type SaramaPublisher struct {
 	wg         sync.WaitGroup
 }
 
-var _ Publisher = (*SaramaPublisher)(nil)
+var (
+	_ Publisher        = (*SaramaPublisher)(nil)
+	_ ClientIdentifier = (*SaramaPublisher)(nil)
+)
 
 // ErrPublisherClosed is returned by Publish after Close.
 var ErrPublisherClosed = errors.New("relay: publisher closed")
@@ -151,6 +154,8 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 //     fails with a PermanentError at once, without retries.
 //   - Connection, TLS and authentication errors are transient.
 //
+// Each acknowledged message gets Stored, Partition, Offset and Broker.
+//
 // Errors wrap their cause (sarama.KError, *net.OpError, TLS and SASL
 // errors) for errors.Is and errors.As. A call abandoned when ctx ends
 // returns at once; its broker call in flight ends within sarama's timeouts
@@ -164,18 +169,30 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if err != nil {
 		return err
 	}
-	done := make(chan map[int]error, 1)
+	type outcome struct {
+		failed map[int]error
+		stored []storedAt
+	}
+	done := make(chan outcome, 1)
 	if !p.goTracked(func() {
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		defer context.AfterFunc(p.closing, cancel)()
-		done <- prod.publish(pctx, msgs)
+		failed, stored := prod.publish(pctx, msgs)
+		done <- outcome{failed, stored}
 	}) {
 		return ErrPublisherClosed
 	}
 	select {
-	case failed := <-done:
-		if len(failed) > 0 {
+	case o := <-done:
+		// Written here, not by the abandoned goroutine: msgs belongs to
+		// the caller once Publish returned.
+		for i, st := range o.stored {
+			if st.ok {
+				msgs[i].Stored, msgs[i].Partition, msgs[i].Offset, msgs[i].Broker = true, st.partition, st.offset, st.broker
+			}
+		}
+		if failed := o.failed; len(failed) > 0 {
 			return &BatchError{Failed: failed}
 		}
 		return nil
@@ -183,6 +200,10 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 		return fmt.Errorf("relay: publish: %w", ctx.Err())
 	}
 }
+
+// ClientID returns the sarama configuration's ClientID (Kafka client.id).
+// It implements ClientIdentifier.
+func (p *SaramaPublisher) ClientID() string { return p.cfg.ClientID }
 
 // goTracked runs f in a goroutine that Close waits for, unless the
 // publisher is closed.

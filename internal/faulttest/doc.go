@@ -30,6 +30,10 @@
 //     (examples/cmd/orders, built by the test) gets SIGTERM under load, on its
 //     own development broker (examples/cmd/devkafka on a free port).
 //
+// TestBrokerCrashMidDrainKeepsKeyOrder (real broker only) SIGKILLs the
+// broker three times while two relays drain a 60k-event backlog and checks
+// each key's first deliveries; OUTBOX_FAULTTEST_DRAIN_ROUNDS=N repeats it.
+//
 // TestBrokerOutage30sParksNothing (real broker only) keeps the broker down
 // for 30 s and checks that nothing was charged an attempt or parked.
 //
