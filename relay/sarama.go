@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -174,11 +175,14 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 		stored []storedAt
 	}
 	done := make(chan outcome, 1)
+	// A call abandoned when ctx ends goes on reading its messages after
+	// Publish returned, when msgs is the caller's again: it reads a copy.
+	own := slices.Clone(msgs)
 	if !p.goTracked(func() {
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		defer context.AfterFunc(p.closing, cancel)()
-		failed, stored := prod.publish(pctx, msgs)
+		failed, stored := prod.publish(pctx, own)
 		done <- outcome{failed, stored}
 	}) {
 		return ErrPublisherClosed
