@@ -270,21 +270,18 @@ func (pr *producer) plan(msgs []Message, failed map[int]error) []*plane {
 // a hash of the key) over all the topic's partitions, or over the writable
 // ones for a partitioner that does not require consistency.
 func (pr *producer) partition(topic string, msgs []Message, idx []int) ([]int32, error) {
-	pr.mu.Lock()
-	p := pr.partitioners[topic]
-	pr.mu.Unlock()
-	if p == nil { // a topic not produced to yet
-		if err := pr.probeTopic(topic); err != nil {
-			return nil, err
-		}
-	}
+	// A topic not in the client's metadata yet is asked for (and created,
+	// with Metadata.AllowAutoTopicCreation and a broker that allows it);
+	// sarama confirms a missing one Metadata.Retry.Max times, and then it
+	// fails at once, permanently.
 	all, err := pr.client.Partitions(topic)
 	if err != nil {
 		return nil, classifyTopic(topic, err)
 	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if p = pr.partitioners[topic]; p == nil {
+	p := pr.partitioners[topic]
+	if p == nil {
 		p = pr.conf.Producer.Partitioner(topic)
 		pr.partitioners[topic] = p
 	}
@@ -307,30 +304,6 @@ func (pr *producer) partition(topic string, msgs []Message, idx []int) ([]int32,
 		out[j] = choices[c]
 	}
 	return out, nil
-}
-
-// probeTopic asks a broker once for topic's metadata (creating the topic
-// if Metadata.AllowAutoTopicCreation is on and the broker allows it) and
-// returns the permanent error of a topic that is missing, invalid or not
-// authorized. sarama's client retries a missing topic Metadata.Retry.Max
-// times first; a broker that cannot be asked leaves the verdict to it.
-func (pr *producer) probeTopic(topic string) error {
-	broker := pr.client.LeastLoadedBroker()
-	if broker == nil {
-		return nil
-	}
-	req := sarama.NewMetadataRequest(pr.conf.Version, []string{topic})
-	req.AllowAutoTopicCreation = pr.conf.Metadata.AllowAutoTopicCreation
-	resp, err := broker.GetMetadata(req)
-	if err != nil {
-		return nil
-	}
-	for _, tm := range resp.Topics {
-		if tm.Name == topic && topicLevelKError(tm.Err) {
-			return classifyTopic(topic, tm.Err)
-		}
-	}
-	return nil
 }
 
 // classifyTopic wraps an error about a topic's metadata: permanent when

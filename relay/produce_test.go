@@ -158,9 +158,9 @@ func TestRejectedRecordBatchKeepsKeyOrder(t *testing.T) {
 
 // With auto-creation off, messages to a topic that does not exist fail
 // permanently (with the broker's UnknownTopicOrPartition) on the first
-// Publish and on every later one, never as a transient "circuit breaker
-// is open"; messages to an existing topic in the same calls are
-// acknowledged.
+// Publish and on every later one, after sarama's metadata retries only,
+// never as a transient "circuit breaker is open"; messages to an existing
+// topic in the same calls are acknowledged.
 func TestMissingTopicFailsPermanentlyAtOnce(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.Brokers(t)
