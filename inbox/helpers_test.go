@@ -313,3 +313,14 @@ func (e *env) committed(group string, partitions int32) map[int32]int64 {
 func group() string { return testenv.Name("g_") }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// poolFromEnv connects to DATABASE_URL (in a child process, without the
+// parent's schema set-up).
+func poolFromEnv(t *testing.T) *pgxpool.Pool {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
