@@ -109,15 +109,16 @@ func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, sto
 func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
 	log := c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
 	h := c.route(m.Topic, m.Type)
+	if h == nil && !c.cfg.ParkUnrouted {
+		return OutcomeIgnored, nil
+	}
 	var cause error
 	switch id, err := c.cfg.Identity(msg); {
 	case err != nil:
 		cause = err
-	case h == nil && c.cfg.ParkUnrouted:
+	case h == nil:
 		m.ID = id
 		cause = fmt.Errorf("%w: topic %q, event type %s", ErrNoRoute, m.Topic, quote(m.Type))
-	case h == nil:
-		return OutcomeIgnored, nil
 	default:
 		m.ID = id
 	}
