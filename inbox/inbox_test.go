@@ -236,3 +236,45 @@ func TestTransientHandlerErrorsAreNotCounted(t *testing.T) {
 		t.Fatalf("parked %+v", p)
 	}
 }
+
+// Records whose event type no route takes are skipped and their offsets
+// committed; with ParkUnrouted they are parked. EventIDOrPosition applies
+// a record without x-event-id once, identified by its position.
+func TestUnroutedAndIdentity(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.produce(ev{Key: "a", Type: "other.v1"}, ev{ID: "-", Key: "a", Seq: 1}, ev{Key: "a", Seq: 2})
+	g := group()
+	cfg := e.config(g, nil)
+	cfg.Routes = []inbox.Route{{Topic: e.topic, Type: "thing.happened.v1", Handler: e.effect("u")}}
+	cfg.Identity = inbox.EventIDOrPosition
+	c := e.start(cfg)
+	eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed(g, 1)[0] == 3 })
+	stop(t, c)
+	var ids []string
+	rows, _ := e.pool.Query(context.Background(), `SELECT event_id FROM `+e.effects+` ORDER BY n`)
+	for rows.Next() {
+		var id string
+		_ = rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if want := e.topic + "/0/1"; len(ids) != 2 || ids[0] != want || ids[1] != recs[2].ID {
+		t.Fatalf("applied %v, want [%s %s]", ids, want, recs[2].ID)
+	}
+
+	g2 := group()
+	cfg = e.config(g2, nil)
+	cfg.Name = "strict"
+	cfg.Routes = []inbox.Route{{Topic: e.topic, Type: "thing.happened.v1", Handler: e.effect("s")}}
+	cfg.ParkUnrouted = true
+	c = e.start(cfg)
+	eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed(g2, 1)[0] == 3 })
+	parked, err := c.List(context.Background(), inbox.ListOptions{})
+	if err != nil || len(parked) != 2 {
+		t.Fatalf("parked %+v, %v; want the unrouted record and the one without x-event-id", parked, err)
+	}
+	if parked[0].ErrorType != inbox.ErrorTypeNoRoute || parked[0].EventID != recs[0].ID || parked[1].ErrorType != inbox.ErrorTypeNoEventID {
+		t.Fatalf("parked %+v", parked)
+	}
+}
