@@ -126,6 +126,9 @@ type Config struct {
 	// Sarama is the consumer group's configuration. Default:
 	// DefaultSaramaConfig(). Its Consumer.Group.Rebalance.Timeout must be
 	// below Net.ReadTimeout (IBM/sarama#2820), and DrainTimeout below it.
+	// Keep Consumer.Offsets.AutoCommit enabled: the inbox marks offsets and
+	// sarama commits them; with it off, no offset is ever committed and
+	// every restart redelivers (and skips) everything since the last one.
 	Sarama *sarama.Config
 	// Routes send each topic's records to handlers. At least one.
 	Routes []Route

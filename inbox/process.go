@@ -82,7 +82,7 @@ func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, sto
 		semconv.MessagingConsumerGroupName(c.cfg.Group),
 	}
 	if msg.Key != nil {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(msg.Key)))
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(clip(string(msg.Key), 256))))
 	}
 	ctx, span := c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	defer span.End()

@@ -22,6 +22,15 @@
 // roles.example.sql, beside them, is not a migration: a psql script that
 // grants least-privilege writer and relay roles on the table, to run after
 // the migrations as the role that owns the table.
+//
+// The inbox (package inbox, the consume side) has migrations of its own in
+// the folder inbox/: the tables outbox_inbox (one row per event a consumer
+// applied) and outbox_inbox_parked, in golang-migrate's layout. [UpInbox]
+// and [DownInbox] apply and revert them for any table name and schema
+// (default name [DefaultInboxTableName]), recording them in
+// <name>_migrations; [GooseInbox] and [TernInbox] render them for those
+// tools with version tables of their own. inbox/roles.example.sql grants a
+// least-privilege consumer role.
 package migrations
 
 import (
