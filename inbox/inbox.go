@@ -170,8 +170,8 @@ func (c *Consumer) Stop(ctx context.Context) error {
 }
 
 // Health reports whether the consumer works: nil while it is in a group
-// session, or while it has had no failure in the last minute since it
-// started; otherwise the last error joining or consuming.
+// session, or before its first failure; otherwise the last error joining
+// the group or consuming, with the time failures began.
 func (c *Consumer) Health(context.Context) error {
 	c.mu.Lock()
 	started := c.started

@@ -183,7 +183,15 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 }
 
 // apply runs one try: the inbox row, then the handler, in one transaction.
-func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) error {
+// A panic in the handler rolls the transaction back and counts as a handler
+// error, so a record that panics is parked instead of crashing the process
+// again at every redelivery.
+func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
+		}
+	}()
 	return c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 		tag, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset)
 		if err != nil {
