@@ -78,7 +78,8 @@ const (
 	Park PoisonPolicy = iota
 	// Hold retries the record with backoff until it succeeds: its key (and
 	// the keys sharing its worker) wait, and the partition's committed
-	// offset stays behind it.
+	// offset stays behind it. A Permanent error, a record without identity
+	// and (with ParkUnrouted) an unrouted record are still parked.
 	Hold
 )
 

@@ -140,3 +140,34 @@ func TestCleanupDeletesOldRows(t *testing.T) {
 		t.Fatalf("left %d own rows (want 100) and %d of another consumer (want 2500)", left, others)
 	}
 }
+
+// Start does not wait for Kafka: with no broker reachable it succeeds, the
+// consumer retries in the background, Health reports the failure, and Stop
+// returns at once. With a broker, Health is nil once the group is joined.
+func TestHealthAndStartWithoutKafka(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(group(), e.effect("h"))
+	cfg.Brokers = []string{"127.0.0.1:1"}
+	c, err := inbox.New(e.pool, e.uow, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Health(context.Background()); err == nil {
+		t.Fatal("Health before Start = nil")
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start without a reachable broker: %v", err)
+	}
+	eventually(t, 60*time.Second, "Health reports the unreachable broker", func() bool { return c.Health(context.Background()) != nil })
+	t.Logf("Health: %v", c.Health(context.Background()))
+	stop(t, c)
+
+	recs := e.produce(ev{Key: "a"})
+	ok := e.start(e.config(group(), e.effect("h")))
+	e.waitEffects(1)
+	if err := ok.Health(context.Background()); err != nil {
+		t.Fatalf("Health while consuming: %v", err)
+	}
+	e.checkOnce(recs)
+}
