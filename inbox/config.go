@@ -156,6 +156,14 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the wait between tries of a failing
 	// record, doubling from MinBackoff. Default 100ms and 30s.
 	MinBackoff, MaxBackoff time.Duration
+	// TryTimeout bounds one try at a record (its transaction, handler
+	// included): at the deadline the transaction is cancelled and rolls
+	// back, and the record is retried like after any timeout, with backoff
+	// and without counting an attempt (a database that stopped answering
+	// must not get records parked). A handler that never finishes in time
+	// therefore holds its key; it is logged with error.type=timeout at each
+	// try. Default 60s.
+	TryTimeout time.Duration
 	// DrainTimeout is how long records in progress may take to finish when
 	// their partition is revoked or the consumer stops; then their
 	// transactions are cancelled (rolled back) and the records are left
@@ -271,6 +279,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = c.MinBackoff
+	}
+	if c.TryTimeout <= 0 {
+		c.TryTimeout = 60 * time.Second
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 5 * time.Second

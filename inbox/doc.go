@@ -46,9 +46,11 @@
 // repeat when a try rolls back. Record an event with tx.Add instead.
 //
 // Failures: a transient failure (the database unreachable or restarting,
-// serialization failure 40001, deadlock 40P01, timeouts, an error wrapped
-// with [Transient]) rolls back and is retried with backoff (Config.MinBackoff
-// to MaxBackoff) without counting against the record, however long it lasts.
+// serialization failure 40001, deadlock 40P01, timeouts, a try that
+// outlives Config.TryTimeout, an error wrapped with [Transient]) rolls back
+// and is retried with backoff (Config.MinBackoff to MaxBackoff) without
+// counting against the record, however long it lasts. A handler panic
+// counts as a handler error.
 // Failures of the inbox's own statements and of the commit are always
 // transient. Any other handler error counts as an attempt; after
 // Config.MaxAttempts the record is parked (Config.Poison = Park, the

@@ -171,3 +171,31 @@ func TestHealthAndStartWithoutKafka(t *testing.T) {
 	}
 	e.checkOnce(recs)
 }
+
+// A try that outlives TryTimeout is cancelled (its transaction rolls back)
+// and retried without counting: with MaxAttempts 1 the record is applied
+// once, not parked.
+func TestTryTimeoutRetries(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	recs := e.produce(ev{Key: "a"}, ev{Key: "a", Seq: 1})
+	var tries atomic.Int32
+	effect := e.effect("slow")
+	cfg := e.config(group(), func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
+		if err := effect(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.Offset == 0 && tries.Add(1) <= 2 {
+			<-ctx.Done() // hangs past the try's deadline
+			return ctx.Err()
+		}
+		return nil
+	})
+	cfg.TryTimeout, cfg.MaxAttempts = 200*time.Millisecond, 1
+	c := e.start(cfg)
+	e.waitEffects(2)
+	e.checkOnce(recs)
+	if p, _ := c.List(context.Background(), inbox.ListOptions{}); len(p) != 0 || tries.Load() != 3 {
+		t.Fatalf("parked %+v after %d tries, want none after 3", p, tries.Load())
+	}
+}

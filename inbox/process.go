@@ -126,7 +126,9 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 	attempts := 0
 	for cause == nil {
 		m.Attempt = attempts + 1
-		err := c.apply(ctx, h, m)
+		tctx, cancel := context.WithTimeout(ctx, c.cfg.TryTimeout)
+		err := c.apply(tctx, h, m)
+		cancel()
 		if err == nil {
 			return OutcomeApplied, nil
 		}
