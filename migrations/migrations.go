@@ -22,6 +22,15 @@
 // roles.example.sql, beside them, is not a migration: a psql script that
 // grants least-privilege writer and relay roles on the table, to run after
 // the migrations as the role that owns the table.
+//
+// The inbox (package inbox, the consume side) has migrations of its own in
+// the folder inbox/: the tables outbox_inbox (one row per event a consumer
+// applied) and outbox_inbox_parked, in golang-migrate's layout. [UpInbox]
+// and [DownInbox] apply and revert them for any table name and schema
+// (default name [DefaultInboxTableName]), recording them in
+// <name>_migrations; [GooseInbox] and [TernInbox] render them for those
+// tools with version tables of their own. inbox/roles.example.sql grants a
+// least-privilege consumer role.
 package migrations
 
 import (
@@ -30,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -45,6 +55,39 @@ import (
 //
 //go:embed *.sql
 var FS embed.FS
+
+// InboxFS holds the inbox's migration files, in the folder inbox/
+// (inbox/000001_create_outbox_inbox.up.sql, ...): point golang-migrate at
+// that folder, or call [UpInbox].
+//
+//go:embed inbox/*.sql
+var InboxFS embed.FS
+
+// DefaultInboxTableName is the inbox table the inbox migrations create when
+// none is configured. Its parked records live in <name>_parked.
+const DefaultInboxTableName = "outbox_inbox"
+
+// InboxTable returns t with an empty Name set to DefaultInboxTableName: the
+// inbox's default, where [outbox.Table.WithDefaults] gives the outbox's.
+func InboxTable(t outbox.Table) outbox.Table {
+	if t.Name == "" {
+		t.Name = DefaultInboxTableName
+	}
+	return t
+}
+
+// set is one family of migrations: the outbox's or the inbox's.
+type set struct {
+	fsys     fs.FS
+	dir      string
+	defaults func(outbox.Table) outbox.Table
+	render   func(string, outbox.Table) string
+}
+
+var (
+	outboxSet = set{fsys: FS, dir: ".", defaults: outbox.Table.WithDefaults, render: Render}
+	inboxSet  = set{fsys: InboxFS, dir: "inbox", defaults: InboxTable, render: RenderInbox}
+)
 
 // DB begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DB interface {
@@ -62,11 +105,18 @@ type Migration struct {
 var fileRE = regexp.MustCompile(`^(\d+)_(\w+)\.(up|down)\.sql$`)
 
 // All returns the migrations rendered for table, in version order.
-func All(table outbox.Table) ([]Migration, error) {
+func All(table outbox.Table) ([]Migration, error) { return outboxSet.all(table) }
+
+// AllInbox returns the inbox migrations rendered for the inbox table (default
+// outbox_inbox, see [InboxTable]), in version order.
+func AllInbox(table outbox.Table) ([]Migration, error) { return inboxSet.all(table) }
+
+func (k set) all(table outbox.Table) ([]Migration, error) {
+	table = k.defaults(table)
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	entries, err := fs.ReadDir(FS, ".")
+	entries, err := fs.ReadDir(k.fsys, k.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +127,7 @@ func All(table outbox.Table) ([]Migration, error) {
 			continue
 		}
 		v, _ := strconv.Atoi(m[1])
-		b, err := FS.ReadFile(e.Name())
+		b, err := fs.ReadFile(k.fsys, path.Join(k.dir, e.Name()))
 		if err != nil {
 			return nil, err
 		}
@@ -87,9 +137,9 @@ func All(table outbox.Table) ([]Migration, error) {
 			byVersion[v] = mig
 		}
 		if m[3] == "up" {
-			mig.Up = Render(string(b), table)
+			mig.Up = k.render(string(b), table)
 		} else {
-			mig.Down = Render(string(b), table)
+			mig.Down = k.render(string(b), table)
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
@@ -114,11 +164,47 @@ func Render(sql string, table outbox.Table) string {
 	})
 }
 
+var inboxNameRE = regexp.MustCompile(`\boutbox_inbox(_\w+)?\b`)
+
+// RenderInbox rewrites SQL written for the default inbox table outbox_inbox
+// so that it names table instead: outbox_inbox and outbox_inbox_parked
+// (tables) schema-qualified and quoted, other objects named
+// outbox_inbox_<suffix> (indexes) as <name>_<suffix>, quoted.
+func RenderInbox(sql string, table outbox.Table) string {
+	table = InboxTable(table)
+	return inboxNameRE.ReplaceAllStringFunc(sql, func(s string) string {
+		suffix, ok := strings.CutPrefix(s, DefaultInboxTableName+"_")
+		switch {
+		case !ok:
+			return table.Ident()
+		case suffix == "parked":
+			return outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"}.Ident()
+		}
+		return table.Derived(suffix)
+	})
+}
+
 // Up applies, in one transaction, every migration that the table's
 // migrations record does not list yet. It creates the schema if one is
 // configured and missing.
-func Up(ctx context.Context, db DB, table outbox.Table) error {
-	all, err := All(table)
+func Up(ctx context.Context, db DB, table outbox.Table) error { return outboxSet.up(ctx, db, table) }
+
+// UpInbox applies the inbox migrations to the inbox table (default
+// outbox_inbox, see [InboxTable]) as [Up] does to the outbox's, recording
+// them in <name>_migrations.
+func UpInbox(ctx context.Context, db DB, table outbox.Table) error {
+	return inboxSet.up(ctx, db, table)
+}
+
+// DownInbox reverts the inbox migrations newer than version (0 drops the
+// inbox tables), as [Down] does for the outbox's.
+func DownInbox(ctx context.Context, db DB, table outbox.Table, version int) error {
+	return inboxSet.down(ctx, db, table, version)
+}
+
+func (k set) up(ctx context.Context, db DB, table outbox.Table) error {
+	table = k.defaults(table)
+	all, err := k.all(table)
 	if err != nil {
 		return err
 	}
@@ -145,7 +231,12 @@ func Up(ctx context.Context, db DB, table outbox.Table) error {
 // Down reverts, in one transaction, every applied migration newer than
 // version (0 reverts all of them, dropping the table).
 func Down(ctx context.Context, db DB, table outbox.Table, version int) error {
-	all, err := All(table)
+	return outboxSet.down(ctx, db, table, version)
+}
+
+func (k set) down(ctx context.Context, db DB, table outbox.Table, version int) error {
+	table = k.defaults(table)
+	all, err := k.all(table)
 	if err != nil {
 		return err
 	}

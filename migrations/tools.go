@@ -27,11 +27,13 @@ import (
 // schema must exist; the migrations do not create it. goose does not quote
 // the version table's name, so a schema with upper-case letters is refused.
 func Goose(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return render(table, "goose", func(m Migration) (string, string) {
-		return fmt.Sprintf("%05d_%s.sql", m.Version, m.Name),
-			"-- +goose Up\n-- +goose StatementBegin\n" + strings.TrimSpace(m.Up) + "\n-- +goose StatementEnd\n\n" +
-				"-- +goose Down\n-- +goose StatementBegin\n" + strings.TrimSpace(m.Down) + "\n-- +goose StatementEnd\n"
-	})
+	return render(table, "goose", gooseFile)
+}
+
+func gooseFile(m Migration) (string, string) {
+	return fmt.Sprintf("%05d_%s.sql", m.Version, m.Name),
+		"-- +goose Up\n-- +goose StatementBegin\n" + strings.TrimSpace(m.Up) + "\n-- +goose StatementEnd\n\n" +
+			"-- +goose Down\n-- +goose StatementBegin\n" + strings.TrimSpace(m.Down) + "\n-- +goose StatementEnd\n"
 }
 
 // Tern returns the outbox migrations in tern's layout
@@ -46,18 +48,36 @@ func Goose(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
 //
 // As with [Goose], the schema must exist and must be lower-case.
 func Tern(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return render(table, "tern", func(m Migration) (string, string) {
-		return fmt.Sprintf("%03d_%s.sql", m.Version, m.Name),
-			strings.TrimSpace(m.Up) + "\n\n---- create above / drop below ----\n\n" + strings.TrimSpace(m.Down) + "\n"
-	})
+	return render(table, "tern", ternFile)
+}
+
+func ternFile(m Migration) (string, string) {
+	return fmt.Sprintf("%03d_%s.sql", m.Version, m.Name),
+		strings.TrimSpace(m.Up) + "\n\n---- create above / drop below ----\n\n" + strings.TrimSpace(m.Down) + "\n"
+}
+
+// GooseInbox is [Goose] for the inbox migrations and the inbox table
+// (default outbox_inbox): its version table is <name>_goose_version.
+func GooseInbox(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return renderSet(inboxSet, InboxTable(table), "goose", gooseFile)
+}
+
+// TernInbox is [Tern] for the inbox migrations and the inbox table (default
+// outbox_inbox): its version table is <name>_tern_version.
+func TernInbox(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return renderSet(inboxSet, InboxTable(table), "tern", ternFile)
 }
 
 func render(table outbox.Table, tool string, file func(Migration) (name, content string)) (fs.FS, string, error) {
-	all, err := All(table)
+	return renderSet(outboxSet, table, tool, file)
+}
+
+func renderSet(k set, table outbox.Table, tool string, file func(Migration) (name, content string)) (fs.FS, string, error) {
+	all, err := k.all(table)
 	if err != nil {
 		return nil, "", err
 	}
-	table = table.WithDefaults()
+	table = k.defaults(table)
 	if table.Schema != strings.ToLower(table.Schema) {
 		return nil, "", &outbox.ConfigError{Field: "Table.Schema", Reason: fmt.Sprintf(
 			"%q has upper-case letters: %s does not quote the name of its version table, so the schema must be lower-case", table.Schema, tool)}

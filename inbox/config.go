@@ -1,0 +1,307 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// Handler applies one record inside the consumer's transaction: its
+// statements on tx, and the events it records with tx.Add, commit together
+// with the record's inbox row, or not at all. ctx carries the record's
+// process span (the producer's trace), so events it adds continue the trace.
+//
+// An error rolls the transaction back. A transient database error (lost
+// connection, serialization failure, deadlock, timeouts; see [Transient])
+// is retried with backoff without counting against the record; any other
+// error counts as one attempt, and after Config.MaxAttempts the record is
+// parked (or, with [Hold], retried forever). Wrap an error with [Permanent]
+// to park the record at once (a payload that can never be decoded).
+//
+// A handler must not have side effects outside tx that cannot be repeated
+// (HTTP calls, e-mails): those run again when the transaction rolls back or
+// its outcome is unknown. Record an event with tx.Add instead and act on it
+// in another consumer.
+type Handler func(ctx context.Context, tx unitofwork.Tx, m *Message) error
+
+// Route sends the records of a topic (and, optionally, of one event type) to
+// a handler.
+type Route struct {
+	// Topic is the Kafka topic. Required.
+	Topic string
+	// Type, if set, limits the route to records whose x-event-type header
+	// equals it; a route without Type takes the topic's other records.
+	// Default "" (every type).
+	Type string
+	// Handler applies the records. Required.
+	Handler Handler
+}
+
+// Message is a consumed record as a handler sees it.
+type Message struct {
+	// ID is the identity the inbox deduplicates on: the x-event-id header,
+	// or what Config.Identity gives a record without one.
+	ID string
+	// Type is the x-event-type header ("" if absent).
+	Type      string
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	// Headers are the record's headers (the last value of a repeated name).
+	Headers   map[string]string
+	Timestamp time.Time
+	// Attempt counts the times a handler ran for this record in this
+	// process, from 1; transient failures do not count.
+	Attempt int
+}
+
+// PoisonPolicy says what happens to a record whose handler failed
+// Config.MaxAttempts times.
+type PoisonPolicy int
+
+const (
+	// Park stores the record in the parked table with its reason and lets
+	// its partition move on. The default.
+	Park PoisonPolicy = iota
+	// Hold retries the record with backoff until it succeeds: its key (and
+	// the keys sharing its worker) wait, and the partition's committed
+	// offset stays behind it. A Permanent error, a record without identity
+	// and (with ParkUnrouted) an unrouted record are still parked.
+	Hold
+)
+
+// IdentityFunc returns the identity a record is deduplicated on, or an error
+// saying why it has none (the record is then parked at once with that
+// reason).
+type IdentityFunc func(m *sarama.ConsumerMessage) (string, error)
+
+// EventID is the default identity: the x-event-id header the relay sets.
+// Records without it (other producers) are parked with ErrNoEventID.
+func EventID(m *sarama.ConsumerMessage) (string, error) {
+	for _, h := range m.Headers {
+		if h != nil && string(h.Key) == outbox.HeaderEventID && len(h.Value) > 0 {
+			if len(h.Value) > 200 {
+				return "", fmt.Errorf("%w: the %s header is %d bytes long (at most 200)", ErrNoEventID, outbox.HeaderEventID, len(h.Value))
+			}
+			return string(h.Value), nil
+		}
+	}
+	return "", ErrNoEventID
+}
+
+// EventIDOrPosition identifies a record by its x-event-id header, and one
+// without it by its position, "<topic>/<partition>/<offset>". A position
+// is stable across redeliveries of the same record (offset resets,
+// rebalances), but the same payload sent twice by its producer gets two
+// positions and is applied twice.
+func EventIDOrPosition(m *sarama.ConsumerMessage) (string, error) {
+	if id, err := EventID(m); err == nil {
+		return id, nil
+	}
+	return m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10), nil
+}
+
+// Config configures a Consumer.
+type Config struct {
+	// Group is the Kafka consumer group id. Required.
+	Group string
+	// Name is the consumer's name in the inbox table: each event is applied
+	// once per Name. Two groups that must each apply every event need two
+	// names. Default: Group.
+	Name string
+	// Brokers are the Kafka bootstrap addresses, host:port. Required.
+	Brokers []string
+	// Sarama is the consumer group's configuration. Default:
+	// DefaultSaramaConfig(). Its Consumer.Group.Rebalance.Timeout must be
+	// below Net.ReadTimeout (IBM/sarama#2820), and DrainTimeout below it.
+	// Keep Consumer.Offsets.AutoCommit enabled: the inbox marks offsets and
+	// sarama commits them; with it off, no offset is ever committed and
+	// every restart redelivers (and skips) everything since the last one.
+	Sarama *sarama.Config
+	// Routes send each topic's records to handlers. At least one.
+	Routes []Route
+	// Table is the inbox table (its parked records are in <name>_parked).
+	// Default: outbox_inbox in the search_path.
+	Table outbox.Table
+	// Concurrency is how many records of one partition are processed at
+	// once, on distinct keys (records of one key are applied in partition
+	// order, one at a time). Default 16.
+	Concurrency int
+	// MaxAttempts is how many handler errors a record may have before it is
+	// parked (or held). Default 5.
+	MaxAttempts int
+	// Poison is Park (default) or Hold.
+	Poison PoisonPolicy
+	// Identity gives each record the id it is deduplicated on. Default
+	// EventID (records without x-event-id are parked); EventIDOrPosition
+	// accepts them.
+	Identity IdentityFunc
+	// ParkUnrouted parks records of a topic whose x-event-type no route
+	// takes, instead of skipping them. Default false: they are skipped
+	// (counted as ignored) and their offsets committed.
+	ParkUnrouted bool
+	// MinBackoff and MaxBackoff bound the wait between tries of a failing
+	// record, doubling from MinBackoff. Default 100ms and 30s.
+	MinBackoff, MaxBackoff time.Duration
+	// TryTimeout bounds one try at a record (its transaction, handler
+	// included): at the deadline the transaction is cancelled and rolls
+	// back, and the record is retried like after any timeout, with backoff
+	// and without counting an attempt (a database that stopped answering
+	// must not get records parked). A handler that never finishes in time
+	// therefore holds its key; it is logged with error.type=timeout at each
+	// try. Default 60s.
+	TryTimeout time.Duration
+	// DrainTimeout is how long records in progress may take to finish when
+	// their partition is revoked or the consumer stops; then their
+	// transactions are cancelled (rolled back) and the records are left
+	// to the next owner. Default 5s.
+	DrainTimeout time.Duration
+	// Retention is how long inbox rows are kept; older ones are deleted in
+	// bounded batches every CleanupInterval. Keep it longer than the topics'
+	// retention.ms plus the longest offset reset you may do: an event
+	// redelivered after its row was deleted is applied again. Negative keeps
+	// rows forever. Default 720h (30 days; Kafka's default retention is 7).
+	Retention time.Duration
+	// CleanupInterval is the period of the retention deletes. Default 10m.
+	CleanupInterval time.Duration
+	// Logger receives the consumer's logs. Default slog.Default().
+	Logger *slog.Logger
+	// TracerProvider makes the process spans. Default: the global one.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the metrics. Default: the global one.
+	MeterProvider metric.MeterProvider
+	// Propagator reads the trace context from record headers. Default: W3C
+	// trace context and baggage, as the relay writes them.
+	Propagator propagation.TextMapPropagator
+}
+
+// DefaultSaramaConfig returns the consumer group configuration the inbox
+// uses by default: Kafka 2.1 protocol, oldest offset for a new group, errors
+// returned (and logged), offsets auto-committed every second (only what the
+// inbox marked: records applied, skipped or parked), and a rebalance timeout
+// of 20s below the 30s read timeout, so a JoinGroup answer always arrives
+// before sarama gives up on it (IBM/sarama#2820).
+func DefaultSaramaConfig() *sarama.Config {
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V2_1_0_0
+	sc.ClientID = "fxoutbox-inbox"
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.Offsets.AutoCommit.Enable = true
+	sc.Consumer.Offsets.AutoCommit.Interval = time.Second
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Group.Rebalance.Timeout = 20 * time.Second
+	sc.Net.ReadTimeout = 30 * time.Second
+	return sc
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Group == "" {
+		return c, &outbox.ConfigError{Field: "Group", Reason: "is empty: name the Kafka consumer group"}
+	}
+	if c.Name == "" {
+		c.Name = c.Group
+	}
+	if len(c.Brokers) == 0 {
+		return c, &outbox.ConfigError{Field: "Brokers", Reason: "is empty: give the Kafka bootstrap addresses (host:port)"}
+	}
+	if len(c.Routes) == 0 {
+		return c, &outbox.ConfigError{Field: "Routes", Reason: "is empty: route at least one topic to a handler"}
+	}
+	seen := map[[2]string]bool{}
+	for i, r := range c.Routes {
+		if err := outbox.ValidateTopic(r.Topic); err != nil {
+			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Topic", i), Reason: err.Error()}
+		}
+		if r.Handler == nil {
+			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Handler", i), Reason: "is nil"}
+		}
+		k := [2]string{r.Topic, r.Type}
+		if seen[k] {
+			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d]", i), Reason: fmt.Sprintf("routes topic %q, type %q a second time: one handler per topic and type", r.Topic, r.Type)}
+		}
+		seen[k] = true
+	}
+	c.Table = migrations.InboxTable(c.Table)
+	if err := c.Table.Validate(); err != nil {
+		return c, err
+	}
+	if c.Sarama == nil {
+		c.Sarama = DefaultSaramaConfig()
+	} else {
+		cp := *c.Sarama
+		c.Sarama = &cp
+	}
+	c.Sarama.Consumer.Return.Errors = true
+	if c.Sarama.Consumer.Group.Rebalance.Timeout >= c.Sarama.Net.ReadTimeout {
+		return c, &outbox.ConfigError{Field: "Sarama.Consumer.Group.Rebalance.Timeout", Reason: fmt.Sprintf(
+			"%v is not below Net.ReadTimeout %v: sarama waits for a JoinGroup answer only the read timeout, and a group whose members died then rejoins in a loop (IBM/sarama#2820); lower it or raise Net.ReadTimeout",
+			c.Sarama.Consumer.Group.Rebalance.Timeout, c.Sarama.Net.ReadTimeout)}
+	}
+	if err := c.Sarama.Validate(); err != nil {
+		return c, &outbox.ConfigError{Field: "Sarama", Reason: err.Error(), Err: err}
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 16
+	}
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		return c, &outbox.ConfigError{Field: "Concurrency", Reason: fmt.Sprintf("%d is out of range 1-1024", c.Concurrency)}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MaxAttempts < 1 {
+		return c, &outbox.ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
+	}
+	if c.Poison != Park && c.Poison != Hold {
+		return c, &outbox.ConfigError{Field: "Poison", Reason: "must be inbox.Park or inbox.Hold"}
+	}
+	if c.Identity == nil {
+		c.Identity = EventID
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		c.MaxBackoff = c.MinBackoff
+	}
+	if c.TryTimeout <= 0 {
+		c.TryTimeout = 60 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 5 * time.Second
+	}
+	if c.DrainTimeout >= c.Sarama.Consumer.Group.Rebalance.Timeout {
+		return c, &outbox.ConfigError{Field: "DrainTimeout", Reason: fmt.Sprintf(
+			"%v is not below Sarama.Consumer.Group.Rebalance.Timeout %v: a member still draining when the rebalance times out is thrown out of the group",
+			c.DrainTimeout, c.Sarama.Consumer.Group.Rebalance.Timeout)}
+	}
+	if c.Retention == 0 {
+		c.Retention = 720 * time.Hour
+	}
+	if c.CleanupInterval <= 0 {
+		c.CleanupInterval = 10 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return c, nil
+}

@@ -1,0 +1,56 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// Configurations that cannot work are refused by New, naming the field.
+func TestConfigRefusals(t *testing.T) {
+	pool := testenv.Pool(t)
+	h := func(context.Context, unitofwork.Tx, *inbox.Message) error { return nil }
+	valid := func() inbox.Config {
+		return inbox.Config{Group: "g", Brokers: []string{"127.0.0.1:1"}, Routes: []inbox.Route{{Topic: "t", Handler: h}}}
+	}
+	saramaDefaults := sarama.NewConfig() // Rebalance.Timeout 60s, Net.ReadTimeout 30s
+	for _, tc := range []struct {
+		name, field string
+		edit        func(*inbox.Config)
+	}{
+		{"no group", "Group", func(c *inbox.Config) { c.Group = "" }},
+		{"no brokers", "Brokers", func(c *inbox.Config) { c.Brokers = nil }},
+		{"no routes", "Routes", func(c *inbox.Config) { c.Routes = nil }},
+		{"bad topic", "Routes[0].Topic", func(c *inbox.Config) { c.Routes[0].Topic = "a topic" }},
+		{"nil handler", "Routes[0].Handler", func(c *inbox.Config) { c.Routes[0].Handler = nil }},
+		{"twice", "Routes[1]", func(c *inbox.Config) { c.Routes = append(c.Routes, c.Routes[0]) }},
+		{"rebalance timeout not below the read timeout (IBM/sarama#2820)", "Rebalance.Timeout", func(c *inbox.Config) { c.Sarama = saramaDefaults }},
+		{"drain longer than a rebalance", "DrainTimeout", func(c *inbox.Config) { c.DrainTimeout = time.Minute }},
+		{"bad table", "Table.Name", func(c *inbox.Config) { c.Table = outbox.Table{Name: "x; drop"} }},
+		{"concurrency", "Concurrency", func(c *inbox.Config) { c.Concurrency = -1 }},
+		{"poison", "Poison", func(c *inbox.Config) { c.Poison = 7 }},
+	} {
+		cfg := valid()
+		tc.edit(&cfg)
+		_, err := inbox.New(pool, nil, &cfg)
+		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: New = %v, want a config error naming %s", tc.name, err, tc.field)
+		}
+	}
+	cfg := valid()
+	if _, err := inbox.New(pool, nil, &cfg); err != nil {
+		t.Fatalf("valid configuration refused: %v", err)
+	}
+	if cfg.Sarama != nil || cfg.Concurrency != 0 {
+		t.Fatal("New changed the caller's Config")
+	}
+}

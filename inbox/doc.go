@@ -1,0 +1,92 @@
+// Package inbox is the consume side of the outbox: a Kafka consumer group
+// whose records are applied once per consumer, each in the consumer's own
+// PostgreSQL transaction, on the producer's trace.
+//
+//	c, err := inbox.New(pool, uow, &inbox.Config{
+//		Group:   "billing",
+//		Brokers: []string{"kafka:9092"},
+//		Routes: []inbox.Route{{
+//			Topic: "order-service.order.confirmed",
+//			Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
+//				_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, string(m.Key))
+//				return err
+//			},
+//		}},
+//	})
+//	err = c.Start(ctx)
+//	defer c.Stop(ctx)
+//
+// For each record the consumer starts a process span (its parent is the
+// trace context the record carries, when it carries one), begins a
+// transaction through the unit of work, inserts (consumer name, event id)
+// into the inbox table with ON CONFLICT DO NOTHING and skips the record if
+// the row existed; otherwise it calls the handler with the transaction (a
+// unitofwork.Tx: events the handler adds commit with it and continue the
+// trace) and commits. Only then is the record's offset marked; sarama
+// commits marked offsets every second and when the partition is released.
+//
+// Guarantees, for each consumer name (Config.Name, default the group):
+//
+//   - Once: a handler's committed effects happen once per event id across
+//     redeliveries, crashes (between the database commit and the offset
+//     commit the record is redelivered and skipped), offset resets and
+//     rebalances. Deduplication is on the x-event-id header, never on
+//     offsets: a re-sent event has new offsets. While the old and the new
+//     owner of a partition both hold a record for a moment, the second
+//     insert of its inbox row waits for the first transaction, then skips
+//     (or applies, if the first rolled back).
+//   - Order: records of one key are applied one at a time in partition
+//     order. Records of different keys in one partition are applied in
+//     parallel (Config.Concurrency per partition); the committed offset
+//     never passes a record that is neither applied, skipped nor parked.
+//   - Nothing lost: a record whose transaction did not commit is never
+//     marked; it is retried, or left to the partition's next owner.
+//
+// Side effects outside the transaction (HTTP calls) are not covered: they
+// repeat when a try rolls back. Record an event with tx.Add instead.
+//
+// Failures: a transient failure (the database unreachable or restarting,
+// serialization failure 40001, deadlock 40P01, timeouts, a try that
+// outlives Config.TryTimeout, an error wrapped with [Transient]) rolls back
+// and is retried with backoff (Config.MinBackoff to MaxBackoff) without
+// counting against the record, however long it lasts. A handler panic
+// counts as a handler error.
+// Failures of the inbox's own statements and of the commit are always
+// transient. Any other handler error counts as an attempt; after
+// Config.MaxAttempts the record is parked (Config.Poison = Park, the
+// default): stored in <table>_parked with its key, value, headers, reason
+// and attempts, together with its inbox row, and its partition moves on.
+// With Hold it is retried forever and its key waits. [Permanent] parks at
+// once. Attempts are counted in memory: a restart starts them again.
+// Parked records are listed, retried and deleted with [Consumer.List],
+// [Consumer.Retry] and [Consumer.Delete].
+//
+// Records without x-event-id (other producers) are parked with
+// [ErrNoEventID], unless Config.Identity gives them one:
+// [EventIDOrPosition] uses "<topic>/<partition>/<offset>". Records whose
+// x-event-type no route takes are skipped (Config.ParkUnrouted parks them).
+//
+// Rebalances and stopping: when a partition is revoked, its session ends,
+// or Stop is called, the consumer starts no new record of it; records in
+// progress get Config.DrainTimeout to commit, then their transactions are
+// cancelled and roll back, and ConsumeClaim returns. The default
+// DefaultSaramaConfig keeps Consumer.Group.Rebalance.Timeout (20s) below
+// Net.ReadTimeout (30s): sarama waits for a JoinGroup answer only the read
+// timeout, and a larger rebalance timeout makes a group whose members were
+// killed rejoin in a loop (IBM/sarama#2820). Static membership
+// (group.instance.id) keeps a stopped member in the group until its session
+// times out; its partitions wait that long.
+//
+// Retention: inbox rows older than Config.Retention (default 30 days) are
+// deleted in batches of 1000 every CleanupInterval. Keep it longer than the
+// topics' retention plus the longest offset reset you may do: a record
+// redelivered after its row is gone is applied again.
+//
+// Telemetry: one span per record, "process <topic>", kind consumer, with
+// messaging.system=kafka, messaging.destination.name,
+// messaging.destination.partition.id, messaging.kafka.offset,
+// messaging.message.id, messaging.consumer.group.name; the metrics named by
+// the Metric constants; logs through Config.Logger with the consumer, topic,
+// partition and offset of each failure. [Consumer.Health] is for readiness
+// probes.
+package inbox

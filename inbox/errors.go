@@ -1,0 +1,189 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrNoEventID is the reason a record without an identity is parked: it
+	// has no x-event-id header (another producer wrote it). Configure
+	// Config.Identity (e.g. EventIDOrPosition) to accept such records.
+	ErrNoEventID = errors.New("inbox: the record has no x-event-id header, so it cannot be deduplicated: set Config.Identity (e.g. inbox.EventIDOrPosition) to accept records of other producers")
+	// ErrNoRoute is the reason a record is parked when Config.ParkUnrouted
+	// is set and no route takes its topic and event type.
+	ErrNoRoute = errors.New("inbox: no route takes the record's topic and event type")
+	// ErrNotFound is returned by Retry and Delete for a parked record that
+	// does not exist (or belongs to another consumer name).
+	ErrNotFound = errors.New("inbox: no such parked record")
+)
+
+// The error.type values the inbox reports on metrics, spans and logs.
+// Database values name the SQLSTATE class, as the relay's do.
+const (
+	ErrorTypeHandler                = "handler"             // the handler failed (counts as an attempt)
+	ErrorTypePermanent              = "handler.permanent"   // the handler returned a Permanent error
+	ErrorTypeNoEventID              = "no_event_id"         // the record has no identity
+	ErrorTypeNoRoute                = "no_route"            // no route for the record (ParkUnrouted)
+	ErrorTypeDatabase               = "database"            // any other database failure
+	ErrorTypeDatabaseConnection     = "database.connection" // unreachable, connection lost, server shutting down
+	ErrorTypeDatabaseTimeout        = "database.timeout"    // statement or lock timeout, deadline
+	ErrorTypeDatabaseConflict       = "database.conflict"   // serialization failure, deadlock, lock not available
+	ErrorTypeDatabaseResources      = "database.resources"  // out of disk, memory, connections
+	ErrorTypeDatabaseSchema         = "database.schema"     // table missing: migrations not applied
+	ErrorTypeDatabasePermission     = "database.permission" // the role lacks a privilege
+	ErrorTypeTimeout                = "timeout"             // a deadline outside the database
+	ErrorTypeCanceled               = "canceled"            // the consumer stopped or lost the partition
+	ErrorTypeDatabaseAuthentication = "database.authentication"
+)
+
+// Permanent marks a handler error that will never go away for this record
+// (a payload that cannot be decoded): the record is parked at once, without
+// the remaining attempts.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &markedError{err: err, permanent: true}
+}
+
+// Transient marks a handler error as temporary (a dependency that is down):
+// the record is retried with backoff and the error does not count as an
+// attempt. Errors of the handler's database statements are recognised
+// without it (lost connection, 40001, 40P01, timeouts).
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &markedError{err: err}
+}
+
+type markedError struct {
+	err       error
+	permanent bool
+}
+
+func (e *markedError) Error() string { return e.err.Error() }
+func (e *markedError) Unwrap() error { return e.err }
+
+// handlerError is an error the handler returned.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// kind says how a failure of one try is treated.
+type kind int
+
+const (
+	kindTransient kind = iota // retried with backoff, not counted
+	kindAttempt               // counts as an attempt
+	kindPermanent             // parks at once
+)
+
+// classify says whether err, from one try at a record, is held against it.
+// Errors outside the handler (begin, the inbox row, the outbox insert,
+// commit) never are: they are the database's, not the record's.
+func classify(err error) kind {
+	var me *markedError
+	if errors.As(err, &me) {
+		if me.permanent {
+			return kindPermanent
+		}
+		return kindTransient
+	}
+	var he *handlerError
+	if !errors.As(err, &he) {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			// The handler swallowed an error of its own statement.
+			return kindAttempt
+		}
+		return kindTransient
+	}
+	if transientDB(he.err) {
+		return kindTransient
+	}
+	return kindAttempt
+}
+
+// transientDB reports a database failure that goes away by itself.
+func transientDB(err error) bool {
+	switch t := errorType(err); t {
+	case ErrorTypeDatabaseConnection, ErrorTypeDatabaseTimeout, ErrorTypeDatabaseConflict, ErrorTypeDatabaseResources, ErrorTypeTimeout:
+		return true
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// errorType classifies err into one of the ErrorType values.
+func errorType(err error) string {
+	if err == nil {
+		return ""
+	}
+	var me *markedError
+	if errors.As(err, &me) && me.permanent {
+		return ErrorTypePermanent
+	}
+	switch {
+	case errors.Is(err, ErrNoEventID):
+		return ErrorTypeNoEventID
+	case errors.Is(err, ErrNoRoute):
+		return ErrorTypeNoRoute
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		code := pe.Code
+		switch {
+		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "53300":
+			return ErrorTypeDatabaseConnection
+		case code == "57014", code == "25P03":
+			return ErrorTypeDatabaseTimeout
+		case strings.HasPrefix(code, "28"):
+			return ErrorTypeDatabaseAuthentication
+		case code == "42501":
+			return ErrorTypeDatabasePermission
+		case code == "42P01", code == "42703", code == "42883", code == "3F000":
+			return ErrorTypeDatabaseSchema
+		case strings.HasPrefix(code, "40"), code == "55P03":
+			return ErrorTypeDatabaseConflict
+		case strings.HasPrefix(code, "53"):
+			return ErrorTypeDatabaseResources
+		}
+		return ErrorTypeDatabase
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return ErrorTypeDatabaseConnection
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return ErrorTypeCanceled
+	case pgconn.Timeout(err):
+		return ErrorTypeDatabaseTimeout
+	case errors.Is(err, context.DeadlineExceeded):
+		return ErrorTypeTimeout
+	case isConnection(err):
+		return ErrorTypeDatabaseConnection
+	}
+	var he *handlerError
+	if errors.As(err, &he) {
+		return ErrorTypeHandler
+	}
+	return ErrorTypeDatabase
+}
+
+// isConnection reports a failure of the network connection itself.
+func isConnection(err error) bool {
+	var oe *net.OpError
+	var de *net.DNSError
+	return errors.As(err, &oe) || errors.As(err, &de) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,136 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// Parked is a record the consumer set aside.
+type Parked struct {
+	ID        int64  // the parked row's id
+	EventID   string // "" when the record had no identity
+	Type      string
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   map[string]string
+	Timestamp time.Time // the record's; zero if it had none
+	Attempts  int
+	ErrorType string // one of the ErrorType values
+	LastError string
+	ParkedAt  time.Time
+}
+
+// ListOptions pages through parked records in id order.
+type ListOptions struct {
+	// AfterID lists records with a larger id. Default 0 (from the first).
+	AfterID int64
+	// Limit is the most records returned. Default 100.
+	Limit int
+}
+
+// List returns this consumer's parked records (by Config.Name), oldest
+// first. It needs no Start.
+func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	rows, err := c.db.Query(ctx, c.sql.list, c.cfg.Name, o.AfterID, o.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: list parked records of %s: %w", c.cfg.Name, err)
+	}
+	out, err := pgx.CollectRows(rows, scanParked)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: list parked records of %s: %w", c.cfg.Name, err)
+	}
+	return out, nil
+}
+
+func scanParked(row pgx.CollectableRow) (Parked, error) {
+	var (
+		p          Parked
+		id, typ    *string
+		ts         *time.Time
+		headers    map[string]string
+		partition  int32
+		attempts   int32
+		errorType  string
+		lastError  string
+		parkedAt   time.Time
+		key, value []byte
+	)
+	err := row.Scan(&p.ID, &id, &typ, &p.Topic, &partition, &p.Offset, &key, &value, &headers, &ts, &attempts, &errorType, &lastError, &parkedAt)
+	if id != nil {
+		p.EventID = *id
+	}
+	if typ != nil {
+		p.Type = *typ
+	}
+	if ts != nil {
+		p.Timestamp = *ts
+	}
+	p.Partition, p.Key, p.Value, p.Headers = partition, key, value, headers
+	p.Attempts, p.ErrorType, p.LastError, p.ParkedAt = int(attempts), errorType, lastError, parkedAt
+	return p, err
+}
+
+// Retry applies a parked record now, through the handler its topic and type
+// route to, in one transaction that also deletes the parked row: it either
+// applies and disappears, or stays parked and Retry returns the handler's
+// error. Its inbox row (written when it was parked) stays, so a redelivery
+// of the event is still skipped. A record parked for having no identity is
+// applied without deduplication: Retry is the operator's decision.
+func (c *Consumer) Retry(ctx context.Context, id int64) error {
+	err := c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		rows, err := tx.Query(ctx, c.sql.retry, c.cfg.Name, id)
+		if err != nil {
+			return err
+		}
+		p, err := pgx.CollectExactlyOneRow(rows, scanParked)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		h := c.route(p.Topic, p.Type)
+		if h == nil {
+			return fmt.Errorf("%w: topic %q, event type %s: add a route, or Delete the record", ErrNoRoute, p.Topic, quote(p.Type))
+		}
+		if p.EventID != "" {
+			if _, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, p.EventID, p.Topic, p.Partition, p.Offset); err != nil {
+				return err
+			}
+		}
+		return h(ctx, tx, &Message{
+			ID: p.EventID, Type: p.Type, Topic: p.Topic, Partition: p.Partition, Offset: p.Offset,
+			Key: p.Key, Value: p.Value, Headers: p.Headers, Timestamp: p.Timestamp, Attempt: p.Attempts + 1,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: retry parked record %d of %s: %w", id, c.cfg.Name, err)
+	}
+	c.cfg.Logger.Info("outbox inbox: parked record applied", "consumer", c.cfg.Name, "parked_id", id)
+	return nil
+}
+
+// Delete drops a parked record without applying it. Its inbox row stays:
+// redeliveries of the event are skipped.
+func (c *Consumer) Delete(ctx context.Context, id int64) error {
+	tag, err := c.db.Exec(ctx, c.sql.delete, c.cfg.Name, id)
+	if err != nil {
+		return fmt.Errorf("inbox: delete parked record %d of %s: %w", id, c.cfg.Name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("inbox: delete parked record %d of %s: %w", id, c.cfg.Name, ErrNotFound)
+	}
+	return nil
+}

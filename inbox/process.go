@@ -1,0 +1,267 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// The outcomes of a record, on the processed metric (outbox.inbox.outcome).
+const (
+	OutcomeApplied   = "applied"   // the handler's transaction committed
+	OutcomeDuplicate = "duplicate" // the inbox row existed: applied before, skipped
+	OutcomeParked    = "parked"    // set aside in the parked table
+	OutcomeIgnored   = "ignored"   // no route for its event type: skipped
+)
+
+var errDuplicate = errors.New("inbox: already applied")
+
+// headerCarrier reads a record's headers for the propagator.
+type headerCarrier []*sarama.RecordHeader
+
+func (h headerCarrier) Get(key string) string {
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i] != nil && string(h[i].Key) == key {
+			return string(h[i].Value)
+		}
+	}
+	return ""
+}
+func (h headerCarrier) Set(string, string) {}
+func (h headerCarrier) Keys() []string {
+	out := make([]string, 0, len(h))
+	for _, x := range h {
+		if x != nil {
+			out = append(out, string(x.Key))
+		}
+	}
+	return out
+}
+
+func message(m *sarama.ConsumerMessage) *Message {
+	hs := make(map[string]string, len(m.Headers))
+	for _, h := range m.Headers {
+		if h != nil {
+			hs[string(h.Key)] = string(h.Value)
+		}
+	}
+	return &Message{
+		Type: hs[outbox.HeaderEventType], Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+		Key: m.Key, Value: m.Value, Headers: hs, Timestamp: m.Timestamp,
+	}
+}
+
+// process applies one record, retrying as its failures call for. It
+// returns true when the record is done (applied, duplicate, ignored or
+// parked) and its offset may be marked; false when it was abandoned
+// (ctx cancelled or stop closed) and must be left to the next owner.
+func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, stop <-chan struct{}) bool {
+	start := time.Now()
+	m := message(msg)
+	ctx = c.cfg.Propagator.Extract(ctx, headerCarrier(msg.Headers))
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(msg.Topic),
+		semconv.MessagingDestinationPartitionID(strconv.Itoa(int(msg.Partition))),
+		semconv.MessagingKafkaOffset(int(msg.Offset)),
+		semconv.MessagingConsumerGroupName(c.cfg.Group),
+	}
+	if msg.Key != nil {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(clip(string(msg.Key), 256))))
+	}
+	ctx, span := c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	defer span.End()
+	c.ms.consumed(ctx, msg.Topic)
+
+	outcome, err := c.try(ctx, msg, m, stop)
+	if err != nil { // abandoned
+		span.SetStatus(codes.Error, "abandoned: "+err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorTypeCanceled))
+		return false
+	}
+	span.SetAttributes(attribute.String("outbox.inbox.outcome", outcome))
+	if m.ID != "" {
+		span.SetAttributes(semconv.MessagingMessageID(m.ID))
+	}
+	if outcome == OutcomeParked {
+		span.SetStatus(codes.Error, "parked")
+	}
+	c.ms.done(ctx, msg, outcome, time.Since(start))
+	return true
+}
+
+// try runs the record until it is done; an error only when abandoned.
+func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
+	log := c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
+	h := c.route(m.Topic, m.Type)
+	if h == nil && !c.cfg.ParkUnrouted {
+		return OutcomeIgnored, nil
+	}
+	var cause error
+	switch id, err := c.cfg.Identity(msg); {
+	case err != nil:
+		cause = err
+	case h == nil:
+		m.ID = id
+		cause = fmt.Errorf("%w: topic %q, event type %s", ErrNoRoute, m.Topic, quote(m.Type))
+	default:
+		m.ID = id
+	}
+	b := backoff{min: c.cfg.MinBackoff, max: c.cfg.MaxBackoff}
+	attempts := 0
+	for cause == nil {
+		m.Attempt = attempts + 1
+		tctx, cancel := context.WithTimeout(ctx, c.cfg.TryTimeout)
+		err := c.apply(tctx, h, m)
+		cancel()
+		if err == nil {
+			return OutcomeApplied, nil
+		}
+		if errors.Is(err, errDuplicate) {
+			return OutcomeDuplicate, nil
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		switch classify(err) {
+		case kindTransient:
+			c.ms.failed(ctx, msg.Topic, err, "transient")
+			log.Warn("outbox inbox: transient failure; the record's transaction rolled back and is retried with backoff (not counted as an attempt)",
+				"event_id", m.ID, "error.type", errorType(err), "error", err)
+		case kindPermanent:
+			attempts++
+			c.ms.failed(ctx, msg.Topic, err, "permanent")
+			cause = err
+			continue
+		case kindAttempt:
+			attempts++
+			c.ms.failed(ctx, msg.Topic, err, "handler")
+			if attempts >= c.cfg.MaxAttempts && c.cfg.Poison == Park {
+				cause = err
+				continue
+			}
+			log.Warn("outbox inbox: handler failed; the record's transaction rolled back and is retried",
+				"event_id", m.ID, "attempt", attempts, "max_attempts", c.cfg.MaxAttempts, "error.type", errorType(err), "error", err)
+		}
+		if !b.wait(ctx, stop) {
+			return "", context.Canceled
+		}
+	}
+	// Park it; database failures while parking are retried.
+	for {
+		dup, err := c.park(ctx, msg, m, attempts, cause)
+		if err == nil {
+			if dup {
+				return OutcomeDuplicate, nil
+			}
+			log.Error("outbox inbox: record parked; its partition moves on (list, retry or delete it with the consumer's parked-record API)",
+				"event_id", m.ID, "attempts", attempts, "error.type", errorType(cause), "error", cause)
+			return OutcomeParked, nil
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		c.ms.failed(ctx, msg.Topic, err, "transient")
+		log.Warn("outbox inbox: parking the record failed; retrying with backoff", "event_id", m.ID, "error.type", errorType(err), "error", err)
+		if !b.wait(ctx, stop) {
+			return "", context.Canceled
+		}
+	}
+}
+
+// apply runs one try: the inbox row, then the handler, in one transaction.
+// A panic in the handler rolls the transaction back and counts as a handler
+// error, so a record that panics is parked instead of crashing the process
+// again at every redelivery.
+func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
+		}
+	}()
+	return c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		tag, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset)
+		if err != nil {
+			return fmt.Errorf("inbox: record event %s in %s: %w", quote(m.ID), c.cfg.Table, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return errDuplicate
+		}
+		if err := h(ctx, tx, m); err != nil {
+			return &handlerError{err: err}
+		}
+		return nil
+	})
+}
+
+// park stores the record in the parked table and, when it has an id, its
+// inbox row, in one transaction; dup is true when the inbox row existed
+// (another owner applied the event meanwhile).
+func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, attempts int, cause error) (dup bool, err error) {
+	err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		if m.ID != "" {
+			tag, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				dup = true
+				return nil
+			}
+		}
+		var id *string
+		if m.ID != "" {
+			id = &m.ID
+		}
+		var ts *time.Time
+		if !msg.Timestamp.IsZero() {
+			ts = &msg.Timestamp
+		}
+		hs := make(map[string]string, len(m.Headers))
+		for k, v := range m.Headers {
+			hs[text(k)] = text(v)
+		}
+		_, err := tx.Exec(ctx, c.sql.park, c.cfg.Name, id, nullable(text(m.Type)), m.Topic, m.Partition, m.Offset,
+			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000)))
+		return err
+	})
+	return dup, err
+}
+
+// text makes s storable as PostgreSQL text and jsonb: valid UTF-8 without
+// NUL bytes (binary header values of other producers are stored lossily).
+func text(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// quote returns s quoted and cut to a short prefix, for messages.
+func quote(s string) string { return strconv.Quote(clip(s, 100)) }
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
