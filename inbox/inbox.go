@@ -125,10 +125,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.started {
 		return errors.New("inbox: Start called twice")
 	}
-	for _, t := range []outbox.Table{c.cfg.Table, c.parkedTable()} {
-		if err := migrations.CheckTable(ctx, c.db, t); err != nil {
-			return fmt.Errorf("inbox: %w (the inbox migrations: migrations.UpInbox or migrations/inbox/)", err)
-		}
+	if err := migrations.CheckInbox(ctx, c.db, c.cfg.Table); err != nil {
+		return fmt.Errorf("inbox: %w", err)
 	}
 	c.started = true
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

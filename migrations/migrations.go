@@ -82,11 +82,14 @@ type set struct {
 	dir      string
 	defaults func(outbox.Table) outbox.Table
 	render   func(string, outbox.Table) string
+	hint     string // how to apply them, for errors
 }
 
 var (
-	outboxSet = set{fsys: FS, dir: ".", defaults: outbox.Table.WithDefaults, render: Render}
-	inboxSet  = set{fsys: InboxFS, dir: "inbox", defaults: InboxTable, render: RenderInbox}
+	outboxSet = set{fsys: FS, dir: ".", defaults: outbox.Table.WithDefaults, render: Render,
+		hint: "apply the migrations (migrations.Up, OUTBOX_MIGRATE=on, or the SQL files in migrations/)"}
+	inboxSet = set{fsys: InboxFS, dir: "inbox", defaults: InboxTable, render: RenderInbox,
+		hint: "apply the inbox migrations (migrations.UpInbox, or the SQL files in migrations/inbox/)"}
 )
 
 // DB begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -322,13 +325,42 @@ func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, 
 	return applied, nil
 }
 
-// ErrNoTable is returned by CheckTable when the outbox table does not exist.
+// ErrNoTable is returned by CheckTable (and CheckInbox) when the table does
+// not exist.
 var ErrNoTable = errors.New("outbox table does not exist")
 
 // CheckTable reports whether table exists and has the columns every
 // migration adds, with an error (ErrNoTable, ErrOutdatedTable) that says to
 // run the migrations when not.
 func CheckTable(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table outbox.Table) error {
+	return outboxSet.check(ctx, db, table)
+}
+
+// CheckInbox is CheckTable for an inbox table (default outbox_inbox, see
+// [InboxTable]) and the table of its parked records (<name>_parked).
+func CheckInbox(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table outbox.Table) error {
+	table = InboxTable(table)
+	if err := inboxSet.check(ctx, db, table); err != nil {
+		return err
+	}
+	return inboxSet.exists(ctx, db, outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"})
+}
+
+func (k set) check(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table outbox.Table) error {
+	table = k.defaults(table)
+	if err := k.exists(ctx, db, table); err != nil {
+		return err
+	}
+	return k.checkColumns(ctx, db, table)
+}
+
+func (k set) exists(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table outbox.Table) error {
 	if err := table.Validate(); err != nil {
@@ -339,9 +371,9 @@ func CheckTable(ctx context.Context, db interface {
 		return fmt.Errorf("migrations: check table %s: %w", table, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, or the SQL files in migrations/)", ErrNoTable, table)
+		return fmt.Errorf("%w: %s: %s", ErrNoTable, table, k.hint)
 	}
-	return checkColumns(ctx, db, table)
+	return nil
 }
 
 // ErrOutdatedTable is returned by CheckTable when the outbox table lacks
@@ -353,10 +385,10 @@ var addColumnRE = regexp.MustCompile(`(?i)ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+
 // checkColumns looks up, in the catalog (readable by any role), the columns
 // the migrations add to the table, and names the first migration whose
 // columns are missing.
-func checkColumns(ctx context.Context, db interface {
+func (k set) checkColumns(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table outbox.Table) error {
-	all, err := All(table)
+	all, err := k.all(table)
 	if err != nil {
 		return err
 	}
@@ -380,6 +412,6 @@ func checkColumns(ctx context.Context, db interface {
 	if len(missing) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s has no column %s (migration %s): apply the migrations (migrations.Up, OUTBOX_MIGRATE=on, or the SQL files in migrations/)",
-		ErrOutdatedTable, table, strings.Join(missing, ", "), from[slices.Index(cols, missing[0])])
+	return fmt.Errorf("%w: %s has no column %s (migration %s): %s",
+		ErrOutdatedTable, table, strings.Join(missing, ", "), from[slices.Index(cols, missing[0])], k.hint)
 }
