@@ -22,7 +22,11 @@ func TestInboxWithGooseAndTern(t *testing.T) {
 	s := schema(t, pool, "inbox_tools_")
 	outboxTable, inboxTable := outbox.Table{Schema: s}, outbox.Table{Schema: s, Name: "billing_inbox"}
 	exists := func(name string) bool {
-		return migrations.CheckTable(ctx, pool, outbox.Table{Schema: s, Name: name}) == nil
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", outbox.Table{Schema: s, Name: name}.Ident()).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
 	}
 
 	db := stdlib.OpenDBFromPool(pool)
