@@ -401,6 +401,8 @@ func describe(c collected) string {
 		line += "  relay: Kafka record with x-event-id and this span's traceparent"
 	case c.service == "billing" && outcome(s) == inbox.OutcomeApplied:
 		line += "  billing transaction: inbox row + invoice + outbox row, one commit"
+	case c.service == "orders" && s.SpanKind() == trace.SpanKindConsumer:
+		line += "  the orders service's example consumer (prints the event)"
 	case outcome(s) == inbox.OutcomeDuplicate:
 		line += "  DUPLICATE: inbox row exists, rolled back, nothing written"
 	case outcome(s) != "":

@@ -1,19 +1,31 @@
-// Command demo runs the example orders service end to end and checks what
-// the outbox promises: every committed order event reaches Kafka, carrying
-// the trace of the HTTP request that wrote it, across a broker outage.
+// Command demo runs the example orders and billing services end to end and
+// checks what the outbox and the inbox promise: every committed order event
+// reaches Kafka, carrying the trace of the HTTP request that wrote it,
+// across a broker outage; billing applies each order.confirmed.v1 event
+// once, redeliveries included, and its invoice.created.v1 continues the
+// same trace to a final consumer.
 //
 //	make demo                  # from the repository root: starts PostgreSQL, then this
 //	go run ./cmd/demo [-orders 20] [-outage=true] [-outage-for 3s]
 //
-// PostgreSQL comes from DATABASE_URL (the demo works in a schema of its own
-// and drops it at exit, so reruns start clean); Kafka from KAFKA_BROKERS, or
-// else an embedded in-memory development broker (kfake, not Apache Kafka).
-// The demo starts the orders app in-process on a free port, creates and
-// confirms orders over HTTP, each request with a fresh W3C traceparent, and
-// its consumer prints every event with its trace id. With the embedded
-// broker it then stops the broker for a few seconds while creating more
-// orders, and starts a new one on the same port. It exits 0 only if every
-// event was consumed and every trace id matched its request's.
+// PostgreSQL comes from DATABASE_URL (the demo works in schemas of its own
+// and drops them at exit, so reruns start clean); Kafka from KAFKA_BROKERS,
+// or else an embedded in-memory development broker (kfake, not Apache
+// Kafka). The topics are created at start when missing. The demo starts the
+// orders app (examples/orders) in-process on a free port, the billing app
+// (examples/billing: an inbox consumer of order.confirmed.v1 that writes an
+// invoice and records invoice.created.v1) and a final inbox consumer of
+// invoice.created.v1; it creates and confirms orders over HTTP, each
+// request with a fresh W3C traceparent, and prints every event with its
+// trace id. It then produces the order.confirmed.v1 records again with
+// their x-event-id (a redelivered batch) and shows billing drop them
+// (outbox.inbox.processed{outcome=duplicate}, one invoice per order), and
+// prints one order's spans, collected in-process from all three services,
+// as a tree: HTTP request -> publish -> billing process -> publish -> final
+// process. With the embedded broker it then stops the broker for a few
+// seconds while creating more orders, and starts a new one on the same
+// port. It exits 0 only if every event was consumed and invoiced once, the
+// duplicates were dropped and every trace id matched its request's.
 package main
 
 import (
@@ -595,7 +607,7 @@ func (d *demo) summary(took time.Duration) error {
 			d.printf("  invoices in billing     %d = distinct confirmed orders\n", n)
 		}
 	}
-	if d.dupsInjected == 0 || d.dupsDropped != int64(d.dupsInjected) {
+	if d.dupsInjected == 0 || d.dupsDropped < int64(d.dupsInjected) {
 		problems = append(problems, fmt.Sprintf("%d duplicates injected, %d dropped", d.dupsInjected, d.dupsDropped))
 	}
 	if !d.treeChecked {
