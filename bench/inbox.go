@@ -46,6 +46,15 @@ type Inbox struct {
 	OverheadRatioSerial float64 `json:"overhead_ratio_serial"`
 	// KeyParallelSpeedup is InboxEPS / InboxSerialEPS: Concurrency 16 vs 1.
 	KeyParallelSpeedup float64 `json:"keyparallel_speedup"`
+	// PlainKeyParallelSpeedup is the plain group's c16 over c1: what this
+	// machine gives any consumer for 16 records in flight per partition.
+	PlainKeyParallelSpeedup float64 `json:"plain_keyparallel_speedup"`
+	// HandDedupeEPS is the plain group at 16 writing the inbox's row
+	// itself in each transaction (hand-written dedupe), and
+	// InboxVsHandDedupe InboxEPS over it: the inbox's own cost beyond the
+	// row.
+	HandDedupeEPS     float64 `json:"handwritten_dedupe_eps"`
+	InboxVsHandDedupe float64 `json:"inbox_vs_handwritten_dedupe"`
 	// Commit-to-applied latency through the whole chain at LatencyRate.
 	LatencyRate     int        `json:"latency_offered_eps"`
 	LatencyAchieved float64    `json:"latency_achieved_eps"`
@@ -69,6 +78,7 @@ type inboxContender struct {
 	name        string
 	concurrency int
 	plain       bool
+	dedupe      bool // plain, with the inbox's row written by hand
 }
 
 func runInbox(ctx context.Context, e *env) (*Inbox, error) {
@@ -105,6 +115,9 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		{name: "plain c16", concurrency: 16, plain: true},
 		{name: "inbox c1", concurrency: 1},
 		{name: "plain c1", concurrency: 1, plain: true},
+		// Where the overhead is: the plain group writing the inbox's row
+		// itself (INSERT ... ON CONFLICT DO NOTHING, skip on conflict).
+		{name: "plain+row c16", concurrency: 16, plain: true, dedupe: true},
 	}
 	series := map[string][]float64{}
 	for r := range rounds {
@@ -137,6 +150,9 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	res.OverheadRatio = medianRatio(series["inbox c16"], series["plain c16"])
 	res.OverheadRatioSerial = medianRatio(series["inbox c1"], series["plain c1"])
 	res.KeyParallelSpeedup = medianRatio(series["inbox c16"], series["inbox c1"])
+	res.PlainKeyParallelSpeedup = medianRatio(series["plain c16"], series["plain c1"])
+	res.HandDedupeEPS = round1(median(series["plain+row c16"]))
+	res.InboxVsHandDedupe = medianRatio(series["inbox c16"], series["plain+row c16"])
 
 	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+migrations.InboxTable(inboxTable).Ident()); err != nil {
 		return nil, err
@@ -148,7 +164,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		"each contender is a new consumer group reading it from the start and, per record, one transaction with a one-row INSERT, "+
 		"the offset marked after the commit (sarama auto-commit, 1 s). inbox cN: package inbox, Concurrency N (records of one key in order, "+
 		"different keys in parallel), plus its inbox row (dedupe). plain cN: the same sarama consumer group and write without dedupe, N workers "+
-		"per partition chosen by key hash, offsets marked up to the lowest record not yet committed. Rate: records from the first processed "+
+		"per partition chosen by key hash, offsets marked up to the lowest record not yet committed; plain+row c16 also inserts the inbox's row itself. Rate: records from the first processed "+
 		"to the last committed, medians of %d round(s), contenders alternated. Latency: %d writers commit one event each at %d/s for %.0f s "+
 		"(unitofwork.Do, relay woken after commit), the inbox applies it (one-row INSERT); from the writer's commit to the end of the inbox's "+
 		"process span (after its commit).", partitions, n, keys, rounds, e.p.LatWriters, res.LatencyRate, e.p.LatDurationS)
@@ -237,7 +253,7 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 	group := fmt.Sprintf("fxbench-%s-%d", c.name[:5], time.Now().UnixNano())
 	var stop func() error
 	if c.plain {
-		pg, err := newPlainGroup(e, group, topic, c.concurrency, note, done)
+		pg, err := newPlainGroup(e, group, topic, c.concurrency, c.dedupe, note, done)
 		if err != nil {
 			return 0, err
 		}
@@ -319,6 +335,8 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 type plainGroup struct {
 	e       *env
 	workers int
+	dedupe  string // the inbox's row insert, or ""
+	name    string // the consumer name in it
 	note    func()
 	done    func()
 	group   sarama.ConsumerGroup
@@ -326,7 +344,7 @@ type plainGroup struct {
 	wg      sync.WaitGroup
 }
 
-func newPlainGroup(e *env, group, topic string, workers int, note, done func()) (*plainGroup, error) {
+func newPlainGroup(e *env, group, topic string, workers int, dedupe bool, note, done func()) (*plainGroup, error) {
 	sc := inbox.DefaultSaramaConfig() // the inbox's settings: oldest, auto-commit 1 s
 	sc.ClientID = "fxbench-plain"
 	g, err := sarama.NewConsumerGroup(e.brokers, group, sc)
@@ -334,7 +352,11 @@ func newPlainGroup(e *env, group, topic string, workers int, note, done func()) 
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	pg := &plainGroup{e: e, workers: workers, note: note, done: done, group: g, cancel: cancel}
+	pg := &plainGroup{e: e, workers: workers, note: note, done: done, group: g, cancel: cancel, name: group}
+	if dedupe {
+		pg.dedupe = `INSERT INTO ` + migrations.InboxTable(outbox.Table{Schema: schema}).Ident() +
+			` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
+	}
 	pg.wg.Add(2)
 	go func() {
 		defer pg.wg.Done()
@@ -451,6 +473,15 @@ func (pg *plainGroup) apply(ctx context.Context, m *sarama.ConsumerMessage) erro
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	if pg.dedupe != "" {
+		tag, err := tx.Exec(ctx, pg.dedupe, pg.name, id, m.Topic, m.Partition, m.Offset)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errors.New("plain+row: a duplicate in a fresh group")
+		}
+	}
 	if _, err := tx.Exec(ctx, invoiceInsert, string(m.Key), id, m.Offset); err != nil {
 		return err
 	}
@@ -667,7 +698,8 @@ func printInbox(w io.Writer, x *Inbox, line string) {
 		line, x.Events, x.Keys, x.Partitions, x.Rounds)
 	fmt.Fprintf(w, "   16 in flight per partition: inbox %.0f, plain consumer group %.0f -> inbox keeps %.0f%%\n", x.InboxEPS, x.PlainEPS, 100*x.OverheadRatio)
 	fmt.Fprintf(w, "   partition-serial:           inbox %.0f, plain consumer group %.0f -> inbox keeps %.0f%%\n", x.InboxSerialEPS, x.PlainSerialEPS, 100*x.OverheadRatioSerial)
-	fmt.Fprintf(w, "   key-parallel speed-up (inbox Concurrency 16 vs 1): %.2fx\n", x.KeyParallelSpeedup)
+	fmt.Fprintf(w, "   key-parallel speed-up (inbox Concurrency 16 vs 1): %.2fx (the plain group's, 16 vs 1 worker: %.2fx)\n", x.KeyParallelSpeedup, x.PlainKeyParallelSpeedup)
+	fmt.Fprintf(w, "   plain group writing the inbox row itself (c16): %.0f -> inbox at %.0f%% of hand-written dedupe\n", x.HandDedupeEPS, 100*x.InboxVsHandDedupe)
 	fmt.Fprintf(w, "   writer commit -> relay -> Kafka -> inbox commit at %d/s (achieved %.0f/s): p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, missing %d\n",
 		x.LatencyRate, x.LatencyAchieved, x.LatencyP50, x.LatencyP99, x.LatencyP999, x.LatencyMissing)
 }
