@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,13 @@ import (
 // applied per second, from the first record processed to the last one
 // committed (the group join is not counted), medians over rounds.
 type Inbox struct {
+	// Where these figures come from: BENCH_ONLY=inbox runs record only
+	// this section, and may be merged into a results file of a full run.
+	Command      string `json:"command"`
+	StartedAt    string `json:"started_at"`
+	LoadAvgStart string `json:"loadavg_start"`
+	LoadAvgEnd   string `json:"loadavg_end"`
+
 	Events     int `json:"events"`
 	Keys       int `json:"distinct_keys"`
 	Partitions int `json:"partitions"`
@@ -90,7 +98,12 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	if e.p.DrainRounds > 0 && !e.p.Quick {
 		rounds = e.p.DrainRounds
 	}
-	res := &Inbox{Events: n, Keys: keys, Partitions: partitions, Rounds: rounds}
+	res := &Inbox{Events: n, Keys: keys, Partitions: partitions, Rounds: rounds,
+		Command: command(e.p), StartedAt: time.Now().UTC().Format(time.RFC3339), LoadAvgStart: loadavg()}
+	if only := os.Getenv("BENCH_ONLY"); only != "" {
+		res.Command = "BENCH_ONLY=" + only + " " + res.Command
+	}
+	defer func() { res.LoadAvgEnd = loadavg() }()
 	inboxTable := outbox.Table{Schema: schema}
 	if err := migrations.UpInbox(ctx, e.pool, inboxTable); err != nil {
 		return nil, err
