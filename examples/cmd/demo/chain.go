@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -356,7 +357,11 @@ func (d *demo) printTrace(ctx context.Context, order string, tid trace.TraceID, 
 		if top {
 			branch, next = "", ""
 		}
-		d.printf("  %s%s%s\n", prefix, branch, describe(c))
+		label, note := describe(c)
+		took := c.span.EndTime().Sub(c.span.StartTime())
+		left := prefix + branch + label
+		pad := strings.Repeat(" ", max(1, 78-utf8.RuneCountInString(left)))
+		d.printf("  %s%s%6.1f ms  %s\n", left, pad, float64(took.Microseconds())/1000, note)
 		kids := children[c.span.SpanContext().SpanID()]
 		slices.SortFunc(kids, byStart)
 		for i, k := range kids {
@@ -389,11 +394,12 @@ func outcome(s sdktrace.ReadOnlySpan) string {
 	return ""
 }
 
-// describe is one line of the tree: service, span, what happened in it.
-func describe(c collected) string {
+// describe is one line of the tree: the service and span, and what
+// happened in it.
+func describe(c collected) (label, note string) {
 	s := c.span
-	took := s.EndTime().Sub(s.StartTime())
-	line := fmt.Sprintf("%-19s %-44s %7.1f ms", "["+c.service+"]", s.Name(), float64(took.Microseconds())/1000)
+	label = "[" + c.service + "] " + s.Name()
+	line := ""
 	switch {
 	case s.SpanKind() == trace.SpanKindServer:
 		line += "  orders transaction: order row + outbox row, one commit"
@@ -408,5 +414,5 @@ func describe(c collected) string {
 	case outcome(s) != "":
 		line += "  " + outcome(s)
 	}
-	return line
+	return label, strings.TrimSpace(line)
 }
