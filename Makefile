@@ -32,7 +32,7 @@ test-kafka:
 	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
-## demo: the example orders service end to end (embedded broker unless KAFKA_BROKERS is set).
+## demo: the example orders and billing services end to end, duplicates and trace tree included (embedded broker unless KAFKA_BROKERS is set).
 demo:
 	@$(WITH_PG) cd examples && $(GO) run ./cmd/demo
 

@@ -14,7 +14,7 @@
 // path). `go run ./chart` turns results.json into ../docs/benchmarks.png.
 //
 // Environment knobs (all optional): BENCH_QUICK, BENCH_ROUNDS,
-// BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits),
+// BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits,inbox),
 // BENCH_OUT, BENCH_CPUPROFILE (a pprof CPU profile of the whole run),
 // BENCH_LAT_WRITERS, BENCH_BROKER_KIND (the label of a KAFKA_BROKERS broker
 // that is not Apache Kafka).
@@ -208,6 +208,11 @@ func run() error {
 	if p.runs("write") {
 		if res.Write, err = runWrite(ctx, e); err != nil {
 			return fmt.Errorf("write: %w", err)
+		}
+	}
+	if p.runs("inbox") {
+		if res.Inbox, err = runInbox(ctx, e); err != nil {
+			return fmt.Errorf("inbox: %w", err)
 		}
 	}
 	res.Machine.LoadAvgEnd = loadavg()

@@ -19,6 +19,7 @@ type results struct {
 	Limits    *Limits   `json:"limits,omitempty"`
 	Latency   *Latency  `json:"latency,omitempty"`
 	Write     *Write    `json:"write,omitempty"`
+	Inbox     *Inbox    `json:"inbox,omitempty"`
 	Profile   []Profile `json:"relay_profile,omitempty"`
 	Targets   []Target  `json:"targets"`
 }
@@ -67,6 +68,7 @@ func evaluateTargets(r *results) []Target {
 		ts = append(ts, Target{Name: "write: NOTIFY cost (16 writers)", Goal: "not the default (measured for reference)",
 			Value: w.NotifyVsOutbox1, Unit: "fraction of outbox1", Met: true})
 	}
+	ts = append(ts, inboxTargets(r.Inbox)...)
 	return ts
 }
 
@@ -151,6 +153,7 @@ func printReport(w io.Writer, r *results) {
 				x.Diagnostics["rawinsert_noindex_vs_rawinsert"], x.Diagnostics["rawinsert_smallrow_vs_rawinsert"], x.Diagnostics["rawinsert_pipelined_vs_rawinsert"])
 		}
 	}
+	printInbox(w, r.Inbox, line)
 	fmt.Fprintf(w, "%s\nTARGETS\n", line)
 	for _, t := range r.Targets {
 		mark := "MET "

@@ -1,19 +1,31 @@
-// Command demo runs the example orders service end to end and checks what
-// the outbox promises: every committed order event reaches Kafka, carrying
-// the trace of the HTTP request that wrote it, across a broker outage.
+// Command demo runs the example orders and billing services end to end and
+// checks what the outbox and the inbox promise: every committed order event
+// reaches Kafka, carrying the trace of the HTTP request that wrote it,
+// across a broker outage; billing applies each order.confirmed.v1 event
+// once, redeliveries included, and its invoice.created.v1 continues the
+// same trace to a final consumer.
 //
 //	make demo                  # from the repository root: starts PostgreSQL, then this
 //	go run ./cmd/demo [-orders 20] [-outage=true] [-outage-for 3s]
 //
-// PostgreSQL comes from DATABASE_URL (the demo works in a schema of its own
-// and drops it at exit, so reruns start clean); Kafka from KAFKA_BROKERS, or
-// else an embedded in-memory development broker (kfake, not Apache Kafka).
-// The demo starts the orders app in-process on a free port, creates and
-// confirms orders over HTTP, each request with a fresh W3C traceparent, and
-// its consumer prints every event with its trace id. With the embedded
-// broker it then stops the broker for a few seconds while creating more
-// orders, and starts a new one on the same port. It exits 0 only if every
-// event was consumed and every trace id matched its request's.
+// PostgreSQL comes from DATABASE_URL (the demo works in schemas of its own
+// and drops them at exit, so reruns start clean); Kafka from KAFKA_BROKERS,
+// or else an embedded in-memory development broker (kfake, not Apache
+// Kafka). The topics are created at start when missing. The demo starts the
+// orders app (examples/orders) in-process on a free port, the billing app
+// (examples/billing: an inbox consumer of order.confirmed.v1 that writes an
+// invoice and records invoice.created.v1) and a final inbox consumer of
+// invoice.created.v1; it creates and confirms orders over HTTP, each
+// request with a fresh W3C traceparent, and prints every event with its
+// trace id. It then produces the order.confirmed.v1 records again with
+// their x-event-id (a redelivered batch) and shows billing drop them
+// (outbox.inbox.processed{outcome=duplicate}, one invoice per order), and
+// prints one order's spans, collected in-process from all three services,
+// as a tree: HTTP request -> publish -> billing process -> publish -> final
+// process. With the embedded broker it then stops the broker for a few
+// seconds while creating more orders, and starts a new one on the same
+// port. It exits 0 only if every event was consumed and invoiced once, the
+// duplicates were dropped and every trace id matched its request's.
 package main
 
 import (
@@ -40,9 +52,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
+	"github.com/fxoutbox/outbox/examples/billing"
 	"github.com/fxoutbox/outbox/examples/devkafka"
 	"github.com/fxoutbox/outbox/examples/orders"
 	"github.com/fxoutbox/outbox/fxoutbox"
@@ -70,7 +85,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	d := &demo{out: os.Stdout, expect: map[string]*expectation{}}
+	d := &demo{out: os.Stdout, expect: map[string]*expectation{}, finals: map[string]*final{}, spans: &spanCollector{}}
 	d.changed = make(chan struct{}, 1)
 	if err := d.run(ctx, dbURL, *nOrders, *outage, *outageFor, *outageOrders); err != nil {
 		fmt.Fprintf(os.Stderr, "demo: FAILED: %v\n", err)
@@ -80,15 +95,28 @@ func run() int {
 }
 
 type demo struct {
-	out    io.Writer
-	base   string // the app's URL
-	client *http.Client
-	broker *devkafka.Broker // the embedded broker, if any
+	out     io.Writer
+	base    string   // the app's URL
+	brokers []string // Kafka
+	client  *http.Client
+	broker  *devkafka.Broker // the embedded broker, if any
 
 	mu      sync.Mutex
 	expect  map[string]*expectation // by order id + "/" + event type
 	changed chan struct{}
 	foreign int // events of other runs in shared topics
+
+	// The billing service and the final consumer (chain.go).
+	spans          *spanCollector
+	billingMetrics *sdkmetric.ManualReader
+	billingSchema  string
+	invoices       *billing.Invoices
+	finals         map[string]*final // by order id
+	replay         []orders.Delivery // order.confirmed.v1 records to redeliver
+	firstConfirm   *expectation
+	dupsInjected   int
+	dupsDropped    int64
+	treeChecked    bool
 }
 
 // expectation is an event the demo caused and waits for.
@@ -114,7 +142,13 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 		return err
 	}
 	outboxCfg.Table.Schema = schema
-	d.printf("fxoutbox demo: the orders service (examples/orders) end to end\n")
+	// The topics are created at start (on Apache Kafka too).
+	outboxCfg.EventTypes = []fxoutbox.EventType{
+		{AggregateType: orders.AggregateOrder, Type: orders.EventOrderCreated},
+		{AggregateType: orders.AggregateOrder, Type: orders.EventOrderConfirmed},
+	}
+	outboxCfg.TopicCheck = fxoutbox.TopicsCreate
+	d.printf("fxoutbox demo: the orders service (examples/orders) and the billing service (examples/billing) end to end\n")
 	d.printf("  PostgreSQL  %s, schema %s (dropped at exit)\n", redact(dbURL), schema)
 
 	if len(outboxCfg.Brokers) == 0 {
@@ -132,6 +166,7 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 		}
 	}
 	defer dropSchema(dbURL, schema)
+	d.brokers = outboxCfg.Brokers
 
 	log := slog.New(slog.NewTextHandler(&indent{w: d.out, prefix: "  log: "}, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
@@ -145,11 +180,12 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 	var server *orders.Server
 	app := fx.New(
 		fx.Supply(orders.Config{
-			DatabaseURL: dbURL,
-			HTTPAddr:    "127.0.0.1:0",
-			Outbox:      outboxCfg,
-			Logger:      log,
-			Consumer:    orders.ConsumerConfig{Group: "orders-demo-" + runID, Handle: d.consumed},
+			DatabaseURL:    dbURL,
+			HTTPAddr:       "127.0.0.1:0",
+			Outbox:         outboxCfg,
+			Logger:         log,
+			SpanProcessors: []sdktrace.SpanProcessor{d.spans.processor("orders")},
+			Consumer:       orders.ConsumerConfig{Group: "orders-demo-" + runID, Handle: d.consumed},
 		}),
 		orders.Module,
 		fx.Populate(&consumer, &server),
@@ -179,6 +215,12 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 		return ctx.Err()
 	}
 	d.printf("  consumer    group orders-demo-%s on %s\n", runID, strings.Join(consumer.Topics(), ", "))
+	defer dropSchema(dbURL, "billing_demo_"+runID)
+	stopBilling, err := d.startBilling(ctx, dbURL, runID, outboxCfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopBilling()
 
 	err = d.scenario(ctx, nOrders, outage, outageFor, outageOrders)
 	if serr := d.summary(time.Since(started)); err == nil {
@@ -203,7 +245,7 @@ func (d *demo) scenario(ctx context.Context, nOrders int, outage bool, outageFor
 	if err := d.waitConsumed(ctx, 30*time.Second); err != nil {
 		return err
 	}
-	d.printf("  all %d events consumed %s after the first request\n", 2*nOrders, time.Since(t0).Round(time.Millisecond))
+	d.printf("  all %d events consumed and %d orders invoiced %s after the first request\n", 2*nOrders, nOrders, time.Since(t0).Round(time.Millisecond))
 	if err := d.waitDrained(ctx, 15*time.Second); err != nil {
 		return err
 	}
@@ -211,7 +253,19 @@ func (d *demo) scenario(ctx context.Context, nOrders int, outage bool, outageFor
 		return err
 	}
 
-	// 2. A broker outage.
+	// 2. The same order.confirmed.v1 records again: billing drops them.
+	if err := d.duplicates(ctx, d.brokers); err != nil {
+		return err
+	}
+	// 3. One order's whole chain as a trace tree.
+	d.mu.Lock()
+	first := d.firstConfirm
+	d.mu.Unlock()
+	if err := d.printTrace(ctx, first.order, first.trace, true); err != nil {
+		return err
+	}
+
+	// 4. A broker outage.
 	if outage {
 		port := d.broker.Port()
 		d.printf("\n== broker outage: the embedded broker stops for %s while %d more orders are written\n", outageFor, outageOrders)
@@ -292,6 +346,12 @@ func (d *demo) call(ctx context.Context, path, body, order, typ string, outage b
 		e = &expectation{order: order, typ: typ, trace: traceID, outage: outage}
 		d.mu.Lock()
 		d.expect[order+"/"+typ] = e
+		if typ == orders.EventOrderConfirmed {
+			d.finals[order] = &final{order: order, trace: traceID, outage: outage}
+			if d.firstConfirm == nil {
+				d.firstConfirm = e
+			}
+		}
 		d.mu.Unlock()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+path, strings.NewReader(body))
@@ -315,6 +375,9 @@ func (d *demo) call(ctx context.Context, path, body, order, typ string, outage b
 	if e != nil {
 		d.mu.Lock()
 		e.committed = time.Now()
+		if f := d.finals[order]; f != nil && typ == orders.EventOrderConfirmed {
+			f.committed = e.committed
+		}
 		d.mu.Unlock()
 	}
 	return nil
@@ -349,6 +412,9 @@ func (d *demo) consumed(_ context.Context, dl orders.Delivery) {
 	}
 	e.consumed = dl.Received
 	e.matched = dl.TraceID == e.trace
+	if dl.EventType == orders.EventOrderConfirmed && !e.outage {
+		d.replay = append(d.replay, dl)
+	}
 	match := "yes"
 	if !e.matched {
 		match = "NO (request trace " + e.trace.String() + ")"
@@ -370,6 +436,11 @@ func (d *demo) waitConsumed(ctx context.Context, timeout time.Duration) error {
 		missing := 0
 		for _, e := range d.expect {
 			if e.consumed.IsZero() {
+				missing++
+			}
+		}
+		for _, f := range d.finals {
+			if f.consumed.IsZero() {
 				missing++
 			}
 		}
@@ -503,10 +574,49 @@ func (d *demo) summary(took time.Duration) error {
 	if d.foreign > 0 {
 		d.printf("  other runs' events      %d in the shared topics, ignored\n", d.foreign)
 	}
-	if consumed != total || matched != total {
-		return fmt.Errorf("%d of %d events consumed, %d trace ids matched", consumed, total, matched)
+	var invoiced, invMatched, invCopies int
+	var maxChain time.Duration
+	for _, f := range d.finals {
+		if f.consumed.IsZero() {
+			continue
+		}
+		invoiced++
+		invCopies += f.copies
+		if f.matched {
+			invMatched++
+		}
+		if !f.outage {
+			maxChain = max(maxChain, f.consumed.Sub(f.committed))
+		}
 	}
-	d.printf("  PASS: every event consumed, every trace id matched its request's\n")
+	d.printf("  orders invoiced         %d of %d confirmed (invoice.created.v1 at the final consumer: %d)\n", invoiced, len(d.finals), invCopies)
+	d.printf("  invoice trace ids       %d of %d matched the confirm request's\n", invMatched, invoiced)
+	d.printf("  max confirm-to-invoiced %s (HTTP commit -> relay -> billing inbox commit -> relay -> final inbox commit)\n", maxChain.Round(time.Millisecond))
+	d.printf("  duplicates injected     %d order.confirmed.v1 records; billing dropped %d, applied 0 again\n", d.dupsInjected, d.dupsDropped)
+	var problems []string
+	if consumed != total || matched != total {
+		problems = append(problems, fmt.Sprintf("%d of %d events consumed, %d trace ids matched", consumed, total, matched))
+	}
+	if invoiced != len(d.finals) || invMatched != invoiced || invCopies != invoiced {
+		problems = append(problems, fmt.Sprintf("%d of %d orders invoiced, %d invoice.created.v1 received, %d trace ids matched", invoiced, len(d.finals), invCopies, invMatched))
+	}
+	if d.invoices != nil {
+		if n, err := d.invoiceCountLocked(context.Background()); err != nil || n != len(d.finals) {
+			problems = append(problems, fmt.Sprintf("%d invoices for %d confirmed orders (%v)", n, len(d.finals), err))
+		} else {
+			d.printf("  invoices in billing     %d = distinct confirmed orders\n", n)
+		}
+	}
+	if d.dupsInjected == 0 || d.dupsDropped < int64(d.dupsInjected) {
+		problems = append(problems, fmt.Sprintf("%d duplicates injected, %d dropped", d.dupsInjected, d.dupsDropped))
+	}
+	if !d.treeChecked {
+		problems = append(problems, "the trace tree was not complete")
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	d.printf("  PASS: every event consumed and invoiced once, duplicates dropped, every trace id matched its request's\n")
 	return nil
 }
 
