@@ -298,8 +298,16 @@ func isUnreadable(err error) bool {
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
 // skipping lanes other relays hold, and returns the ids of their events in
 // order. It looks at a window of the oldest rows (2n, growing 4x up to 32n
-// when the lanes in it are taken), so each replica finds work past the
-// others' lanes. A relay alone on its table locks its lanes in the first
+// while the lanes in it are taken and some lane has not been seen yet), so
+// each replica finds work past the others' lanes. Once every lane has been
+// tried the window stops growing: a larger one would read only more rows of
+// the lanes other relays hold (with several replicas draining a backlog
+// spread over all lanes, that growth read up to 21n rows per claim and
+// doubled PostgreSQL's work per event); the claim then takes what it has,
+// possibly less than n, or nothing, and the lanes' holders drain the rest.
+// When the largest window finds nothing but held lanes (fewer keys than
+// lanes), the relay's claims do not grow their windows for a PollInterval
+// (growAfter). A relay alone on its table locks its lanes in the first
 // window's statement; one that finds lanes held tries further lanes a chunk
 // at a time. Every unpublished event of a lane older than the window's last
 // one is in the window, so reading the window's ids of a locked lane keeps
@@ -359,6 +367,12 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 		if err != nil {
 			return nil, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
 		}
+		if window >= 32*n && len(cands) == 0 && covered == 0 {
+			// The largest window showed no lane that was not tried: the
+			// lanes with events are all held (fewer keys than lanes, or a
+			// long run of one key). Growing is fruitless for a while.
+			r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
+		}
 		// Lanes held by other relays left the batch short: try the next
 		// lanes in order of their oldest event, a chunk at a time.
 		for len(cands) > 0 && covered < n {
@@ -384,8 +398,11 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 			}
 		}
 		// Done when the batch is covered, the window held every unpublished
-		// row, or the window is as large as it gets.
-		if covered >= n || seen < window || window >= 32*n {
+		// row, every lane has been tried (a larger window cannot show a lane
+		// that is not taken, only more rows of those other relays hold), or
+		// the window is as large as it gets.
+		if covered >= n || seen < window || len(tried) >= r.cfg.Lanes || window >= 32*n ||
+			time.Now().UnixNano() < r.growAfter.Load() {
 			slices.Sort(ids)
 			return ids, seen >= window || seen > covered, nil
 		}

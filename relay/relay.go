@@ -119,6 +119,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -360,6 +361,9 @@ type Relay struct {
 	failLog failLog
 	pacer   pacer
 	missing missingTopics
+	// growAfter (unix nanoseconds): until then claims do not grow their
+	// window (see lockLanes).
+	growAfter atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
