@@ -58,6 +58,10 @@ func evaluateTargets(r *results) []Target {
 		atLeast("drain: b500 x1 of PG ceiling", ">= 50% of claim+mark (1 relay, both batch 500)", d.FxoutboxB500OfPG, 0.5, "fraction")
 		atLeast("drain: b500 x4 of PG ceiling", ">= 75% of claim+mark (4 replicas)", d.FxoutboxX4OfPostgres, 0.75, "fraction")
 	}
+	if l := r.Latency; l != nil && l.Replicas1P50 > 0 {
+		atMost("latency: 3 relay processes p50 vs 1", "<= 1.5x one relay process's (1k/s, Listen)", l.Replicas3P50Vs1, 1.5, "x")
+		atMost("latency: 3 relay processes p99 vs 1", "<= 1.5x one relay process's (1k/s, Listen)", l.Replicas3P99Vs1, 1.5, "x")
+	}
 	if d := r.Drain; d != nil && d.Replicas1EPS > 0 {
 		atLeast("drain: 2 relays vs 1", ">= 1x one relay (b500, one process)", d.Replicas2Vs1, 1, "x")
 		atLeast("drain: 4 relays vs 1", ">= 1x one relay (b500, one process)", d.Replicas4Vs1, 1, "x")
