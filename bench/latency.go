@@ -35,6 +35,10 @@ type LatencyRun struct {
 	Saturated bool    `json:"saturated,omitempty"`
 	// WritersShort: the writers committed under 90% of the offered rate.
 	WritersShort bool `json:"writers_short,omitempty"`
+	// PGUsPerEvent is the CPU time of the PostgreSQL backends serving the
+	// benchmark's sessions (writers and fxoutbox relays, while writing and
+	// catching up) per committed event, in microseconds.
+	PGUsPerEvent float64 `json:"pg_us_per_event,omitempty"`
 }
 
 // LatencySeries is the median over rounds of one contender at one rate.
@@ -259,8 +263,8 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 				if run.WritersShort {
 					sat += fmt.Sprintf("  (writers reached only %.0f/s)", run.Achieved)
 				}
-				log.Printf("latency round %d/%d  %-16s @%5d/s  p50 %7.1f ms  p99 %7.1f ms  p99.9 %7.1f ms  (n=%d)%s",
-					r+1, p.LatRounds, c.name, rate, run.P50, run.P99, run.P999, run.Committed, sat)
+				log.Printf("latency round %d/%d  %-16s @%5d/s  p50 %7.1f ms  p99 %7.1f ms  p99.9 %7.1f ms  (n=%d; PostgreSQL %.1f µs/event)%s",
+					r+1, p.LatRounds, c.name, rate, run.P50, run.P99, run.P999, run.Committed, run.PGUsPerEvent, sat)
 			}
 		}
 	}
@@ -408,6 +412,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		}()
 	}
 	// Open-loop pacing: token i is due at t0 + i/rate.
+	pg0 := e.pgBackendCPU(ctx)
 	t0 := time.Now()
 	for i := 0; i < total; {
 		due := min(total, int(time.Since(t0).Seconds()*float64(rate))+1)
@@ -433,6 +438,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		time.Sleep(10 * time.Millisecond)
 	}
 	catchUp := time.Since(stopWrites)
+	pgUsed := pg0.until(e.pgBackendCPU(ctx)) // before the relays close their sessions
 	stop()
 	stopped = true
 
@@ -472,6 +478,9 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 	}
 	if len(lats) > 0 {
 		run.Mean = round2(float64(sum) / float64(len(lats)) / float64(time.Millisecond))
+	}
+	if pgUsed >= 0 && len(all) > 0 {
+		run.PGUsPerEvent = round2(pgUsed / float64(len(all)) * 1e6)
 	}
 	return run, nil
 }
