@@ -305,9 +305,11 @@ func isUnreadable(err error) bool {
 // spread over all lanes, that growth read up to 21n rows per claim and
 // doubled PostgreSQL's work per event); the claim then takes what it has,
 // possibly less than n, or nothing, and the lanes' holders drain the rest.
-// When the largest window finds nothing but held lanes (fewer keys than
-// lanes), the relay's claims do not grow their windows for a PollInterval
-// (growAfter). A relay alone on its table locks its lanes in the first
+// When grown windows find less than half a batch (the lanes with events
+// are mostly held: the oldest rows of a shared backlog are those of the
+// lanes other replicas are publishing, or there are fewer keys than lanes),
+// the relay's claims do not grow their windows for a PollInterval
+// (growAfter): they take what the first window offers. A relay alone on its table locks its lanes in the first
 // window's statement; one that finds lanes held tries further lanes a chunk
 // at a time. Every unpublished event of a lane older than the window's last
 // one is in the window, so reading the window's ids of a locked lane keeps
@@ -367,12 +369,6 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 		if err != nil {
 			return nil, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
 		}
-		if window >= 32*n && len(cands) == 0 && covered == 0 {
-			// The largest window showed no lane that was not tried: the
-			// lanes with events are all held (fewer keys than lanes, or a
-			// long run of one key). Growing is fruitless for a while.
-			r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
-		}
 		// Lanes held by other relays left the batch short: try the next
 		// lanes in order of their oldest event, a chunk at a time.
 		for len(cands) > 0 && covered < n {
@@ -403,6 +399,14 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 		// the window is as large as it gets.
 		if covered >= n || seen < window || len(tried) >= r.cfg.Lanes || window >= 32*n ||
 			time.Now().UnixNano() < r.growAfter.Load() {
+			if window > 2*n && 2*covered < n {
+				// Grown windows found less than half a batch: the lanes
+				// with events are mostly held (other replicas' lanes, fewer
+				// keys than lanes). Growing again soon would read as many
+				// rows for as little: the relay's claims do not grow for a
+				// PollInterval.
+				r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
+			}
 			slices.Sort(ids)
 			return ids, seen >= window || seen > covered, nil
 		}

@@ -125,7 +125,7 @@ func TestClaimDoesNotReadHeldLanesPastEveryLane(t *testing.T) {
 }
 
 // With fewer keys than lanes, every lane is never seen: a claim whose keys'
-// lanes are all held grows its window to the largest, sees no new lane, and
+// lanes are all held grows its window to the largest and finds nothing, and
 // then the relay's claims stop growing for a PollInterval.
 func TestClaimStopsGrowingWhenNoNewLaneAppears(t *testing.T) {
 	t.Parallel()
@@ -171,5 +171,41 @@ func TestClaimGrowsPastAHeldHotKey(t *testing.T) {
 		if k == "hot0" {
 			t.Errorf("claimed rows of the held hot key")
 		}
+	}
+}
+
+// The oldest rows of a shared backlog are those of the lanes other
+// replicas are publishing: a claim that grows past them and still finds
+// less than half a batch makes the relay's next claims (for a PollInterval)
+// take what their first window offers instead of reading grown windows
+// again.
+func TestClaimStopsGrowingAfterAGrowthFoundLittle(t *testing.T) {
+	t.Parallel()
+	pool, tbl, r := growSetup(t, 0, 0, 1)
+	ctx := context.Background()
+	// 1000 rows in lanes 0-9, then 20000 over every lane.
+	ins := "INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
+		" SELECT gen_random_uuid(), 'a', k, 'a.b', '{}', 't', k FROM (SELECT g, k FROM (SELECT g, 'k' || (g % $1) AS k FROM generate_series(1, $2) g) s" +
+		" WHERE (hashtext(k) & 2147483647) % 64 < $3 ORDER BY g LIMIT $4) s"
+	if _, err := pool.Exec(ctx, ins, 5000, 100000, 10, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, ins, 5000, 20000, 64, 20000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+		t.Fatal(err)
+	}
+	holdLanes(t, pool, r, laneRange(0, 60)) // lanes 60-63 are free
+	const n = 500
+	ids, read := claimReads(t, pool, tbl, r, n)
+	if len(ids) == 0 || 2*len(ids) >= n {
+		t.Fatalf("first claim took %d rows; the test needs a grown claim that finds a few", len(ids))
+	}
+	if read <= 2*n {
+		t.Fatalf("first claim read %d rows: it did not grow its window", read)
+	}
+	if _, read = claimReads(t, pool, tbl, r, n); read > 2*n {
+		t.Errorf("second claim read %d rows; within PollInterval of a growth that found little it reads one window (%d)", read, 2*n)
 	}
 }
