@@ -163,6 +163,9 @@ type claimed struct {
 	rows []row        // readable rows, in id order
 	bad  []unreadable // rows that cannot be read, in id order
 	more bool         // more unpublished rows are likely waiting
+	// heldElsewhere: no rows, because the lanes of the unpublished rows the
+	// claim saw are all held by other relays (PerKey only).
+	heldElsewhere bool
 }
 
 // unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot
@@ -207,7 +210,8 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c c
 	}
 	ids, more, err := r.lockLanes(ctx, tx, n, held)
 	if err != nil || len(ids) == 0 {
-		return claimed{}, err
+		// With no lane locked, more says the window saw unpublished rows.
+		return claimed{heldElsewhere: err == nil && more}, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
 	c, err = r.readGuarded(ctx, tx, ids, n)

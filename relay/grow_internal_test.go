@@ -209,3 +209,40 @@ func TestClaimStopsGrowingAfterAGrowthFoundLittle(t *testing.T) {
 		t.Errorf("second claim read %d rows; within PollInterval of a growth that found little it reads one window (%d)", read, 2*n)
 	}
 }
+
+// A claim that takes nothing says whether that is because other relays
+// hold the lanes of the events it saw (the loop then defers wake-ups for a
+// moment: see waitWake) or because there was nothing to take (a relay alone
+// must answer the next commit's wake-up at once).
+func TestClaimSaysWhenEventsAreHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	pool, tbl, r := growSetup(t, 0, 0, 1)
+	ctx := context.Background()
+	claim := func() claimed {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		c, err := r.claim(ctx, tx, 50, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if c := claim(); len(c.rows) != 0 || c.heldElsewhere {
+		t.Fatalf("empty table: %d rows, heldElsewhere %v; want none, false", len(c.rows), c.heldElsewhere)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		" SELECT gen_random_uuid(), 'a', 'k' || g, 'a.b', '{}', 't', 'k' || g FROM generate_series(1, 20) g"); err != nil {
+		t.Fatal(err)
+	}
+	if c := claim(); len(c.rows) != 20 || c.heldElsewhere {
+		t.Fatalf("free lanes: %d rows, heldElsewhere %v; want 20, false", len(c.rows), c.heldElsewhere)
+	}
+	holdLanes(t, pool, r, laneRange(0, 64))
+	if c := claim(); len(c.rows) != 0 || !c.heldElsewhere {
+		t.Fatalf("every lane held: %d rows, heldElsewhere %v; want none, true", len(c.rows), c.heldElsewhere)
+	}
+}

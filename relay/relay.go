@@ -40,8 +40,8 @@
 // about its own share of rows: on 2 cores, 2 to 4 relays drain a backlog at
 // least as fast as one, at about the same PostgreSQL CPU per event (see
 // docs/benchmarks.md in the repository). A worker that a wake-up found
-// nothing for (another relay took the events) defers the wake-ups of the
-// next PollInterval/10 (at most 50ms) to its end, so that when every commit
+// only events of lanes other relays hold defers the wake-ups of the next
+// PollInterval/10 (at most 50ms) to its end, so that when every commit
 // wakes every replica (Listen) the others do not claim once per commit.
 // [Unordered] uses the classic "ORDER BY id FOR UPDATE SKIP LOCKED" claim:
 // a little faster, but two replicas can publish one key's events out of
@@ -525,11 +525,15 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 	woken := false // the batch runs because of a wake-up
 	var quiet time.Time
 	for {
-		n, next, err := r.runOnce(ctx, size)
+		var info batchInfo
+		n, next, err := r.runOnce(ctx, size, &info)
 		r.health.set(worker, err)
-		if woken && n == 0 && next == 0 && err == nil {
-			// Woken for nothing: another relay (or worker) took the events.
-			// Wake-ups within wakeQuiet wait for its end (see waitWake).
+		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
+			// Woken for events another relay (or worker) is publishing:
+			// wake-ups within wakeQuiet wait for its end (see waitWake). A
+			// wake-up that finds no event at all (this worker's own last
+			// batch took it) does not make the worker quiet: a relay alone
+			// answers every commit at once.
 			quiet = time.Now().Add(r.wakeQuiet())
 		}
 		woken = false
