@@ -21,6 +21,11 @@ type drainRun struct {
 	EPS       float64 `json:"eps"`
 	Capped    bool    `json:"capped,omitempty"` // measured over a fixed window, not to the end of the backlog
 	CPU       *CPUUse `json:"cpu,omitempty"`
+	// PGCPUS is the CPU time of the PostgreSQL backends serving the
+	// contender's sessions (fxoutbox relays only; see pgBackendCPU), and
+	// PGUsPerEvent the same per published event, in microseconds.
+	PGCPUS       float64 `json:"pg_backend_cpu_s,omitempty"`
+	PGUsPerEvent float64 `json:"pg_us_per_event,omitempty"`
 }
 
 // DrainContender is one contender over every round.
@@ -29,13 +34,26 @@ type DrainContender struct {
 	Desc   string     `json:"desc"`
 	Rounds []drainRun `json:"rounds"`
 	EPS    float64    `json:"median_eps"`
-	Kind   string     `json:"kind"` // contender, limit or diagnostic
+	// PGUsPerEvent is the median of the rounds' PostgreSQL backend CPU per
+	// event (fxoutbox relays only).
+	PGUsPerEvent float64 `json:"median_pg_us_per_event,omitempty"`
+	Kind         string  `json:"kind"` // contender, limit or diagnostic
 }
 
 func (c *DrainContender) series() []float64 {
 	out := make([]float64, len(c.Rounds))
 	for i, r := range c.Rounds {
 		out[i] = r.EPS
+	}
+	return out
+}
+
+func (c *DrainContender) pgSeries() []float64 {
+	var out []float64
+	for _, r := range c.Rounds {
+		if r.PGUsPerEvent > 0 {
+			out = append(out, r.PGUsPerEvent)
+		}
 	}
 	return out
 }
@@ -63,6 +81,34 @@ type Drain struct {
 	FxoutboxOfProducer   float64 `json:"fxoutbox_of_producer"`
 	BestOfProducer       float64 `json:"fxoutbox_best_of_producer"`
 	Note                 string  `json:"note"`
+
+	// The replica series: BatchSize 500, 1 to 4 relays on one table, in
+	// the benchmark's process (each with its own producer) and in separate
+	// processes (each with its own pool and producer). PG is the CPU time of
+	// the relays' PostgreSQL backends per published event (microseconds);
+	// the ratios are medians of the rounds' ratios (the contenders alternate
+	// in each round).
+	Replicas1EPS        float64 `json:"replicas1_eps"`
+	Replicas2EPS        float64 `json:"replicas2_eps"`
+	Replicas3EPS        float64 `json:"replicas3_eps"`
+	Replicas4EPS        float64 `json:"replicas4_eps"`
+	Replicas1ProcEPS    float64 `json:"replicas1_proc_eps"`
+	Replicas2ProcsEPS   float64 `json:"replicas2_procs_eps"`
+	Replicas4ProcsEPS   float64 `json:"replicas4_procs_eps"`
+	Replicas1PGUs       float64 `json:"replicas1_pg_us_per_event"`
+	Replicas2PGUs       float64 `json:"replicas2_pg_us_per_event"`
+	Replicas3PGUs       float64 `json:"replicas3_pg_us_per_event"`
+	Replicas4PGUs       float64 `json:"replicas4_pg_us_per_event"`
+	Replicas1ProcPGUs   float64 `json:"replicas1_proc_pg_us_per_event"`
+	Replicas2ProcsPGUs  float64 `json:"replicas2_procs_pg_us_per_event"`
+	Replicas4ProcsPGUs  float64 `json:"replicas4_procs_pg_us_per_event"`
+	Replicas2Vs1        float64 `json:"replicas2_vs_1"`
+	Replicas3Vs1        float64 `json:"replicas3_vs_1"`
+	Replicas4Vs1        float64 `json:"replicas4_vs_1"`
+	Replicas2ProcsVs1   float64 `json:"replicas2_procs_vs_1"`
+	Replicas4ProcsVs1   float64 `json:"replicas4_procs_vs_1"`
+	Replicas4PGVs1      float64 `json:"replicas4_pg_cpu_vs_1"`
+	Replicas4ProcsPGVs1 float64 `json:"replicas4_procs_pg_cpu_vs_1"`
 
 	Contenders []*DrainContender `json:"contenders"`
 }
@@ -111,6 +157,9 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		}
 	}
 	b500 := &relay.Config{BatchSize: 500}
+	procs := func(k int) func(context.Context, string) (drainRun, error) {
+		return func(ctx context.Context, _ string) (drainRun, error) { return e.drainProcs(ctx, warm, n, 500, k) }
+	}
 	wmPrep := func(ctx context.Context, topic string) error { return e.preloadWatermill(ctx, topic, n) }
 	wm := func(batch int) func(context.Context, string) (drainRun, error) {
 		return func(ctx context.Context, topic string) (drainRun, error) {
@@ -121,7 +170,11 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		{name: "fxoutbox default", desc: "relay.New with every default (only Table set: batches of 50 growing to 500 while full, per-key lanes, asynchronous commit), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
 		{name: "fxoutbox b500 x2", desc: "BatchSize 500, 2 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 2)},
+		{name: "fxoutbox b500 x3", desc: "BatchSize 500, 3 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 3)},
 		{name: "fxoutbox b500 x4", desc: "BatchSize 500, 4 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 4)},
+		{name: "fxoutbox b500 x1 proc", desc: "BatchSize 500, 1 relay in a process of its own (own pool and producer)", kind: "contender", prepare: prepFx, run: procs(1)},
+		{name: "fxoutbox b500 x2 procs", desc: "BatchSize 500, 2 relays in separate processes (own pool and producer each)", kind: "contender", prepare: prepFx, run: procs(2)},
+		{name: "fxoutbox b500 x4 procs", desc: "BatchSize 500, 4 relays in separate processes (own pool and producer each)", kind: "contender", prepare: prepFx, run: procs(4)},
 		{name: "fxoutbox unordered b500", desc: "BatchSize 500, Ordering Unordered (plain SKIP LOCKED claim), 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{BatchSize: 500, Ordering: relay.Unordered}, 1)},
 		{name: "seed relay", desc: "Go transcription of the seed's @Interval(500) take(50) relay, fixed window", kind: "contender",
@@ -236,6 +289,9 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	}
 	for _, dc := range order {
 		dc.EPS = round1(median(dc.series()))
+		if pg := dc.pgSeries(); len(pg) > 0 {
+			dc.PGUsPerEvent = round2(median(pg))
+		}
 	}
 	e.dropTopic(warm)
 
@@ -280,6 +336,21 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	d.BestVsWatermill = medianRatio(best.series(), wmBest.series())
 	d.FxoutboxOfProducer = medianRatio(fxd.series(), prod.series())
 	d.BestOfProducer = medianRatio(best.series(), prod.series())
+	x1, x1p := get("fxoutbox b500 x1"), get("fxoutbox b500 x1 proc")
+	d.Replicas1EPS, d.Replicas1PGUs = x1.EPS, x1.PGUsPerEvent
+	d.Replicas2EPS, d.Replicas2PGUs = get("fxoutbox b500 x2").EPS, get("fxoutbox b500 x2").PGUsPerEvent
+	d.Replicas3EPS, d.Replicas3PGUs = get("fxoutbox b500 x3").EPS, get("fxoutbox b500 x3").PGUsPerEvent
+	d.Replicas4EPS, d.Replicas4PGUs = get("fxoutbox b500 x4").EPS, get("fxoutbox b500 x4").PGUsPerEvent
+	d.Replicas1ProcEPS, d.Replicas1ProcPGUs = x1p.EPS, x1p.PGUsPerEvent
+	d.Replicas2ProcsEPS, d.Replicas2ProcsPGUs = get("fxoutbox b500 x2 procs").EPS, get("fxoutbox b500 x2 procs").PGUsPerEvent
+	d.Replicas4ProcsEPS, d.Replicas4ProcsPGUs = get("fxoutbox b500 x4 procs").EPS, get("fxoutbox b500 x4 procs").PGUsPerEvent
+	d.Replicas2Vs1 = medianRatio(get("fxoutbox b500 x2").series(), x1.series())
+	d.Replicas3Vs1 = medianRatio(get("fxoutbox b500 x3").series(), x1.series())
+	d.Replicas4Vs1 = medianRatio(get("fxoutbox b500 x4").series(), x1.series())
+	d.Replicas2ProcsVs1 = medianRatio(get("fxoutbox b500 x2 procs").series(), x1p.series())
+	d.Replicas4ProcsVs1 = medianRatio(get("fxoutbox b500 x4 procs").series(), x1p.series())
+	d.Replicas4PGVs1 = medianRatio(get("fxoutbox b500 x4").pgSeries(), x1.pgSeries())
+	d.Replicas4ProcsPGVs1 = medianRatio(get("fxoutbox b500 x4 procs").pgSeries(), x1p.pgSeries())
 	d.Note = fmt.Sprintf("backlog %d events; a contender still draining after %.0f s (the seed: after %.0f s) is measured over that fixed window; its rate is constant (one batch per poll)",
 		n, p.DrainCapS, p.SeedWindowS)
 
@@ -399,6 +470,7 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 		}
 		relays = append(relays, r)
 	}
+	pg0 := e.pgBackendCPU(ctx)
 	t0 := time.Now()
 	for _, r := range relays {
 		if err := r.Start(ctx); err != nil {
@@ -406,6 +478,7 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 		}
 	}
 	elapsed, capped := prog.wait(ctx, t0, e.p.drainCap())
+	pgUsed := pg0.until(e.pgBackendCPU(ctx))
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for _, r := range relays {
@@ -413,16 +486,12 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 			return drainRun{}, err
 		}
 	}
-	if !capped {
-		var left int
-		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&left); err != nil {
-			return drainRun{}, err
-		}
-		if left != 0 {
-			return drainRun{}, fmt.Errorf("%d events left unpublished after the drain", left)
-		}
+	if err := e.checkDrained(ctx, capped); err != nil {
+		return drainRun{}, err
 	}
-	return result(min(prog.n.Load(), int64(n)), elapsed, capped), nil
+	res := result(min(prog.n.Load(), int64(n)), elapsed, capped)
+	res.setPG(pgUsed)
+	return res, nil
 }
 
 // drainPostgres is the PostgreSQL ceiling: the classic claim and mark

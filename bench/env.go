@@ -54,6 +54,7 @@ func setup(ctx context.Context, p params) (*env, error) {
 	}
 	cfg.MaxConns = 48
 	cfg.MinConns = 4
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -35,6 +35,10 @@ type LatencyRun struct {
 	Saturated bool    `json:"saturated,omitempty"`
 	// WritersShort: the writers committed under 90% of the offered rate.
 	WritersShort bool `json:"writers_short,omitempty"`
+	// PGUsPerEvent is the CPU time of the PostgreSQL backends serving the
+	// benchmark's sessions (writers and fxoutbox relays, while writing and
+	// catching up) per committed event, in microseconds.
+	PGUsPerEvent float64 `json:"pg_us_per_event,omitempty"`
 }
 
 // LatencySeries is the median over rounds of one contender at one rate.
@@ -54,12 +58,20 @@ type LatencySeries struct {
 // Latency is section 2. The headline figures are fxoutbox with its defaults
 // and the in-process wake-up (what fxoutbox.Module wires) at 1k events/s.
 type Latency struct {
-	P50    float64          `json:"p50_ms"`
-	P99    float64          `json:"p99_ms"`
-	P999   float64          `json:"p999_ms"`
-	At5k   map[string]any   `json:"at_5k"`
-	Note   string           `json:"note"`
-	Series []*LatencySeries `json:"series"`
+	P50  float64        `json:"p50_ms"`
+	P99  float64        `json:"p99_ms"`
+	P999 float64        `json:"p999_ms"`
+	At5k map[string]any `json:"at_5k"`
+	// The steady latency with replicas at 1k events/s: 3 relays in separate
+	// processes against 1 (defaults + Listen, writers with the Notifier).
+	Replicas1P50    float64          `json:"replicas1_procs_p50_ms,omitempty"`
+	Replicas1P99    float64          `json:"replicas1_procs_p99_ms,omitempty"`
+	Replicas3P50    float64          `json:"replicas3_procs_p50_ms,omitempty"`
+	Replicas3P99    float64          `json:"replicas3_procs_p99_ms,omitempty"`
+	Replicas3P50Vs1 float64          `json:"replicas3_p50_vs_1,omitempty"`
+	Replicas3P99Vs1 float64          `json:"replicas3_p99_vs_1,omitempty"`
+	Note            string           `json:"note"`
+	Series          []*LatencySeries `json:"series"`
 }
 
 type latContender struct {
@@ -131,6 +143,48 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			return write, stop, nil
 		}
 	}
+	// procsStart runs k relays in separate processes (defaults + Listen),
+	// the writers here sending the coalesced NOTIFY after commit: pods whose
+	// relays wake on any pod's commits.
+	procsStart := func(k int) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+			if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+				return nil, nil, err
+			}
+			ps, err := e.startRelayProcs(ctx, k, 0, true, warm, func(int) {})
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := ps.start(); err != nil {
+				_ = ps.stop()
+				return nil, nil, err
+			}
+			notifier, err := unitofwork.NewNotifier(e.pool, e.table, 0, nil)
+			if err != nil {
+				_ = ps.stop()
+				return nil, nil, err
+			}
+			uow, err := unitofwork.New(e.pool, &unitofwork.Config{Table: e.table, OnCommit: notifier.OnCommit})
+			if err != nil {
+				notifier.Close()
+				_ = ps.stop()
+				return nil, nil, err
+			}
+			write := func(ctx context.Context, id uuid.UUID, key, seq int) error {
+				return uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					return tx.Add(ctx, outbox.Event{ID: id, AggregateType: aggregateType, AggregateID: orderID(key), Type: eventType,
+						Topic: topic, Payload: json.RawMessage(payload(key, seq))})
+				})
+			}
+			stop := func() {
+				if err := ps.stop(); err != nil {
+					log.Printf("relay processes: %v", err)
+				}
+				notifier.Close()
+			}
+			return write, stop, nil
+		}
+	}
 	wmStart := func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		if err := e.resetWatermill(ctx); err != nil {
 			return nil, nil, err
@@ -159,13 +213,24 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0)},
 		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0)},
 		{name: "fxoutbox wake b500", desc: "BatchSize 500, woken in-process after each commit", start: fxStart(true, false, 500), rates: map[int]bool{5000: true}},
+		{name: "fxoutbox listen x1 proc", desc: "defaults + Listen, 1 relay in a process of its own, writers use unitofwork.Notifier", start: procsStart(1), rates: map[int]bool{1000: true}},
+		{name: "fxoutbox listen x3 procs", desc: "defaults + Listen, 3 relays in separate processes on one table, writers use unitofwork.Notifier", start: procsStart(3), rates: map[int]bool{1000: true}},
 		{name: "watermill", desc: "Forwarder with watermill-sql defaults (1 s poll, batch 100)", start: wmStart},
 	}
 	if p.Quick {
 		cs[1].rates = map[int]bool{1000: true}
 		cs[2].rates = map[int]bool{1000: true}
 		cs[3].rates = map[int]bool{} // not in the quick run
-		cs[4].rates = map[int]bool{1000: true}
+		cs[6].rates = map[int]bool{1000: true}
+	}
+	if re := e.p.contenders; re != nil { // BENCH_CONTENDERS: a subset, while tuning
+		kept := cs[:0]
+		for _, c := range cs {
+			if re.MatchString(c.name) {
+				kept = append(kept, c)
+			}
+		}
+		cs = kept
 	}
 	series := map[string]*LatencySeries{}
 	var order []*LatencySeries
@@ -198,8 +263,8 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 				if run.WritersShort {
 					sat += fmt.Sprintf("  (writers reached only %.0f/s)", run.Achieved)
 				}
-				log.Printf("latency round %d/%d  %-16s @%5d/s  p50 %7.1f ms  p99 %7.1f ms  p99.9 %7.1f ms  (n=%d)%s",
-					r+1, p.LatRounds, c.name, rate, run.P50, run.P99, run.P999, run.Committed, sat)
+				log.Printf("latency round %d/%d  %-16s @%5d/s  p50 %7.1f ms  p99 %7.1f ms  p99.9 %7.1f ms  (n=%d; PostgreSQL %.1f µs/event)%s",
+					r+1, p.LatRounds, c.name, rate, run.P50, run.P99, run.P999, run.Committed, run.PGUsPerEvent, sat)
 			}
 		}
 	}
@@ -224,6 +289,17 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		}
 		if s.Rate == 5000 {
 			l.At5k[s.Contender] = map[string]float64{"p50_ms": s.P50, "p99_ms": s.P99, "p999_ms": s.P999}
+		}
+	}
+	for _, s := range order {
+		if s.Contender == "fxoutbox listen x3 procs" && s.Rate == 1000 {
+			for _, one := range order {
+				if one.Contender == "fxoutbox listen x1 proc" && one.Rate == 1000 && one.P50 > 0 && one.P99 > 0 {
+					l.Replicas3P50, l.Replicas3P99 = s.P50, s.P99
+					l.Replicas1P50, l.Replicas1P99 = one.P50, one.P99
+					l.Replicas3P50Vs1, l.Replicas3P99Vs1 = round2(s.P50/one.P50), round2(s.P99/one.P99)
+				}
+			}
 		}
 	}
 	l.Note = fmt.Sprintf("commit-to-consumer: %d writers commit one event per transaction at the offered rate for %.0f s; the commit time is taken when UnitOfWork.Do (or tx.Commit) returns, the arrival time when a sarama consumer (all partitions, same process) receives the record; medians over %d round(s). A contender still more than 1 s behind when the writers stop, or with a median over 1 s, is marked saturated (its percentiles cover what arrived within %.0f s); achieved/s below 90%% of the offered rate means the writers themselves could not commit faster on this machine.",
@@ -336,6 +412,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		}()
 	}
 	// Open-loop pacing: token i is due at t0 + i/rate.
+	pg0 := e.pgBackendCPU(ctx)
 	t0 := time.Now()
 	for i := 0; i < total; {
 		due := min(total, int(time.Since(t0).Seconds()*float64(rate))+1)
@@ -361,6 +438,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		time.Sleep(10 * time.Millisecond)
 	}
 	catchUp := time.Since(stopWrites)
+	pgUsed := pg0.until(e.pgBackendCPU(ctx)) // before the relays close their sessions
 	stop()
 	stopped = true
 
@@ -400,6 +478,9 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 	}
 	if len(lats) > 0 {
 		run.Mean = round2(float64(sum) / float64(len(lats)) / float64(time.Millisecond))
+	}
+	if pgUsed >= 0 && len(all) > 0 {
+		run.PGUsPerEvent = round2(pgUsed / float64(len(all)) * 1e6)
 	}
 	return run, nil
 }

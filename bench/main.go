@@ -132,6 +132,12 @@ func truthy(s string) bool {
 func main() {
 	log.SetFlags(log.Ltime)
 	log.SetPrefix("bench: ")
+	if os.Getenv(childEnv) == "relay" {
+		if err := runChild(); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		log.Fatal(err)
 	}

@@ -59,6 +59,24 @@ func evaluateTargets(r *results) []Target {
 		atLeast("drain: b500 x1 of PG ceiling", ">= 50% of claim+mark (1 relay, both batch 500)", d.FxoutboxB500OfPG, 0.5, "fraction")
 		atLeast("drain: b500 x4 of PG ceiling", ">= 75% of claim+mark (4 replicas)", d.FxoutboxX4OfPostgres, 0.75, "fraction")
 	}
+	if l := r.Latency; l != nil && l.Replicas1P50 > 0 {
+		atMost("latency: 3 relay processes p50 vs 1", "<= 1.5x one relay process's (1k/s, Listen)", l.Replicas3P50Vs1, 1.5, "x")
+		atMost("latency: 3 relay processes p99 vs 1", "<= 1.5x one relay process's (1k/s, Listen)", l.Replicas3P99Vs1, 1.5, "x")
+	}
+	if d := r.Drain; d != nil && d.Replicas1EPS > 0 {
+		atLeast("drain: 2 relays vs 1", ">= 1x one relay (b500, one process)", d.Replicas2Vs1, 1, "x")
+		atLeast("drain: 4 relays vs 1", ">= 1x one relay (b500, one process)", d.Replicas4Vs1, 1, "x")
+		if d.Replicas1ProcEPS > 0 {
+			atLeast("drain: 2 relay processes vs 1", ">= 1x one relay process (b500)", d.Replicas2ProcsVs1, 1, "x")
+			atLeast("drain: 4 relay processes vs 1", ">= 1x one relay process (b500)", d.Replicas4ProcsVs1, 1, "x")
+		}
+		if d.Replicas4PGVs1 > 0 {
+			atMost("drain: PostgreSQL CPU/event, 4 relays vs 1", "<= 1.2x one relay's (b500, one process)", d.Replicas4PGVs1, 1.2, "x")
+		}
+		if d.Replicas4ProcsPGVs1 > 0 {
+			atMost("drain: PostgreSQL CPU/event, 4 relay processes vs 1", "<= 1.2x one relay process's (b500)", d.Replicas4ProcsPGVs1, 1.2, "x")
+		}
+	}
 	if l := r.Latency; l != nil && l.P50 > 0 {
 		atMost("latency: p50 at 1k/s (wake)", "<= 10 ms", l.P50, 10, "ms")
 		atMost("latency: p99 at 1k/s (wake)", "<= 50 ms", l.P99, 50, "ms")
@@ -106,9 +124,18 @@ func printReport(w io.Writer, r *results) {
 				}
 				rs = append(rs, s)
 			}
-			fmt.Fprintf(w, "   %-24s %12.0f  %s   [%s]\n", c.Name, c.EPS, strings.Join(rs, " "), c.Kind)
+			pg := ""
+			if c.PGUsPerEvent > 0 {
+				pg = fmt.Sprintf("  PostgreSQL %.1f µs/event", c.PGUsPerEvent)
+			}
+			fmt.Fprintf(w, "   %-24s %12.0f  %s   [%s]%s\n", c.Name, c.EPS, strings.Join(rs, " "), c.Kind, pg)
 		}
 		fmt.Fprintf(w, "   (* = measured over a fixed window)\n")
+		if d.Replicas1EPS > 0 {
+			fmt.Fprintf(w, "   replicas (b500, vs 1 relay, paired rounds): in one process x2 %.2f, x3 %.2f, x4 %.2f; separate processes x2 %.2f, x4 %.2f;"+
+				" PostgreSQL CPU per event x4/x1 %.2f (in one process), %.2f (processes)\n",
+				d.Replicas2Vs1, d.Replicas3Vs1, d.Replicas4Vs1, d.Replicas2ProcsVs1, d.Replicas4ProcsVs1, d.Replicas4PGVs1, d.Replicas4ProcsPGVs1)
+		}
 		fmt.Fprintf(w, "   fxoutbox default: %.0fx seed, %.1fx watermill (%s), %.0f%% of PG ceiling, %.0f%% of producer ceiling\n",
 			d.FxoutboxVsSeed, d.FxoutboxVsWatermill, d.WatermillBestConfig, 100*d.FxoutboxOfPostgres, 100*d.FxoutboxOfProducer)
 		fmt.Fprintf(w, "   fxoutbox best (%s): %.0fx seed, %.1fx watermill, %.0f%% of producer ceiling; b500 x1 %.0f%% / x4 %.0f%% of PG ceiling\n",

@@ -48,8 +48,15 @@ type row struct {
 // failed event and its key wait for their paced retry while the other keys
 // flow. RunOnce may run concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	n, _, err := r.runOnce(ctx, r.cfg.BatchSize)
+	n, _, err := r.runOnce(ctx, r.cfg.BatchSize, nil)
 	return n, err
+}
+
+// batchInfo is what a batch tells the loop besides its counts.
+type batchInfo struct {
+	// heldElsewhere: the claim took nothing because the lanes of the
+	// unpublished events it saw were all held by other relays (or workers).
+	heldElsewhere bool
 }
 
 // runOnce is RunOnce with a claim of up to size rows. next is the size of
@@ -57,15 +64,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 // full batch (up to MaxBatchSize), size after a batch that other relays'
 // lanes, held keys or failed events cut short; 0 when the relay has caught
 // up.
-func (r *Relay) runOnce(ctx context.Context, size int) (n, next int, err error) {
-	n, next, err = r.batch(ctx, size)
+func (r *Relay) runOnce(ctx context.Context, size int, info *batchInfo) (n, next int, err error) {
+	n, next, err = r.batch(ctx, size, info)
 	if err != nil && !errors.As(err, new(*dbError)) && isDatabase(err) {
 		err = &dbError{err}
 	}
 	return n, next, err
 }
 
-func (r *Relay) batch(ctx context.Context, size int) (n, next int, err error) {
+func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	t := time.Now()
@@ -87,6 +94,9 @@ func (r *Relay) batch(ctx context.Context, size int) (n, next int, err error) {
 			return 0, 0, err
 		}
 		c, err = r.claimIsolating(ctx, tx, size, held)
+	}
+	if info != nil {
+		info.heldElsewhere = err == nil && c.heldElsewhere
 	}
 	rows := c.rows
 	var badParked []int64

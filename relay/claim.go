@@ -163,6 +163,9 @@ type claimed struct {
 	rows []row        // readable rows, in id order
 	bad  []unreadable // rows that cannot be read, in id order
 	more bool         // more unpublished rows are likely waiting
+	// heldElsewhere: no rows, because the lanes of the unpublished rows the
+	// claim saw are all held by other relays (PerKey only).
+	heldElsewhere bool
 }
 
 // unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot
@@ -207,7 +210,8 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c c
 	}
 	ids, more, err := r.lockLanes(ctx, tx, n, held)
 	if err != nil || len(ids) == 0 {
-		return claimed{}, err
+		// With no lane locked, more says the window saw unpublished rows.
+		return claimed{heldElsewhere: err == nil && more}, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted.
 	c, err = r.readGuarded(ctx, tx, ids, n)
@@ -298,8 +302,18 @@ func isUnreadable(err error) bool {
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
 // skipping lanes other relays hold, and returns the ids of their events in
 // order. It looks at a window of the oldest rows (2n, growing 4x up to 32n
-// when the lanes in it are taken), so each replica finds work past the
-// others' lanes. A relay alone on its table locks its lanes in the first
+// while the lanes in it are taken and some lane has not been seen yet), so
+// each replica finds work past the others' lanes. Once every lane has been
+// tried the window stops growing: a larger one would read only more rows of
+// the lanes other relays hold (with several replicas draining a backlog
+// spread over all lanes, that growth read up to 21n rows per claim and
+// doubled PostgreSQL's work per event); the claim then takes what it has,
+// possibly less than n, or nothing, and the lanes' holders drain the rest.
+// When grown windows find less than half a batch (the lanes with events
+// are mostly held: the oldest rows of a shared backlog are those of the
+// lanes other replicas are publishing, or there are fewer keys than lanes),
+// the relay's claims do not grow their windows for a PollInterval
+// (growAfter): they take what the first window offers. A relay alone on its table locks its lanes in the first
 // window's statement; one that finds lanes held tries further lanes a chunk
 // at a time. Every unpublished event of a lane older than the window's last
 // one is in the window, so reading the window's ids of a locked lane keeps
@@ -384,8 +398,19 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 			}
 		}
 		// Done when the batch is covered, the window held every unpublished
-		// row, or the window is as large as it gets.
-		if covered >= n || seen < window || window >= 32*n {
+		// row, every lane has been tried (a larger window cannot show a lane
+		// that is not taken, only more rows of those other relays hold), or
+		// the window is as large as it gets.
+		if covered >= n || seen < window || len(tried) >= r.cfg.Lanes || window >= 32*n ||
+			time.Now().UnixNano() < r.growAfter.Load() {
+			if window > 2*n && 2*covered < n {
+				// Grown windows found less than half a batch: the lanes
+				// with events are mostly held (other replicas' lanes, fewer
+				// keys than lanes). Growing again soon would read as many
+				// rows for as little: the relay's claims do not grow for a
+				// PollInterval.
+				r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
+			}
 			slices.Sort(ids)
 			return ids, seen >= window || seen > covered, nil
 		}

@@ -2,7 +2,9 @@ package relay_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
@@ -34,19 +38,46 @@ type replica struct {
 // FOR UPDATE SKIP LOCKED claim, which it catches reordering keys.
 func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 	t.Parallel()
+	orderScenario(t, testOrdering(), 4, 150*time.Millisecond, 250*time.Millisecond, 0)
+}
+
+// testOrdering is PerKey, or Unordered with OUTBOX_TEST_ORDERING=unordered.
+func testOrdering() relay.Ordering {
+	if os.Getenv("OUTBOX_TEST_ORDERING") == "unordered" {
+		return relay.Unordered
+	}
+	return relay.PerKey
+}
+
+// TestPerKeyOrderWithHeldKeysAcrossEightReplicas is the same with 8
+// replicas, one of them killed every 500ms, and keys held back: the
+// publisher fails about one event in 150 transiently, once, together with
+// the later events of its key in that send (as a broker fails a partition's
+// record batch), while the rest of the batch is published. The failed
+// event's key waits for its paced retry in the relay that saw the failure,
+// while other replicas (and the replacements of killed ones, which know
+// nothing of the pacing) claim around it. OUTBOX_TEST_ORDERING=unordered
+// runs it with the plain SKIP LOCKED claim, which it catches reordering.
+func TestPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
+	t.Parallel()
+	orderScenario(t, testOrdering(), 8, 500*time.Millisecond, 0, 150)
+}
+
+// orderScenario runs writers and replicas relays on one table, replacing a
+// random replica every killEvery (plus up to killSpread), and checks what a
+// consumer got: nothing lost, each key's first deliveries in write order,
+// duplicates only around kills. With failOneIn > 0 each replica's publisher
+// fails about one event in failOneIn once, transiently, holding back the
+// rest of its key in that send.
+func orderScenario(t *testing.T, ordering relay.Ordering, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
 	s := newSetup(t)
 	brokers := s.kafka(t)
 	topic := testenv.Topic(t, brokers, 12)
 	cons := testenv.Consume(t, brokers, topic)
-	ordering := relay.PerKey
-	if os.Getenv("OUTBOX_TEST_ORDERING") == "unordered" {
-		ordering = relay.Unordered
-	}
 	const (
 		keys     = 200
 		writers  = 4
 		perKey   = 100 // 20k events
-		replicas = 4
 		batch    = 50
 		maxBatch = 4 * batch // batches grow while a backlog waits
 	)
@@ -55,7 +86,8 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 
 	// The replicas must really publish at the same time: the most batches
 	// in flight at once is asserted at the end.
-	var inFlight, maxInFlight atomic.Int64
+	var inFlight, maxInFlight, heldBack atomic.Int64
+	var failedOnce sync.Map // event ids failed once (failOneIn)
 	newReplica := func() replica {
 		pub, err := relay.NewSaramaPublisher(brokers, nil)
 		if err != nil {
@@ -66,7 +98,10 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 			defer inFlight.Add(-1)
 			for m := maxInFlight.Load(); n > m && !maxInFlight.CompareAndSwap(m, n); m = maxInFlight.Load() {
 			}
-			return pub.Publish(ctx, msgs)
+			if failOneIn == 0 {
+				return pub.Publish(ctx, msgs)
+			}
+			return failSome(ctx, pub, msgs, failOneIn, &failedOnce, &heldBack)
 		})
 		r, err := relay.New(s.pool, counted, &relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering})
 		if err != nil {
@@ -125,7 +160,8 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 		}()
 	}
 
-	// The killer: every 150-400ms, replace a random replica.
+	// The killer: every killEvery (+ up to killSpread), replace a random
+	// replica.
 	kills := 0
 	killerDone := make(chan struct{})
 	writersDone := make(chan struct{})
@@ -137,7 +173,7 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 			select {
 			case <-writersDone:
 				return
-			case <-time.After(time.Duration(150+rnd.IntN(250)) * time.Millisecond):
+			case <-time.After(killEvery + time.Duration(rnd.Int64N(int64(killSpread)+1))):
 			}
 			i := rnd.IntN(replicas)
 			mu.Lock()
@@ -203,6 +239,55 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 	if m := maxInFlight.Load(); m < 2 {
 		t.Errorf("at most %d replica published at a time: the test did not exercise concurrent replicas", m)
 	}
-	t.Logf("ordering %v: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once",
-		ordering, total, kills, dups, violations, maxInFlight.Load())
+	if failOneIn > 0 && heldBack.Load() == 0 {
+		t.Error("no event was held back: the test did not exercise held keys")
+	}
+	t.Logf("ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
+		ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
+}
+
+// failSome publishes msgs but fails about one event in oneIn (chosen by its
+// id, each at most once) with a transient error, and holds back the later
+// events of its key in msgs; the others are published.
+func failSome(ctx context.Context, pub relay.Publisher, msgs []relay.Message, oneIn int, once *sync.Map, held *atomic.Int64) error {
+	failed := map[int]error{}
+	blocked := map[string]bool{}
+	var send []relay.Message
+	var sendIdx []int
+	for i, m := range msgs {
+		k := string(m.Key)
+		switch {
+		case blocked[k]:
+			failed[i] = relay.ErrHeld
+		case int(binary.BigEndian.Uint16(m.EventID[14:]))%oneIn == 0:
+			if _, done := once.LoadOrStore(m.EventID, true); !done {
+				failed[i] = fmt.Errorf("injected: %w", sarama.ErrNotEnoughReplicas)
+				blocked[k] = true
+				continue
+			}
+			fallthrough
+		default:
+			send, sendIdx = append(send, m), append(sendIdx, i)
+		}
+	}
+	held.Add(int64(len(failed)))
+	if len(send) > 0 {
+		err := pub.Publish(ctx, send)
+		var be *relay.BatchError
+		switch {
+		case err == nil:
+		case errors.As(err, &be):
+			for j, e := range be.Failed {
+				failed[sendIdx[j]] = e
+			}
+		default:
+			for _, i := range sendIdx {
+				failed[i] = err
+			}
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &relay.BatchError{Failed: failed}
 }

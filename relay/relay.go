@@ -30,6 +30,19 @@
 // order. One relay at a time publishes a lane, and it sees everything the
 // previous holder marked, so each key's first deliveries keep write order
 // through crashes.
+//
+// The claim's window is the oldest unpublished rows (twice the batch); when
+// other relays hold the lanes of its first rows it tries the window's other
+// lanes, and it grows the window (4x, up to 32 times the batch) only while
+// some lane has not been seen: once every lane has been tried it takes what
+// it got, possibly a short batch or nothing, and the relays holding the
+// other lanes drain them. So replicas share a backlog by lanes, each reading
+// about its own share of rows: on 2 cores, 2 to 4 relays drain a backlog at
+// least as fast as one, at about the same PostgreSQL CPU per event (see
+// docs/benchmarks.md in the repository). A worker that a wake-up found
+// only events of lanes other relays hold defers the wake-ups of the next
+// PollInterval/10 (at most 50ms) to its end, so that when every commit
+// wakes every replica (Listen) the others do not claim once per commit.
 // [Unordered] uses the classic "ORDER BY id FOR UPDATE SKIP LOCKED" claim:
 // a little faster, but two replicas can publish one key's events out of
 // order.
@@ -119,6 +132,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -360,6 +374,9 @@ type Relay struct {
 	failLog failLog
 	pacer   pacer
 	missing missingTopics
+	// growAfter (unix nanoseconds): until then claims do not grow their
+	// window (see lockLanes).
+	growAfter atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
@@ -505,9 +522,21 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 	defer ticker.Stop()
 	failures := 0 // this worker's consecutive failures, for its backoff
 	size := r.cfg.BatchSize
+	woken := false // the batch runs because of a wake-up
+	var quiet time.Time
 	for {
-		_, next, err := r.runOnce(ctx, size)
+		var info batchInfo
+		n, next, err := r.runOnce(ctx, size, &info)
 		r.health.set(worker, err)
+		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
+			// Woken for events another relay (or worker) is publishing:
+			// wake-ups within wakeQuiet wait for its end (see waitWake). A
+			// wake-up that finds no event at all (this worker's own last
+			// batch took it) does not make the worker quiet: a relay alone
+			// answers every commit at once.
+			quiet = time.Now().Add(r.wakeQuiet())
+		}
+		woken = false
 		select {
 		case <-r.stop:
 			return
@@ -539,11 +568,48 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 			continue
 		}
 		size = r.cfg.BatchSize
+		var ok bool
+		if woken, ok = r.waitWake(ticker.C, wake, quiet); !ok {
+			return
+		}
+	}
+}
+
+// wakeQuiet is how long a worker that a wake-up found nothing for defers
+// the next wake-ups: a tenth of PollInterval, at most 50ms.
+func (r *Relay) wakeQuiet() time.Duration {
+	return min(r.cfg.PollInterval/10, 50*time.Millisecond)
+}
+
+// waitWake waits for the ticker or a wake-up; woken reports a wake-up. A
+// wake-up before quiet is deferred to quiet, so that when every commit wakes
+// several relays (Listen, or Workers > 1), those that keep finding the
+// events taken claim at most once per wakeQuiet instead of once per commit,
+// while the one that found events answers at once. It returns false once
+// the relay is stopping.
+func (r *Relay) waitWake(tick <-chan time.Time, wake <-chan struct{}, quiet time.Time) (woken, ok bool) {
+	for {
 		select {
 		case <-r.stop:
-			return
-		case <-ticker.C:
+			return false, false
+		case <-tick:
+			return false, true
 		case <-wake:
+		}
+		d := time.Until(quiet)
+		if d <= 0 {
+			return true, true
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-r.stop:
+			t.Stop()
+			return false, false
+		case <-tick:
+			t.Stop()
+			return false, true
+		case <-t.C:
+			return true, true
 		}
 	}
 }
