@@ -29,7 +29,10 @@ var (
 	theBroker *broker
 )
 
-const defaultPort = 39192
+// Below the kernel's ephemeral port range (32768-60999 by default), so that no
+// client connection of a running test can hold the port when the broker
+// (re)starts.
+const defaultPort = 29192
 
 // faultBroker skips the test unless OUTBOX_TEST_REAL_KAFKA=1, and otherwise
 // returns the package's broker, running.

@@ -28,7 +28,7 @@ type cluster struct {
 
 const (
 	clusterNodes    = 3
-	clusterBasePort = 39292 // node i listens on base+2i, its controller on base+2i+1
+	clusterBasePort = 29292 // node i listens on base+2i, its controller on base+2i+1 (below the ephemeral ports)
 )
 
 var (
@@ -122,6 +122,7 @@ func destroyCluster() error {
 	if theCluster == nil {
 		return nil
 	}
+	defer func() { theCluster = nil }()
 	for _, n := range theCluster.nodes {
 		if _, _, err := n.run(time.Minute, "kill"); err != nil {
 			return err
@@ -169,6 +170,12 @@ func leaders(t *testing.T, brokers []string, topic string) map[string][]int32 {
 // per relay and kill. OUTBOX_FAULTTEST_KILLS sets the number of kills.
 func TestLeaderKillsKeepPerKeyOrder(t *testing.T) {
 	c := faultCluster(t)
+	// Three JVMs are heavy on a small machine: stop them for the tests after this one.
+	t.Cleanup(func() {
+		if err := destroyCluster(); err != nil {
+			t.Error(err)
+		}
+	})
 	kills := 3
 	if v := os.Getenv("OUTBOX_FAULTTEST_KILLS"); v != "" {
 		var err error

@@ -8,7 +8,7 @@
 // first time). They leave the broker in KAFKA_BROKERS alone, because the
 // other packages' tests use it at the same time: they run a broker of their
 // own through scripts/kafka.sh, with KAFKA_STATE_DIR=<repo>/.cache/kafka-faulttest
-// on 127.0.0.1:39192 (controller 39193; OUTBOX_FAULTTEST_KAFKA_PORT moves
+// on 127.0.0.1:29192 (controller 29193, below the ephemeral port range; OUTBOX_FAULTTEST_KAFKA_PORT moves
 // both), crash it with `scripts/kafka.sh kill`, restart it with
 // `scripts/kafka.sh up`, and destroy it when the package's tests end.
 //
