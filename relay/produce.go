@@ -402,7 +402,8 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 			for _, l := range fresh {
 				again(l, err)
 			}
-			ready = slices.DeleteFunc(ready, func(l *plane) bool { return !l.head().assigned })
+			// A lane whose retries ran out was failed (done, no batches).
+			ready = slices.DeleteFunc(ready, func(l *plane) bool { return l.done || !l.head().assigned })
 		}
 		for _, l := range ready {
 			b := l.head()
