@@ -254,6 +254,11 @@ func (e *env) topicCount(topic string) (int64, error) {
 func producerConfig(clientID string) *sarama.Config {
 	c := relay.DefaultSaramaConfig()
 	c.ClientID = clientID
+	// sarama's own producers (the seed relay's SyncProducer, the raw
+	// producer ceiling) need their acknowledgements returned; the relay's
+	// publisher does not read these two settings.
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
 	return c
 }
 
