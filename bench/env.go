@@ -189,20 +189,22 @@ func (e *env) setupBroker() error {
 }
 
 // newTopic creates a fresh topic with the configured partitions.
-func (e *env) newTopic(prefix string) (string, error) {
+func (e *env) newTopic(prefix string) (string, error) { return e.newTopicN(prefix, e.p.Partitions) }
+
+// newTopicN creates a fresh topic with parts partitions and waits until
+// every partition takes writes: a KRaft broker publishes the metadata before
+// it can take writes for a new partition, so a leader in the metadata is not
+// enough; ListOffsets must answer.
+func (e *env) newTopicN(prefix string, parts int) (string, error) {
 	name := fmt.Sprintf("fxbench.%s.%d.%d", prefix, time.Now().Unix()%100000, e.topicSeq.Add(1))
-	err := e.admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: int32(e.p.Partitions), ReplicationFactor: 1}, false)
-	if err != nil {
+	if err := e.admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: int32(parts), ReplicationFactor: 1}, false); err != nil {
 		return "", fmt.Errorf("create topic %s: %w", name, err)
 	}
-	// Wait until every partition's leader serves it: a KRaft broker
-	// publishes the metadata before it can take writes for a new partition,
-	// so a leader in the metadata is not enough; ListOffsets must answer.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		_ = e.client.RefreshMetadata(name)
 		ps, err := e.client.Partitions(name)
-		if err == nil && len(ps) == e.p.Partitions {
+		if err == nil && len(ps) == parts {
 			ok := true
 			for _, p := range ps {
 				if _, err = e.client.GetOffset(name, p, sarama.OffsetNewest); err != nil {

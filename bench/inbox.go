@@ -184,36 +184,6 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	return res, nil
 }
 
-// newTopicN creates a fresh topic with parts partitions and waits until
-// every partition takes writes.
-func (e *env) newTopicN(prefix string, parts int) (string, error) {
-	name := fmt.Sprintf("fxbench.%s.%d.%d", prefix, time.Now().Unix()%100000, e.topicSeq.Add(1))
-	if err := e.admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: int32(parts), ReplicationFactor: 1}, false); err != nil {
-		return "", fmt.Errorf("create topic %s: %w", name, err)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		_ = e.client.RefreshMetadata(name)
-		ps, err := e.client.Partitions(name)
-		if err == nil && len(ps) == parts {
-			ok := true
-			for _, p := range ps {
-				if _, err = e.client.GetOffset(name, p, sarama.OffsetNewest); err != nil {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				return name, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("topic %s not ready: %v", name, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // fillInboxTopic publishes n events over keys keys, with the headers the
 // relay sets.
 func (e *env) fillInboxTopic(ctx context.Context, topic string, n, keys int) error {
