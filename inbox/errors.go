@@ -3,10 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"strings"
-	"syscall"
+	"github.com/fxoutbox/outbox/internal/dberr"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,20 +25,20 @@ var (
 // The error.type values the inbox reports on metrics, spans and logs.
 // Database values name the SQLSTATE class, as the relay's do.
 const (
-	ErrorTypeHandler                = "handler"             // the handler failed (counts as an attempt)
-	ErrorTypePermanent              = "handler.permanent"   // the handler returned a Permanent error
-	ErrorTypeNoEventID              = "no_event_id"         // the record has no identity
-	ErrorTypeNoRoute                = "no_route"            // no route for the record (ParkUnrouted)
-	ErrorTypeDatabase               = "database"            // any other database failure
-	ErrorTypeDatabaseConnection     = "database.connection" // unreachable, connection lost, server shutting down
-	ErrorTypeDatabaseTimeout        = "database.timeout"    // statement or lock timeout, deadline
-	ErrorTypeDatabaseConflict       = "database.conflict"   // serialization failure, deadlock, lock not available
-	ErrorTypeDatabaseResources      = "database.resources"  // out of disk, memory, connections
-	ErrorTypeDatabaseSchema         = "database.schema"     // table missing: migrations not applied
-	ErrorTypeDatabasePermission     = "database.permission" // the role lacks a privilege
-	ErrorTypeTimeout                = "timeout"             // a deadline outside the database
-	ErrorTypeCanceled               = "canceled"            // the consumer stopped or lost the partition
-	ErrorTypeDatabaseAuthentication = "database.authentication"
+	ErrorTypeHandler                = "handler"           // the handler failed (counts as an attempt)
+	ErrorTypePermanent              = "handler.permanent" // the handler returned a Permanent error
+	ErrorTypeNoEventID              = "no_event_id"       // the record has no identity
+	ErrorTypeNoRoute                = "no_route"          // no route for the record (ParkUnrouted)
+	ErrorTypeDatabase               = dberr.Database      // any other database failure
+	ErrorTypeDatabaseConnection     = dberr.Connection    // unreachable, connection lost, server shutting down
+	ErrorTypeDatabaseTimeout        = dberr.Timeout       // statement or lock timeout, deadline
+	ErrorTypeDatabaseConflict       = dberr.Conflict      // serialization failure, deadlock, lock not available
+	ErrorTypeDatabaseResources      = dberr.Resources     // out of disk, memory, connections
+	ErrorTypeDatabaseSchema         = dberr.Schema        // table missing: migrations not applied
+	ErrorTypeDatabasePermission     = dberr.Permission    // the role lacks a privilege
+	ErrorTypeTimeout                = "timeout"           // a deadline outside the database
+	ErrorTypeCanceled               = "canceled"          // the consumer stopped or lost the partition
+	ErrorTypeDatabaseAuthentication = dberr.Authentication
 )
 
 // Permanent marks a handler error that will never go away for this record
@@ -137,30 +134,8 @@ func errorType(err error) string {
 	case errors.Is(err, ErrNoRoute):
 		return ErrorTypeNoRoute
 	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		code := pe.Code
-		switch {
-		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "53300":
-			return ErrorTypeDatabaseConnection
-		case code == "57014", code == "25P03":
-			return ErrorTypeDatabaseTimeout
-		case strings.HasPrefix(code, "28"):
-			return ErrorTypeDatabaseAuthentication
-		case code == "42501":
-			return ErrorTypeDatabasePermission
-		case code == "42P01", code == "42703", code == "42883", code == "3F000":
-			return ErrorTypeDatabaseSchema
-		case strings.HasPrefix(code, "40"), code == "55P03":
-			return ErrorTypeDatabaseConflict
-		case strings.HasPrefix(code, "53"):
-			return ErrorTypeDatabaseResources
-		}
-		return ErrorTypeDatabase
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return ErrorTypeDatabaseConnection
+	if t := dberr.PgType(err); t != "" {
+		return t
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -169,7 +144,7 @@ func errorType(err error) string {
 		return ErrorTypeDatabaseTimeout
 	case errors.Is(err, context.DeadlineExceeded):
 		return ErrorTypeTimeout
-	case isConnection(err):
+	case dberr.IsConnection(err):
 		return ErrorTypeDatabaseConnection
 	}
 	var he *handlerError
@@ -177,13 +152,4 @@ func errorType(err error) string {
 		return ErrorTypeHandler
 	}
 	return ErrorTypeDatabase
-}
-
-// isConnection reports a failure of the network connection itself.
-func isConnection(err error) bool {
-	var oe *net.OpError
-	var de *net.DNSError
-	return errors.As(err, &oe) || errors.As(err, &de) ||
-		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

@@ -7,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fxoutbox/outbox/admin"
-	"io"
-	"net"
-	"strings"
-	"syscall"
+	"github.com/fxoutbox/outbox/internal/dberr"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -106,12 +103,12 @@ func ErrorType(err error) string {
 	}
 	// A database error reaching here did not come through a database step
 	// (e.g. a Publisher that writes to PostgreSQL): still name it.
-	if t := pgErrorType(err); t != "" {
+	if t := dberr.PgType(err); t != "" {
 		return t
 	}
 	switch {
 	case errors.Is(err, sarama.ErrOutOfBrokers) || errors.Is(err, sarama.ErrNotConnected) ||
-		errors.Is(err, sarama.ErrBrokerNotFound) || errors.Is(err, sarama.ErrClosedClient) || isConnection(err):
+		errors.Is(err, sarama.ErrBrokerNotFound) || errors.Is(err, sarama.ErrClosedClient) || dberr.IsConnection(err):
 		return ErrorTypeBrokerUnreachable
 	case errors.Is(err, context.DeadlineExceeded):
 		return ErrorTypeTimeout
@@ -123,62 +120,18 @@ func ErrorType(err error) string {
 
 // databaseErrorType classifies an error of a database step.
 func databaseErrorType(err error) string {
-	if t := pgErrorType(err); t != "" {
+	if t := dberr.PgType(err); t != "" {
 		return t
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
 		return ErrorTypeCanceled
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
-		return ErrorTypeDatabase + ".timeout"
-	case isConnection(err):
-		return ErrorTypeDatabase + ".connection"
+		return dberr.Timeout
+	case dberr.IsConnection(err):
+		return dberr.Connection
 	}
 	return ErrorTypeDatabase
-}
-
-// pgErrorType names a PostgreSQL error by its SQLSTATE, or a failure to
-// connect; "" for other errors.
-func pgErrorType(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		code := pe.Code
-		switch {
-		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "53300":
-			return ErrorTypeDatabase + ".connection"
-		case code == "57014", code == "25P03":
-			return ErrorTypeDatabase + ".timeout"
-		case strings.HasPrefix(code, "28"):
-			return ErrorTypeDatabase + ".authentication"
-		case code == "42501":
-			return ErrorTypeDatabase + ".permission"
-		case code == "42P01", code == "42703", code == "42883", code == "3F000":
-			return ErrorTypeDatabase + ".schema"
-		case strings.HasPrefix(code, "40"), code == "55P03":
-			return ErrorTypeDatabase + ".conflict"
-		case strings.HasPrefix(code, "53"):
-			return ErrorTypeDatabase + ".resources"
-		}
-		return ErrorTypeDatabase
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		if pgErrorType(ce.Unwrap()) == ErrorTypeDatabase+".authentication" {
-			return ErrorTypeDatabase + ".authentication"
-		}
-		return ErrorTypeDatabase + ".connection"
-	}
-	return ""
-}
-
-// isConnection reports a failure of the network connection itself (not a
-// context's deadline, which also satisfies net.Error).
-func isConnection(err error) bool {
-	var oe *net.OpError
-	var de *net.DNSError
-	return errors.As(err, &oe) || errors.As(err, &de) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // isTLS reports a failed TLS handshake or certificate verification.
