@@ -336,6 +336,15 @@ synchronous_commit = on
 full_page_writes = on
 logging_collector = off
 log_line_prefix = '%m [%p] '
+# The streaming relay (relay.Stream) reads a logical replication slot.
+# wal_level = logical adds the decoding details to the WAL of UPDATE and
+# DELETE only; bench/ measures what it costs the writers and the polling
+# relay (wal.level_cost_*). A slot left behind by a test is invalidated
+# after 1GB of WAL instead of filling the disk.
+wal_level = logical
+max_wal_senders = 20
+max_replication_slots = 20
+max_slot_wal_keep_size = 1GB
 EOF
 	install -m 0644 "$tmp" "$conf"
 	rm -f "$tmp"
