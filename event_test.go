@@ -240,3 +240,29 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+func TestSlotAndPublicationNames(t *testing.T) {
+	for _, c := range []struct {
+		table outbox.Table
+		want  string
+	}{
+		{outbox.Table{}, "outbox_event_fxoutbox"},
+		{outbox.Table{Schema: "billing", Name: "outbox"}, "billing_outbox_fxoutbox"},
+	} {
+		if got := c.table.Slot(); got != c.want || c.table.Publication() != c.want {
+			t.Errorf("%v: slot %q, publication %q, want %q", c.table, got, c.table.Publication(), c.want)
+		}
+	}
+	// Names a slot does not allow, or too long, get a hash of the table's
+	// name: distinct tables keep distinct slots.
+	a, b := outbox.Table{Name: "Outbox"}.Slot(), outbox.Table{Name: "outbox"}.Slot()
+	long := outbox.Table{Schema: strings.Repeat("s", 40), Name: strings.Repeat("t", 40)}.Slot()
+	for _, n := range []string{a, long} {
+		if len(n) > 63 || strings.Trim(n, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+			t.Errorf("slot name %q is not valid", n)
+		}
+	}
+	if a == b {
+		t.Errorf("Outbox and outbox share the slot %q", a)
+	}
+}

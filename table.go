@@ -108,3 +108,37 @@ func (t Table) Channel() string {
 	}
 	return c
 }
+
+// Publication returns the name of the PostgreSQL publication through which
+// the streaming relay (relay.Stream) reads the table's inserts:
+// "<name>_fxoutbox", or "<schema>_<name>_fxoutbox" when a schema is set. The
+// migrations create it (FOR TABLE the table WITH (publish = 'insert')).
+func (t Table) Publication() string { return t.replicationName() }
+
+// Slot returns the name of the logical replication slot the streaming relay
+// of this table creates and reads: the same as Publication. Slot names allow
+// only lower-case letters, digits and underscores: other characters become
+// underscores, and a name past PostgreSQL's 63-byte limit is replaced by a
+// hashed one.
+func (t Table) Slot() string { return t.replicationName() }
+
+func (t Table) replicationName() string {
+	t = t.WithDefaults()
+	n := t.Name + "_fxoutbox"
+	if t.Schema != "" {
+		n = t.Schema + "_" + n
+	}
+	b := []byte(n)
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			b[i] = '_'
+		}
+	}
+	if len(b) <= 63 && string(b) == n {
+		return n
+	}
+	// Lossy or too long: a hash of the table's name keeps names distinct.
+	h := fnv.New64a()
+	h.Write([]byte(t.String()))
+	return fmt.Sprintf("%s_%016x", string(b[:min(len(b), 46)]), h.Sum64())
+}
