@@ -118,67 +118,99 @@ func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next i
 		}
 		return 0, next, nil
 	}
+	d, err := r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked)
+	if err != nil {
+		return 0, 0, err
+	}
+	progress := len(d.ids) > 0 || len(d.failed) > 0 || len(d.transient) > 0 || len(c.bad) > 0
+	switch {
+	case len(d.ids) == size:
+		next = min(2*size, r.cfg.MaxBatchSize)
+	case c.more && progress, len(d.failed) > 0 || d.heldBehind:
+		// Paced events and their keys are left out of the next claim, so it
+		// reaches further; events held behind one parked now, or not sent
+		// in this batch, can go at once.
+		next = size
+	}
+	return len(d.ids), next, nil
+}
+
+// delivery is what deliver did with a batch's rows.
+type delivery struct {
+	errs       []error // each row's outcome: nil when published
+	ids        []int64 // published and marked
+	failed     []int   // permanent failures (charged, maybe parked)
+	transient  []int   // transient failures (paced, left unpublished)
+	parked     map[int64]bool
+	heldBehind bool // some row waits behind its key's failure
+}
+
+// deliver is the one publish, park and mark path, whatever found the rows
+// (a claim, or the stream): it publishes rows (in order, locked or claimed
+// in tx by the caller), marks the acknowledged ones published and charges
+// the failed ones in tx, commits tx (also when nothing was acknowledged but
+// commit is set), logs, counts, and paces the failed events with their
+// keys. done lists ids the caller resolved otherwise (parked unreadable
+// rows), forgotten by the pacer once tx committed. It returns an error when
+// the database failed, or when nothing went through because of transient
+// failures (the broker, or the way to it, fails: the caller backs off).
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	errs, alone := r.publish(ctx, rows, msgs, encErrs)
 	acked := r.metrics.publishLap(ctx, t, rows, errs)
 	r.endSpans(spans, msgs, errs)
-
-	var (
-		ids       []int64
-		failed    []int // permanent failures
-		transient []int
-	)
+	d.errs = errs
 	for i, err := range errs {
 		switch {
 		case err == nil:
-			ids = append(ids, rows[i].id)
+			d.ids = append(d.ids, rows[i].id)
 		case IsPermanent(err):
-			failed = append(failed, i)
+			d.failed = append(d.failed, i)
 		case errors.Is(err, ErrHeld):
 			// Waits behind its key's failed event: not a failure of its own.
+			d.heldBehind = true
 		default:
-			transient = append(transient, i)
+			d.transient = append(d.transient, i)
 		}
 	}
-	var parked map[int64]bool
-	if len(ids) > 0 || len(failed) > 0 || len(c.bad) > 0 {
-		parked, err = r.record(ctx, tx, ids, rows, errs, failed, alone)
+	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
+		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, alone)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
-			return 0, 0, err
+			return d, err
 		}
 		if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 			// Acknowledged events will be sent again (same x-event-id).
-			return 0, 0, fmt.Errorf("relay: commit: %w", err)
+			return d, fmt.Errorf("relay: commit: %w", err)
 		}
-		r.logFailures(rows, errs, failed, parked)
+		r.logFailures(rows, errs, d.failed, d.parked)
 	}
 	r.metrics.record(ctx, rows, errs, acked)
 
 	// Pace the events that failed, so they and their keys wait while the
 	// rest flows; forget those that were published or parked.
 	now := time.Now()
-	for _, i := range failed {
+	for _, i := range d.failed {
 		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.get(rows[i].topic, now) == nil {
 			r.missing.set(rows[i].topic, errs[i], now)
 		}
 	}
-	r.pacer.done(ids...)
-	r.pacer.done(badParked...)
-	for _, i := range failed {
-		if parked[rows[i].id] {
+	r.pacer.done(d.ids...)
+	r.pacer.done(done...)
+	for _, i := range d.failed {
+		if d.parked[rows[i].id] {
 			r.pacer.done(rows[i].id)
 		} else {
 			r.pacer.failed(rows[i].id, rows[i].key, now, r.backoff)
 		}
 	}
-	if len(transient) > 0 {
-		first := errs[transient[0]]
-		if len(ids) == 0 {
+	if len(d.transient) > 0 {
+		first := errs[d.transient[0]]
+		if len(d.ids) == 0 {
 			// Nothing went through: the broker (or the way to it) fails,
 			// not an event. The relay backs off.
-			return 0, 0, fmt.Errorf("relay: %d of %d events not published: %w", len(transient), len(rows), first)
+			return d, fmt.Errorf("relay: %d of %d events not published: %w", len(d.transient), len(rows), first)
 		}
-		for _, i := range transient {
+		for _, i := range d.transient {
 			x := rows[i]
 			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
@@ -186,18 +218,7 @@ func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next i
 			}
 		}
 	}
-	progress := len(ids) > 0 || len(failed) > 0 || len(transient) > 0 || len(c.bad) > 0
-	heldBehind := slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, ErrHeld) })
-	switch {
-	case len(ids) == size:
-		next = min(2*size, r.cfg.MaxBatchSize)
-	case c.more && progress, len(failed) > 0 || heldBehind:
-		// Paced events and their keys are left out of the next claim, so it
-		// reaches further; events held behind one parked now, or not sent
-		// in this batch, can go at once.
-		next = size
-	}
-	return len(ids), next, nil
+	return d, nil
 }
 
 // chargeUnreadable charges the rows that cannot be read, without reading

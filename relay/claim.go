@@ -68,8 +68,18 @@ type queries struct {
 	read       string // per key: the rows the window saw in locked lanes
 	mark       string
 	attempt    string
+	// The stream's claim (see streamer.claim): try-lock the lanes of keys,
+	// read which streamed rows are still unpublished (locking them under
+	// Unordered), and which keys have an older unpublished row.
+	streamLock        string
+	streamPending     string
+	streamPendingLock string
+	streamBehind      string
 	cleanup    string
 	ns         int32 // advisory lock namespace of the table
+	// upto holds, for each claim statement, its variant that takes only
+	// rows with id <= @upto (see bounded).
+	upto map[string]string
 }
 
 func newQueries(t outbox.Table) queries {
@@ -84,7 +94,7 @@ func newQueries(t outbox.Table) queries {
 			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY first"
 	}
-	return queries{
+	q := queries{
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		claimHeld: "SELECT " + cols + " FROM " + t.Ident() +
@@ -112,6 +122,14 @@ func newQueries(t outbox.Table) queries {
 		read: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		streamLock: "SELECT k, pg_try_advisory_xact_lock(@ns, ((hashtext(k) & 2147483647) % @lanes)::int) FROM unnest(@keys::text[]) AS k",
+		streamPending: "SELECT id FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL",
+		streamPendingLock: "SELECT id FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED",
+		streamBehind: "SELECT DISTINCT e.partition_key FROM " + t.Ident() + " e" +
+			" JOIN unnest(@keys::text[], @firsts::bigint[]) AS k(key, first) ON e.partition_key = k.key AND e.id < k.first" +
+			" WHERE e.published_at IS NULL AND e.parked_at IS NULL AND e.id < @top AND e.id <> ALL(@ids::bigint[])",
 		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
 			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
@@ -122,6 +140,12 @@ func newQueries(t outbox.Table) queries {
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
 		ns: int32(h.Sum32()),
 	}
+	const cond = "WHERE published_at IS NULL AND parked_at IS NULL"
+	q.upto = map[string]string{}
+	for _, sql := range []string{q.claim, q.claimHeld, q.claimIDs, q.window, q.windowHeld} {
+		q.upto[sql] = strings.Replace(sql, cond, cond+" AND id <= @upto", 1)
+	}
+	return q
 }
 
 // txSettings returns the statement that sets a batch transaction's
@@ -198,7 +222,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c c
 		if len(held) > 0 {
 			sql, args["held"] = r.q.claimHeld, held
 		}
-		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, sql, args)
+		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, r.bounded(sql, args), args)
 		if err != nil {
 			if isUnreadable(err) {
 				return claimed{}, errIsolate
@@ -226,7 +250,8 @@ func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []str
 		held = []string{}
 	}
 	var ids []int64
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.q.claimIDs, pgx.NamedArgs{"n": n, "held": held}, func(rows pgx.Rows) error {
+	args := pgx.NamedArgs{"n": n, "held": held}
+	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.bounded(r.q.claimIDs, args), args, func(rows pgx.Rows) error {
 		var err error
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
@@ -349,7 +374,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
 		}
-		err = r.query(ctx, tx, pre, preArgs, sql, args,
+		err = r.query(ctx, tx, pre, preArgs, r.bounded(sql, args), args,
 			func(rows pgx.Rows) error {
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
@@ -431,4 +456,15 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []a
 		return err
 	})
 	return out, err
+}
+
+// bounded returns the claim statement sql, or, in the sweep of a streaming
+// relay, its variant that takes no row past the stream's position (those
+// are the stream's), with its argument added to args.
+func (r *Relay) bounded(sql string, args pgx.NamedArgs) string {
+	if u := r.sweepUpto.Load(); u > 0 {
+		args["upto"] = u
+		return r.q.upto[sql]
+	}
+	return sql
 }

@@ -136,6 +136,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -153,6 +154,12 @@ type DB interface {
 type Config struct {
 	// Table is the outbox table. Default: outbox_event in the search_path.
 	Table outbox.Table
+	// Mode is Poll (default: claim unpublished rows from the table) or
+	// Stream (follow the table's inserts in a logical replication slot;
+	// see Stream and the package documentation).
+	Mode Mode
+	// Stream configures the Stream mode.
+	Stream StreamConfig
 	// PollInterval is the period of the relay's ticker: the longest an event
 	// waits when no wake-up reaches the relay. Default 500ms.
 	PollInterval time.Duration
@@ -269,6 +276,9 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
+	if c.Mode == Stream {
+		c.Stream = c.Stream.withDefaults(c.Table)
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 500 * time.Millisecond
 	}
@@ -334,6 +344,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
 	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > 10000:
 		return &outbox.ConfigError{Field: "MaxBatchSize", Reason: fmt.Sprintf("is %d: use BatchSize (%d) to 10000 (default 500)", c.MaxBatchSize, c.BatchSize)}
+	case c.Mode != Poll && c.Mode != Stream:
+		return &outbox.ConfigError{Field: "Mode", Reason: fmt.Sprintf("is %v: use relay.Poll or relay.Stream", c.Mode)}
 	case c.Ordering != PerKey && c.Ordering != Unordered:
 		return &outbox.ConfigError{Field: "Ordering", Reason: fmt.Sprintf("is %v: use relay.PerKey or relay.Unordered", c.Ordering)}
 	case c.Workers < 1 || c.Workers > 64:
@@ -352,6 +364,9 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
+	}
+	if c.Mode == Stream {
+		return c.Stream.validate()
 	}
 	return nil
 }
@@ -377,6 +392,9 @@ type Relay struct {
 	// growAfter (unix nanoseconds): until then claims do not grow their
 	// window (see lockLanes).
 	growAfter atomic.Int64
+	stream    streamInfo
+	// sweepUpto, when positive, is the highest id a claim takes (see upto).
+	sweepUpto atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
@@ -407,6 +425,9 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	c = c.withDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
+	}
+	if _, ok := db.(*pgxpool.Pool); c.Mode == Stream && c.Stream.ConnConfig == nil && !ok {
+		return nil, &outbox.ConfigError{Field: "Stream.ConnConfig", Reason: "is needed for the replication connection when the DB is not a *pgxpool.Pool"}
 	}
 	if _, ok := db.(acquirer); c.Listen && !ok {
 		return nil, &outbox.ConfigError{Field: "Listen", Reason: "needs a dedicated connection: pass a *pgxpool.Pool as the DB"}
@@ -455,12 +476,17 @@ func (r *Relay) Start(ctx context.Context) error {
 	bgCtx, bgCancel := context.WithCancel(base)
 	r.stop, r.cancel, r.done, r.bgCancel = make(chan struct{}), cancel, make(chan struct{}), bgCancel
 	var loops sync.WaitGroup
-	for i := range r.wakes {
+	if r.cfg.Mode == Stream {
 		loops.Add(1)
-		go func() { defer loops.Done(); r.loop(runCtx, i) }()
+		go func() { defer loops.Done(); r.runStream(runCtx) }()
+	} else {
+		for i := range r.wakes {
+			loops.Add(1)
+			go func() { defer loops.Done(); r.loop(runCtx, i, time.Time{}) }()
+		}
 	}
 	go func() { loops.Wait(); close(r.done) }()
-	if r.cfg.Listen {
+	if r.cfg.Listen && r.cfg.Mode == Poll {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
 	}
@@ -515,8 +541,9 @@ func (r *Relay) Wake() {
 	}
 }
 
-// loop is one worker: it claims, publishes and marks batches until Stop.
-func (r *Relay) loop(ctx context.Context, worker int) {
+// loop is one worker: it claims, publishes and marks batches until Stop,
+// or until the time until when that is not zero.
+func (r *Relay) loop(ctx context.Context, worker int, until time.Time) {
 	wake := r.wakes[worker]
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
@@ -541,6 +568,9 @@ func (r *Relay) loop(ctx context.Context, worker int) {
 		case <-r.stop:
 			return
 		default:
+		}
+		if !until.IsZero() && time.Now().After(until) {
+			return
 		}
 		if err != nil {
 			size = r.cfg.BatchSize

@@ -1,0 +1,144 @@
+package relay_test
+
+import (
+	"encoding/json"
+
+	"context"
+	"errors"
+	"fmt"
+	"github.com/IBM/sarama"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// streaming creates the publication of the test's table and drops its slot
+// when the test ends (a slot left behind pins WAL).
+func (s *setup) streaming(t testing.TB) {
+	t.Helper()
+	_, err := s.pool.Exec(s.ctx, "CREATE PUBLICATION "+pgx.Identifier{s.table.Publication()}.Sanitize()+
+		" FOR TABLE "+s.table.Ident()+" WITH (publish = 'insert')")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", s.table.Slot())
+			if err == nil || time.Now().After(deadline) {
+				if err != nil {
+					t.Errorf("drop slot %s: %v", s.table.Slot(), err)
+				}
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // its walsender is still ending
+		}
+		_, _ = s.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.table.Publication()}.Sanitize())
+	})
+}
+
+// streamConfig is a Stream relay's configuration with test-sized intervals.
+func streamConfig() relay.Config {
+	return relay.Config{
+		Mode:         relay.Stream,
+		PollInterval: 50 * time.Millisecond,
+		Stream:       relay.StreamConfig{StandbyRetry: 50 * time.Millisecond, StatusInterval: 100 * time.Millisecond, SweepInterval: 200 * time.Millisecond},
+	}
+}
+
+// TestStreamPublishesWaitingThenStreamed starts a streaming relay on a table
+// that already holds events (written before the slot existed): they go
+// first, then the events written while it streams, each key in order, and
+// every row gets its published_at.
+func TestStreamPublishesWaitingThenStreamed(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.streaming(t)
+	topic := testenv.Topic(t, s.kafka(t), 4)
+	cons := testenv.Consume(t, s.kafka(t), topic)
+	s.write(t, topic, 30, 3) // before the slot exists
+
+	// No sweep after the first: only the stream can publish what follows.
+	cfg := streamConfig()
+	cfg.Stream.SweepInterval = time.Hour
+	cfg.PollInterval = time.Hour
+	r := s.relay(t, s.publisher(t), cfg)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	waitUntil(t, 20*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	for i := 30; i < 60; i++ {
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%3), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := cons.WaitFor(60, 30*time.Second)
+	checkKeyOrder(t, msgs, 60)
+	waitUntil(t, 10*time.Second, "all rows marked", func() bool { return s.unpublished(t) == 0 })
+	if st := r.StreamStatus(); st.Confirmed == 0 {
+		t.Errorf("stream status %+v: no position confirmed", st)
+	}
+}
+
+// TestStreamNeedsPoolOrConnConfig: the replication connection needs a
+// configuration.
+func TestStreamConfigErrors(t *testing.T) {
+	_, err := relay.New(dbFunc(nil), relay.PublisherFunc(nil), &relay.Config{Mode: relay.Stream})
+	var ce *outbox.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Stream.ConnConfig" {
+		t.Errorf("New with a DB that is not a pool: %v, want a ConfigError for Stream.ConnConfig", err)
+	}
+	_, err = relay.New(dbFunc(nil), relay.PublisherFunc(nil), &relay.Config{Mode: relay.Stream, Stream: relay.StreamConfig{Slot: "Bad-Name"}})
+	if !errors.As(err, &ce) || ce.Field != "Stream.Slot" {
+		t.Errorf("New with slot Bad-Name: %v, want a ConfigError for Stream.Slot", err)
+	}
+}
+
+// dbFunc is a relay.DB that is not a pool.
+type dbFunc func(ctx context.Context) (pgx.Tx, error)
+
+func (f dbFunc) Begin(ctx context.Context) (pgx.Tx, error) { return f(ctx) }
+
+// checkKeyOrder checks that msgs hold want distinct events (payload
+// {"seq": n}) and that each key's first deliveries come in seq order.
+func checkKeyOrder(t *testing.T, msgs []*sarama.ConsumerMessage, want int) (dups int) {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[string]int{}
+	bad := 0
+	for _, m := range msgs {
+		id := testenv.Header(m, outbox.HeaderEventID)
+		if seen[id] {
+			dups++
+			continue
+		}
+		seen[id] = true
+		var p struct{ Seq int }
+		if err := json.Unmarshal(m.Value, &p); err != nil {
+			t.Fatal(err)
+		}
+		k := string(m.Key)
+		if l, ok := last[k]; ok && p.Seq < l {
+			if bad < 5 {
+				t.Errorf("key %s: seq %d delivered after seq %d", k, p.Seq, l)
+			}
+			bad++
+		}
+		last[k] = max(last[k], p.Seq)
+	}
+	if len(seen) != want {
+		t.Errorf("consumed %d distinct events, want %d", len(seen), want)
+	}
+	return dups
+}
