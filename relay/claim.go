@@ -75,8 +75,8 @@ type queries struct {
 	streamPending     string
 	streamPendingLock string
 	streamBehind      string
-	cleanup    string
-	ns         int32 // advisory lock namespace of the table
+	cleanup           string
+	ns                int32 // advisory lock namespace of the table
 	// upto holds, for each claim statement, its variant that takes only
 	// rows with id <= @upto (see bounded).
 	upto map[string]string
@@ -121,7 +121,7 @@ func newQueries(t outbox.Table) queries {
 		// the rows the lanes' previous holder published or parked meanwhile.
 		read: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
-		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		mark:       "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 		streamLock: "SELECT k, pg_try_advisory_xact_lock(@ns, ((hashtext(k) & 2147483647) % @lanes)::int) FROM unnest(@keys::text[]) AS k",
 		streamPending: "SELECT id FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL",
