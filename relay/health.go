@@ -22,7 +22,7 @@ var ErrNotRunning = errors.New("not started, or stopping")
 
 // HealthError says which check failed and why.
 type HealthError struct {
-	Check string // "relay", "database", "broker" or "backlog"
+	Check string // "relay", "database", "broker", "stream" or "backlog"
 	Err   error
 }
 
@@ -98,6 +98,10 @@ const healthWait = 2 * time.Second
 // Events parked or held for their own faults do not make the relay
 // unhealthy (a held event shows in the backlog's age). It costs one indexed
 // statement and, with a Pinger, one broker round trip; bound it with ctx.
+// In Stream mode it also fails ("stream") while the stream lags more than
+// StreamConfig.MaxLagBytes or MaxLag; a standby relay, and one that
+// publishes by polling because its slot was invalidated, are healthy (see
+// StreamStatus and the outbox.stream.state metric for which it is).
 // Use it for readiness and liveness probes; it works without fx.
 func (r *Relay) Health(ctx context.Context, maxAge time.Duration) error {
 	r.mu.Lock()
@@ -139,6 +143,11 @@ func (r *Relay) Health(ctx context.Context, maxAge time.Duration) error {
 		}
 		if err != nil {
 			return &HealthError{Check: component(err), Err: fmt.Errorf("batches failing since %s: %w", since.Format(time.RFC3339), err)}
+		}
+	}
+	if r.cfg.Mode == Stream {
+		if err := r.streamHealth(); err != nil {
+			return &HealthError{Check: "stream", Err: err}
 		}
 	}
 	if maxAge > 0 && st.OldestAge > maxAge {

@@ -52,6 +52,17 @@ import (
 //	    messaging.system, messaging.operation.name=publish, messaging.operation.type=send,
 //	    messaging.destination.name, error.type when a message to it failed
 //
+// Per relay in Stream mode:
+//
+//	outbox.stream.lag        gauge     [By]        -> outbox_stream_lag_bytes
+//	    WAL between the server's end and the position this relay confirmed (0 unless it
+//	    streams): what the slot pins on the server
+//	outbox.stream.delay      gauge     [s]         -> outbox_stream_delay_seconds
+//	    age of the oldest transaction received and not yet published (0 unless it streams)
+//	outbox.stream.state      gauge     [1]         -> outbox_stream_state
+//	    1 for the relay's state (outbox.stream.state = starting, streaming, standby,
+//	    fallback or retrying), 0 for the others
+//
 // Per table, reported by one replica only (see below):
 //
 //	outbox.backlog           gauge     [{event}]   -> outbox_backlog
@@ -100,6 +111,9 @@ const (
 	MetricPoolConnections   = "db.client.connection.count"
 	MetricPoolMax           = "db.client.connection.max"
 	MetricPoolAcquireWait   = "outbox.db.acquire.wait"
+	MetricStreamLag         = "outbox.stream.lag"
+	MetricStreamDelay       = "outbox.stream.delay"
+	MetricStreamState       = "outbox.stream.state"
 )
 
 // The steps of outbox.step.duration and outbox.errors (attribute outbox.step).
@@ -182,6 +196,18 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	parked, err := meter.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"), metric.WithDescription("Parked events by topic and error.type; reported by one relay per table."))
 	add(err)
 	observed := []metric.Observable{lastAge, backlog, age, parked}
+	var lag metric.Int64ObservableGauge
+	var delay metric.Float64ObservableGauge
+	var state metric.Int64ObservableGauge
+	if r.cfg.Mode == Stream {
+		lag, err = meter.Int64ObservableGauge(MetricStreamLag, metric.WithUnit("By"), metric.WithDescription("WAL between the server's end and the position the streaming relay confirmed: what its slot pins."))
+		add(err)
+		delay, err = meter.Float64ObservableGauge(MetricStreamDelay, metric.WithUnit("s"), metric.WithDescription("Age of the oldest transaction the streaming relay received and has not published."))
+		add(err)
+		state, err = meter.Int64ObservableGauge(MetricStreamState, metric.WithUnit("1"), metric.WithDescription("1 for the stream's state (outbox.stream.state), 0 for the others."))
+		add(err)
+		observed = append(observed, lag, delay, state)
+	}
 	pool, _ := r.db.(*pgxpool.Pool)
 	var conns, maxConns metric.Int64ObservableUpDownCounter
 	var wait metric.Float64ObservableCounter
@@ -212,6 +238,18 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 				o.ObserveFloat64(age, st.age, table)
 				for _, p := range st.parked {
 					o.ObserveInt64(parked, p.n, metric.WithAttributes(ms.table, semconv.MessagingDestinationName(p.topic), semconv.ErrorTypeKey.String(p.reason)))
+				}
+			}
+			if r.cfg.Mode == Stream {
+				st := r.stream.status()
+				o.ObserveInt64(lag, st.LagBytes, table)
+				o.ObserveFloat64(delay, st.Lag.Seconds(), table)
+				for _, s := range []StreamState{StreamStarting, Streaming, StreamStandby, StreamFallback, StreamRetrying} {
+					v := int64(0)
+					if s == st.State {
+						v = 1
+					}
+					o.ObserveInt64(state, v, metric.WithAttributes(ms.table, attribute.String("outbox.stream.state", s.String())))
 				}
 			}
 			if pool != nil {

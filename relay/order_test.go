@@ -38,7 +38,7 @@ type replica struct {
 // FOR UPDATE SKIP LOCKED claim, which it catches reordering keys.
 func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 	t.Parallel()
-	orderScenario(t, testOrdering(), 4, 150*time.Millisecond, 250*time.Millisecond, 0)
+	orderScenario(t, testOrdering(), relay.Poll, 4, 150*time.Millisecond, 250*time.Millisecond, 0)
 }
 
 // testOrdering is PerKey, or Unordered with OUTBOX_TEST_ORDERING=unordered.
@@ -60,7 +60,7 @@ func testOrdering() relay.Ordering {
 // runs it with the plain SKIP LOCKED claim, which it catches reordering.
 func TestPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
 	t.Parallel()
-	orderScenario(t, testOrdering(), 8, 500*time.Millisecond, 0, 150)
+	orderScenario(t, testOrdering(), relay.Poll, 8, 500*time.Millisecond, 0, 150)
 }
 
 // orderScenario runs writers and replicas relays on one table, replacing a
@@ -69,8 +69,11 @@ func TestPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
 // duplicates only around kills. With failOneIn > 0 each replica's publisher
 // fails about one event in failOneIn once, transiently, holding back the
 // rest of its key in that send.
-func orderScenario(t *testing.T, ordering relay.Ordering, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
+func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
 	s := newSetup(t)
+	if mode == relay.Stream {
+		s.streaming(t)
+	}
 	brokers := s.kafka(t)
 	topic := testenv.Topic(t, brokers, 12)
 	cons := testenv.Consume(t, brokers, topic)
@@ -103,7 +106,12 @@ func orderScenario(t *testing.T, ordering relay.Ordering, replicas int, killEver
 			}
 			return failSome(ctx, pub, msgs, failOneIn, &failedOnce, &heldBack)
 		})
-		r, err := relay.New(s.pool, counted, &relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering})
+		cfg := relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering}
+		if mode == relay.Stream {
+			sc := streamConfig()
+			cfg.Mode, cfg.Stream = sc.Mode, sc.Stream
+		}
+		r, err := relay.New(s.pool, counted, &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,14 +244,14 @@ func orderScenario(t *testing.T, ordering relay.Ordering, replicas int, killEver
 	if dups > kills*maxBatch {
 		t.Errorf("%d duplicates for %d kills, want at most %d", dups, kills, kills*maxBatch)
 	}
-	if m := maxInFlight.Load(); m < 2 {
+	if m := maxInFlight.Load(); m < 2 && mode == relay.Poll {
 		t.Errorf("at most %d replica published at a time: the test did not exercise concurrent replicas", m)
 	}
 	if failOneIn > 0 && heldBack.Load() == 0 {
 		t.Error("no event was held back: the test did not exercise held keys")
 	}
-	t.Logf("ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
-		ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
+	t.Logf("mode %v, ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
+		mode, ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
 }
 
 // failSome publishes msgs but fails about one event in oneIn (chosen by its
@@ -290,4 +298,23 @@ func failSome(ctx context.Context, pub relay.Publisher, msgs []relay.Message, on
 		return nil
 	}
 	return &relay.BatchError{Failed: failed}
+}
+
+// TestStreamPerKeyOrderAcrossReplicasWithKills is the kill scenario with
+// streaming relays: one holds the slot, the others stand by and take over
+// when it is killed (its replication connection closed mid-batch).
+// Nothing lost, each key's first deliveries in commit order, duplicates
+// only around kills.
+func TestStreamPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
+	t.Parallel()
+	orderScenario(t, testOrdering(), relay.Stream, 3, 150*time.Millisecond, 250*time.Millisecond, 0)
+}
+
+// TestStreamPerKeyOrderWithHeldKeys streams with transient failures of
+// single events (and the rest of their key in the send) while replicas are
+// killed: the failed event waits for its retry in the sweep, and its key's
+// later streamed events are left to the sweep behind it.
+func TestStreamPerKeyOrderWithHeldKeys(t *testing.T) {
+	t.Parallel()
+	orderScenario(t, testOrdering(), relay.Stream, 3, 500*time.Millisecond, 0, 150)
 }
