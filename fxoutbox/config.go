@@ -124,6 +124,18 @@ type Config struct {
 	// missing topic, rejected record) an event may have before it is parked
 	// [OUTBOX_MAX_ATTEMPTS]. Default 5.
 	MaxAttempts int
+	// Mode is relay.Poll (default: the relay claims unpublished rows from
+	// the table) or relay.Stream (it follows the table's inserts in a
+	// logical replication slot: PostgreSQL needs wal_level = logical, the
+	// table's publication (migrations.UpStream) and a role with
+	// REPLICATION; see relay.StreamConfig and the README's "Streaming from
+	// the WAL") [OUTBOX_RELAY_MODE=poll|stream].
+	Mode relay.Mode
+	// Stream configures the Stream mode [OUTBOX_STREAM_SLOT,
+	// OUTBOX_STREAM_PUBLICATION, OUTBOX_STREAM_MAX_LAG (a duration),
+	// OUTBOX_STREAM_MAX_LAG_BYTES]. Default: relay.StreamConfig's
+	// defaults (the table's slot and publication names, 30s, 1 GiB).
+	Stream relay.StreamConfig
 	// Poison is relay.Park (default: set a failing event aside so its key
 	// flows on) or relay.Hold (retry it forever, blocking its key)
 	// [OUTBOX_POISON=park|hold].
@@ -372,9 +384,22 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
 		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
 		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]relay.PoisonPolicy{"park": relay.Park, "hold": relay.Hold}, &c.Poison, nil),
+		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
 	} {
 		if e != nil {
 			return c, e
+		}
+	}
+	c.Stream.Slot, _ = get("OUTBOX_STREAM_SLOT")
+	c.Stream.Publication, _ = get("OUTBOX_STREAM_PUBLICATION")
+	if v, ok := get("OUTBOX_STREAM_MAX_LAG"); ok {
+		if c.Stream.MaxLag, err = time.ParseDuration(v); err != nil || c.Stream.MaxLag <= 0 {
+			return c, bad("OUTBOX_STREAM_MAX_LAG", v, "a positive duration such as 30s")
+		}
+	}
+	if v, ok := get("OUTBOX_STREAM_MAX_LAG_BYTES"); ok {
+		if c.Stream.MaxLagBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.Stream.MaxLagBytes <= 0 {
+			return c, bad("OUTBOX_STREAM_MAX_LAG_BYTES", v, "a positive number of bytes such as 1073741824")
 		}
 	}
 	if v, ok := get("OUTBOX_RETENTION"); ok {

@@ -13,26 +13,31 @@ import (
 
 func TestConfigFromEnv(t *testing.T) {
 	env := map[string]string{
-		"OUTBOX_SERVICE":            "order-service",
-		"OUTBOX_SCHEMA":             "app",
-		"OUTBOX_TABLE":              "events",
-		"OUTBOX_TOPIC_NAMING":       "per-aggregate",
-		"OUTBOX_MIGRATE":            "true",
-		"KAFKA_BROKERS":             "a:9092, b:9092,",
-		"KAFKA_CLIENT_ID":           "orders",
-		"KAFKA_VERSION":             "3.7.0",
-		"OUTBOX_POLL_INTERVAL":      "100ms",
-		"OUTBOX_BATCH_SIZE":         "200",
-		"OUTBOX_MAX_BATCH_SIZE":     "2000",
-		"OUTBOX_WORKERS":            "2",
-		"OUTBOX_SYNCHRONOUS_COMMIT": "on",
-		"OUTBOX_RELAY":              "off",
-		"OUTBOX_NOTIFY":             "off",
-		"OUTBOX_ORDERING":           "unordered",
-		"OUTBOX_LANES":              "128",
-		"OUTBOX_RETENTION":          "forever",
-		"OUTBOX_MAX_ATTEMPTS":       "9",
-		"OUTBOX_POISON":             "hold",
+		"OUTBOX_SERVICE":              "order-service",
+		"OUTBOX_SCHEMA":               "app",
+		"OUTBOX_TABLE":                "events",
+		"OUTBOX_TOPIC_NAMING":         "per-aggregate",
+		"OUTBOX_MIGRATE":              "true",
+		"KAFKA_BROKERS":               "a:9092, b:9092,",
+		"KAFKA_CLIENT_ID":             "orders",
+		"KAFKA_VERSION":               "3.7.0",
+		"OUTBOX_POLL_INTERVAL":        "100ms",
+		"OUTBOX_BATCH_SIZE":           "200",
+		"OUTBOX_MAX_BATCH_SIZE":       "2000",
+		"OUTBOX_WORKERS":              "2",
+		"OUTBOX_SYNCHRONOUS_COMMIT":   "on",
+		"OUTBOX_RELAY":                "off",
+		"OUTBOX_NOTIFY":               "off",
+		"OUTBOX_ORDERING":             "unordered",
+		"OUTBOX_LANES":                "128",
+		"OUTBOX_RETENTION":            "forever",
+		"OUTBOX_MAX_ATTEMPTS":         "9",
+		"OUTBOX_POISON":               "hold",
+		"OUTBOX_RELAY_MODE":           "stream",
+		"OUTBOX_STREAM_SLOT":          "app_slot",
+		"OUTBOX_STREAM_PUBLICATION":   "app_pub",
+		"OUTBOX_STREAM_MAX_LAG":       "10s",
+		"OUTBOX_STREAM_MAX_LAG_BYTES": "1000000",
 	}
 	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
@@ -44,6 +49,9 @@ func TestConfigFromEnv(t *testing.T) {
 		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != relay.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
+	if c.Mode != relay.Stream || c.Stream != (relay.StreamConfig{Slot: "app_slot", Publication: "app_pub", MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
+		t.Errorf("stream settings: mode %v, %+v", c.Mode, c.Stream)
+	}
 	if topic, _ := c.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {
 		t.Errorf("per-aggregate naming not applied: %s", topic)
 	}
@@ -52,6 +60,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_TOPIC_NAMING": "random", "KAFKA_VERSION": "latest", "OUTBOX_TABLE": "x;y", "OUTBOX_SCHEMA": "a b", "OUTBOX_RELAY": "sometimes",
 		"OUTBOX_ORDERING": "random", "OUTBOX_LANES": "x", "OUTBOX_RETENTION": "-1h", "OUTBOX_LISTEN": "nah", "OUTBOX_MAX_ATTEMPTS": "0", "OUTBOX_POISON": "drop",
 		"OUTBOX_MAX_BATCH_SIZE": "lots", "OUTBOX_SYNCHRONOUS_COMMIT": "sometimes",
+		"OUTBOX_RELAY_MODE": "cdc", "OUTBOX_STREAM_MAX_LAG": "-1s", "OUTBOX_STREAM_MAX_LAG_BYTES": "1GB",
 	} {
 		_, err := configFrom(func(name string) (string, bool) { return v, name == k })
 		var ce *outbox.ConfigError

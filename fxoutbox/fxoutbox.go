@@ -390,6 +390,8 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 	}
 	r, err := relay.New(in.pool, pub, &relay.Config{
 		Table:             cfg.Table,
+		Mode:              cfg.Mode,
+		Stream:            cfg.Stream,
 		PollInterval:      cfg.PollInterval,
 		BatchSize:         cfg.BatchSize,
 		MaxBatchSize:      cfg.MaxBatchSize,
