@@ -47,6 +47,57 @@
 // a little faster, but two replicas can publish one key's events out of
 // order.
 //
+// # Streaming from the WAL
+//
+// With Mode [Stream] the relay does not poll: it reads the table's
+// committed inserts from a logical replication slot (the built-in pgoutput
+// plugin, protocol 1, over the publication [outbox.Table.Publication],
+// FOR TABLE the outbox WITH (publish = 'insert'), which the migrations
+// create), in commit order, and publishes them through the same path as
+// the polling claim: same messages, headers, spans, metrics, parking and
+// marks. PostgreSQL needs wal_level = logical, and the relay's role
+// REPLICATION. The relay creates the slot ([outbox.Table.Slot]) when it is
+// missing.
+//
+// On every connection, before it follows the stream, the relay publishes
+// the events waiting in the table with the polling claim (a "sweep"): rows
+// written before the slot existed, and rows a previous relay left. Each
+// stream batch then runs one transaction: it try-locks the lanes of its
+// keys (as polling relays do), reads in a new statement which of its rows
+// are still unpublished (those published meanwhile, by a sweep, a polling
+// relay or before a restart that made the server send them again, are
+// skipped) and which keys have an older unpublished row outside the batch,
+// publishes the others, marks them and commits. Only then does it confirm
+// the batch's end to the server ([StreamStatus].Confirmed): a position is
+// confirmed only when every event before it is published, parked, or
+// waiting in the table. Rows of a key that waits behind an older row (a
+// failed event waiting for its paced retry, a requeued one) or whose lane
+// another relay holds are left to a sweep, which runs while such rows wait
+// (every PollInterval) and every SweepInterval (2s, for requeued events),
+// and takes only rows behind the stream's position. So the table stays the
+// source of truth: backlog, parking, Requeue, retention and the polling
+// relay work as before, and switching modes in either direction, even with
+// relays of both modes running at once, loses nothing and keeps each key's
+// order.
+//
+// Duplicates: a crash (of the relay, or of PostgreSQL, whose
+// asynchronous commit of marks may be lost) repeats at most the batch in
+// flight (up to MaxBatchSize events plus the rest of its last
+// transaction), as in polling.
+//
+// One relay per table streams: a slot admits one connection, so the
+// others stand by ([StreamStandby]) and try every StandbyRetry (1s); when
+// the streaming relay stops or dies its connection closes and a standby
+// takes over. A slot the server invalidated (it fell further behind than
+// max_slot_wal_keep_size) makes the relay log what happened and how to fix
+// it and publish by polling ([StreamFallback]); it looks at the slot again
+// every RetryInterval (1m), and creates a new one once an operator dropped
+// the invalid one. The slot pins WAL until the relay confirms it: the
+// metrics outbox.stream.lag (bytes) and outbox.stream.delay (seconds)
+// show how far behind it is, and [Relay.Health] fails past
+// StreamConfig.MaxLagBytes (1 GiB) or MaxLag (30s). In-progress
+// transactions are never streamed (they could still roll back).
+//
 // # Failures
 //
 // The relay tells failures of the whole from failures of single events, and
