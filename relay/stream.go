@@ -259,6 +259,8 @@ type streamer struct {
 	open    []streamRow // rows of the transaction being received
 	openAt  time.Time   // its commit time
 	ready   []streamRow // rows of committed transactions, not yet handled
+	// readySince is when the first of them arrived.
+	readySince time.Time
 	readyTo pglogrepl.LSN
 	// commits holds the commit times of the transactions in ready, oldest
 	// first, for the lag.
@@ -448,6 +450,11 @@ func (s *streamer) sweep(ctx context.Context, upto int64) error {
 	return nil
 }
 
+// streamLinger is the longest the first row of a batch waits for more
+// while the stream keeps coming: a batch is published as soon as nothing
+// more is at hand, when it holds MaxBatchSize rows, or after streamLinger.
+const streamLinger = 2 * time.Millisecond
+
 // follow receives the stream and publishes it in batches until an error or
 // Stop.
 func (s *streamer) follow(ctx context.Context) error {
@@ -472,7 +479,7 @@ func (s *streamer) follow(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if got && len(s.ready) < r.cfg.MaxBatchSize {
+		if got && len(s.ready) < r.cfg.MaxBatchSize && (len(s.ready) == 0 || time.Since(s.readySince) < streamLinger) {
 			continue
 		}
 		if len(s.ready) > 0 {
@@ -586,7 +593,7 @@ func (s *streamer) receive(ctx context.Context, wait time.Duration) (got bool, e
 			if err != nil {
 				return false, fmt.Errorf("relay: replication keepalive: %w", err)
 			}
-			s.walEnd(k.ServerWALEnd)
+			s.walEnd(k.ServerWALEnd, true)
 			if k.ReplyRequested {
 				return true, s.status(ctx, false)
 			}
@@ -595,7 +602,7 @@ func (s *streamer) receive(ctx context.Context, wait time.Duration) (got bool, e
 			if err != nil {
 				return false, fmt.Errorf("relay: replication data: %w", err)
 			}
-			s.walEnd(x.ServerWALEnd)
+			s.walEnd(x.ServerWALEnd, false)
 			if err := s.decode(x.WALData); err != nil {
 				return false, err
 			}
@@ -610,15 +617,17 @@ func (s *streamer) receive(ctx context.Context, wait time.Duration) (got bool, e
 	}
 }
 
-// walEnd records the server's end of WAL; with nothing received and not
-// handled, everything up to it is confirmed (the slot then lets the server
-// recycle WAL that holds no outbox insert).
-func (s *streamer) walEnd(end pglogrepl.LSN) {
+// walEnd records the server's end of WAL. A keepalive's end is the
+// position up to which the server has sent everything: with nothing
+// received and not handled, it is confirmed, so that the slot lets the
+// server recycle WAL that holds no outbox insert. (The end in a data
+// message is the server's, beyond what it sent.)
+func (s *streamer) walEnd(end pglogrepl.LSN, keepalive bool) {
 	if end == 0 {
 		return
 	}
 	s.r.stream.walEnd.Store(uint64(end))
-	if len(s.open) == 0 && len(s.ready) == 0 && !s.inTx() {
+	if keepalive && len(s.open) == 0 && len(s.ready) == 0 && !s.inTx() {
 		s.confirm(end)
 	}
 }
@@ -659,6 +668,9 @@ func (s *streamer) decode(data []byte) error {
 			s.maxSeen = max(s.maxSeen, s.open[i].id)
 		}
 		if len(s.open) > 0 {
+			if len(s.ready) == 0 {
+				s.readySince = time.Now()
+			}
 			s.ready = append(s.ready, s.open...)
 			s.commits = append(s.commits, s.openAt)
 		} else if len(s.ready) == 0 {
