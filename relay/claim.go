@@ -123,10 +123,12 @@ func newQueries(t outbox.Table) queries {
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
 		mark:       "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 		streamLock: "SELECT k, pg_try_advisory_xact_lock(@ns, ((hashtext(k) & 2147483647) % @lanes)::int) FROM unnest(@keys::text[]) AS k",
-		streamPending: "SELECT id FROM " + t.Ident() +
-			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL",
-		streamPendingLock: "SELECT id FROM " + t.Ident() +
-			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED",
+		streamPending: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[])",
+		// Under Unordered a row a polling relay has locked is not returned:
+		// it is waited for as a row not visible yet.
+		streamPendingLock: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) FOR UPDATE SKIP LOCKED",
 		streamBehind: "SELECT DISTINCT e.partition_key FROM " + t.Ident() + " e" +
 			" JOIN unnest(@keys::text[], @firsts::bigint[]) AS k(key, first) ON e.partition_key = k.key AND e.id < k.first" +
 			" WHERE e.published_at IS NULL AND e.parked_at IS NULL AND e.id < @top AND e.id <> ALL(@ids::bigint[])",

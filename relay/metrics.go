@@ -59,7 +59,7 @@ import (
 //	    streams): what the slot pins on the server
 //	outbox.stream.delay      gauge     [s]         -> outbox_stream_delay_seconds
 //	    age of the oldest transaction received and not yet published (0 unless it streams)
-//	outbox.stream.state      gauge     [1]         -> outbox_stream_state
+//	outbox.stream.state      gauge     [{relay}]   -> outbox_stream_state
 //	    1 for the relay's state (outbox.stream.state = starting, streaming, standby,
 //	    fallback or retrying), 0 for the others
 //
@@ -204,7 +204,7 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 		add(err)
 		delay, err = meter.Float64ObservableGauge(MetricStreamDelay, metric.WithUnit("s"), metric.WithDescription("Age of the oldest transaction the streaming relay received and has not published."))
 		add(err)
-		state, err = meter.Int64ObservableGauge(MetricStreamState, metric.WithUnit("1"), metric.WithDescription("1 for the stream's state (outbox.stream.state), 0 for the others."))
+		state, err = meter.Int64ObservableGauge(MetricStreamState, metric.WithUnit("{relay}"), metric.WithDescription("1 for the stream's state (outbox.stream.state), 0 for the others."))
 		add(err)
 		observed = append(observed, lag, delay, state)
 	}

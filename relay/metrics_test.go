@@ -531,8 +531,11 @@ func TestParkedGaugeByTopicAndReason(t *testing.T) {
 // exporter's output for the same names.
 func promName(name, unit, kind string) string {
 	n := strings.ReplaceAll(name, ".", "_")
-	if unit == "s" {
+	switch unit {
+	case "s":
 		n += "_seconds"
+	case "By":
+		n += "_bytes"
 	}
 	if kind == "counter" {
 		n += "_total"
@@ -593,6 +596,17 @@ func exportAll(t *testing.T) map[string]exported {
 	if _, err := rd.RunOnce(s.ctx); err == nil {
 		t.Fatal("a relay on a closed database port succeeded")
 	}
+	// A streaming relay: the stream's gauges.
+	s3 := newSetup(t)
+	s3.streaming(t)
+	sc := streamConfig()
+	sc.MeterProvider = mp
+	rs := s3.relay(t, newSyncPublisher(t, brokers), sc)
+	if err := rs.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rs.Stop(s.ctx) }()
+	waitUntil(t, 20*time.Second, "streaming", func() bool { return rs.StreamStatus().State == relay.Streaming })
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(s.ctx, &rm); err != nil {
@@ -710,13 +724,14 @@ func TestDocumentedMetricsMatchExports(t *testing.T) {
 	}
 	for _, name := range []string{relay.MetricPublished, relay.MetricErrors, relay.MetricStepErrors, relay.MetricStepDuration,
 		relay.MetricBatchSize, relay.MetricLatency, relay.MetricLastPublishAge, relay.MetricSentMessages, relay.MetricOperationDuration,
-		relay.MetricBacklog, relay.MetricOldestAge, relay.MetricParked, relay.MetricPoolConnections, relay.MetricPoolMax, relay.MetricPoolAcquireWait} {
+		relay.MetricBacklog, relay.MetricOldestAge, relay.MetricParked, relay.MetricPoolConnections, relay.MetricPoolMax, relay.MetricPoolAcquireWait,
+		relay.MetricStreamLag, relay.MetricStreamDelay, relay.MetricStreamState} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("constant %s is not exported", name)
 		}
 	}
-	if len(got) != 15 {
-		t.Errorf("%d metrics exported, the constants list 15: add the new one to the constants, the package doc and docs/operating.md", len(got))
+	if len(got) != 18 {
+		t.Errorf("%d metrics exported, the constants list 18: add the new one to the constants, the package doc and docs/operating.md", len(got))
 	}
 
 	token := regexp.MustCompile(`\b(?:outbox|messaging|db)_[a-z_]+\b`)

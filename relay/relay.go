@@ -533,7 +533,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	} else {
 		for i := range r.wakes {
 			loops.Add(1)
-			go func() { defer loops.Done(); r.loop(runCtx, i, time.Time{}) }()
+			go func() { defer loops.Done(); r.loop(runCtx, i, nil) }()
 		}
 	}
 	go func() { loops.Wait(); close(r.done) }()
@@ -593,8 +593,8 @@ func (r *Relay) Wake() {
 }
 
 // loop is one worker: it claims, publishes and marks batches until Stop,
-// or until the time until when that is not zero.
-func (r *Relay) loop(ctx context.Context, worker int, until time.Time) {
+// or, when until is not nil, until it receives (within PollInterval).
+func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	wake := r.wakes[worker]
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
@@ -620,8 +620,10 @@ func (r *Relay) loop(ctx context.Context, worker int, until time.Time) {
 			return
 		default:
 		}
-		if !until.IsZero() && time.Now().After(until) {
+		select {
+		case <-until:
 			return
+		default:
 		}
 		if err != nil {
 			size = r.cfg.BatchSize

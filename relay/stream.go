@@ -252,16 +252,16 @@ type streamRow struct {
 // streamer is one connection's stream: the replication connection, the
 // relation it decodes, and the rows received and not yet handled.
 type streamer struct {
-	r       *Relay
-	conn    *pgconn.PgConn
-	rels    map[uint32]*pglogrepl.RelationMessage
-	types   *pgtype.Map
-	open    []streamRow // rows of the transaction being received
-	openAt  time.Time   // its commit time
-	ready   []streamRow // rows of committed transactions, not yet handled
+	r      *Relay
+	conn   *pgconn.PgConn
+	rels   map[uint32]*pglogrepl.RelationMessage
+	types  *pgtype.Map
+	open   []streamRow // rows of the transaction being received
+	openAt time.Time   // its commit time
+	ready  []streamRow // rows of committed transactions, not yet handled
 	// readySince is when the first of them arrived.
 	readySince time.Time
-	readyTo pglogrepl.LSN
+	readyTo    pglogrepl.LSN
 	// commits holds the commit times of the transactions in ready, oldest
 	// first, for the lag.
 	commits    []time.Time
@@ -301,7 +301,10 @@ func (r *Relay) runStream(ctx context.Context) {
 			r.stream.state.Store(int32(StreamFallback))
 			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.cfg.Stream.Slot+"')) to make the relay create a new one and stream again",
 				"table", r.cfg.Table.String(), "slot", r.cfg.Stream.Slot, "error", err, "retry_in", r.cfg.Stream.RetryInterval)
-			r.loop(ctx, 0, time.Now().Add(r.cfg.Stream.RetryInterval))
+			until := make(chan struct{})
+			t := time.AfterFunc(r.cfg.Stream.RetryInterval, func() { close(until) })
+			r.loop(ctx, 0, until)
+			t.Stop()
 		default:
 			failures++
 			r.stream.state.Store(int32(StreamRetrying))
@@ -379,19 +382,13 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 func (s *streamer) start(ctx context.Context) error {
 	r := s.r
 	c := r.cfg.Stream
+	if err := s.createSlot(ctx); err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
-	_, err := pglogrepl.CreateReplicationSlot(cctx, s.conn, c.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
 	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
-			"table", r.cfg.Table.String(), "slot", c.Slot)
-	case errors.As(err, &pgErr) && pgErr.Code == "42710": // exists
-	default:
-		return fmt.Errorf("relay: create replication slot %s: %w", c.Slot, err)
-	}
-	err = pglogrepl.StartReplication(cctx, s.conn, c.Slot, 0, pglogrepl.StartReplicationOptions{
+	err := pglogrepl.StartReplication(cctx, s.conn, c.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + c.Publication + "'"},
 	})
 	if err != nil {
@@ -410,6 +407,62 @@ func (s *streamer) start(ctx context.Context) error {
 	r.stream.state.Store(int32(Streaming))
 	r.health.set(0, nil)
 	return nil
+}
+
+// createSlot creates the slot when it does not exist. Creating a logical
+// slot waits for a consistent point: for the transactions running when it
+// began to end, seen in the server's periodic snapshots of running
+// transactions (every 15s), so on a busy server it can take tens of
+// seconds. Meanwhile the relay publishes by polling.
+func (s *streamer) createSlot(ctx context.Context) error {
+	r := s.r
+	c := r.cfg.Stream
+	exists, err := s.slotExists(ctx)
+	if err != nil || exists {
+		return err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err = pglogrepl.CreateReplicationSlot(cctx, s.conn, c.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	}()
+	stopped := context.AfterFunc(ctx, cancel)
+	defer stopped()
+	r.cfg.Logger.Info("outbox relay: creating the replication slot; publishing by polling until it is ready",
+		"table", r.cfg.Table.String(), "slot", c.Slot)
+	r.loop(ctx, 0, done)
+	cancel() // Stop came first: abandon the creation
+	<-done
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
+			"table", r.cfg.Table.String(), "slot", c.Slot)
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42710": // another relay created it
+		return nil
+	default:
+		return fmt.Errorf("relay: create replication slot %s: %w", c.Slot, err)
+	}
+}
+
+// slotExists reports whether the slot exists.
+func (s *streamer) slotExists(ctx context.Context) (bool, error) {
+	r := s.r
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	defer cancel()
+	tx, err := r.db.Begin(cctx)
+	if err != nil {
+		return false, fmt.Errorf("relay: look for replication slot: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
+	var n int
+	if err := tx.QueryRow(cctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Stream.Slot).Scan(&n); err != nil {
+		return false, fmt.Errorf("relay: look for replication slot: %w", err)
+	}
+	return n > 0, nil
 }
 
 // slotInvalidated reports the server's refusal to stream from a slot whose
@@ -760,6 +813,30 @@ func (s *streamer) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleDat
 // publishes them in order. The rest goes through the one publish, park and
 // mark path. The position is confirmed once the transaction committed.
 func (s *streamer) publish(ctx context.Context) error {
+	// The server sends a transaction once its commit record is flushed,
+	// which is a moment before the transaction is visible to other
+	// sessions' snapshots: a row the claim cannot see yet is waited for.
+	deadline := time.Now().Add(visibleWait)
+	for wait := 200 * time.Microsecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := s.publishOnce(ctx, time.Now().After(deadline))
+		if !errors.Is(err, errNotVisible) {
+			return err
+		}
+		if !s.r.sleep(wait, nil) {
+			return nil
+		}
+	}
+}
+
+// visibleWait bounds the wait for streamed rows to become visible; rows
+// still missing after it were deleted (by an operator, or by the retention
+// of published rows when the stream is that far behind) and are skipped.
+const visibleWait = 5 * time.Second
+
+// errNotVisible says a streamed row is not visible to the claim yet.
+var errNotVisible = errors.New("relay: streamed row not visible yet")
+
+func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
 	r := s.r
 	rows := s.ready
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
@@ -772,7 +849,10 @@ func (s *streamer) publish(ctx context.Context) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
 
-	take, bad, deferred, err := s.claim(bctx, tx, rows)
+	take, bad, deferred, err := s.claim(bctx, tx, rows, skipMissing)
+	if errors.Is(err, errNotVisible) {
+		return err
+	}
 	var badParked []int64
 	if err == nil && len(bad) > 0 {
 		_, badParked, err = r.chargeUnreadable(bctx, tx, bad, nil)
@@ -808,7 +888,7 @@ func (s *streamer) publish(ctx context.Context) error {
 
 // claim returns the rows of the batch to publish now, in stream order, the
 // rows that cannot be decoded, and whether some rows were left to the sweep.
-func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take []row, bad []unreadable, deferred bool, err error) {
+func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, skipMissing bool) (take []row, bad []unreadable, deferred bool, err error) {
 	r := s.r
 	ids := make([]int64, 0, len(rows))
 	for _, x := range rows {
@@ -841,7 +921,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 			return err
 		})
 	}
-	pending := map[int64]bool{}
+	pending := map[int64]bool{} // present, and whether still unpublished
 	pendingSQL := r.q.streamPending
 	if r.cfg.Ordering == Unordered {
 		// Rows a polling relay has locked are left to the sweep.
@@ -849,7 +929,8 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 	}
 	b.Queue(pendingSQL, pgx.NamedArgs{"ids": ids}).Query(func(rs pgx.Rows) error {
 		var id int64
-		_, err := pgx.ForEachRow(rs, []any{&id}, func() error { pending[id] = true; return nil })
+		var p bool
+		_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error { pending[id] = p; return nil })
 		return err
 	})
 	behind := map[string]bool{}
@@ -875,6 +956,15 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
+	}
+	for _, x := range rows {
+		if _, ok := pending[x.id]; !ok && x.id != 0 {
+			if !skipMissing {
+				return nil, nil, false, errNotVisible
+			}
+			r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
+				"table", r.cfg.Table.String(), "id", x.id, "event_id", x.eventID)
+		}
 	}
 	for _, x := range rows {
 		switch {

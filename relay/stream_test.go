@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"github.com/IBM/sarama"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
@@ -27,6 +29,7 @@ func (s *setup) streaming(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	createSlot(t, s.pool, s.table.Slot())
 	t.Cleanup(func() {
 		ctx := context.Background()
 		deadline := time.Now().Add(15 * time.Second)
@@ -42,6 +45,36 @@ func (s *setup) streaming(t testing.TB) {
 		}
 		_, _ = s.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.table.Publication()}.Sanitize())
 	})
+}
+
+// createSlot creates a logical slot as the relay would. Creation waits for a
+// snapshot of running transactions in which those it saw at its start have
+// ended; the server logs one every 15s, or at a checkpoint: with other
+// tests writing, the test asks for checkpoints until the slot is ready.
+func createSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(300 * time.Millisecond):
+				_, _ = pool.Exec(ctx, "CHECKPOINT")
+			}
+		}
+	}()
+	_, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	close(done)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("create slot %s: %v", slot, err)
+	}
 }
 
 // streamConfig is a Stream relay's configuration with test-sized intervals.
