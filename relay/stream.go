@@ -262,9 +262,6 @@ type streamer struct {
 	// readySince is when the first of them arrived.
 	readySince time.Time
 	readyTo    pglogrepl.LSN
-	// commits holds the commit times of the transactions in ready, oldest
-	// first, for the lag.
-	commits    []time.Time
 	confirmed  pglogrepl.LSN
 	lastStatus time.Time
 	maxSeen    int64 // highest id the stream delivered: sweeps stop there
@@ -725,7 +722,6 @@ func (s *streamer) decode(data []byte) error {
 				s.readySince = time.Now()
 			}
 			s.ready = append(s.ready, s.open...)
-			s.commits = append(s.commits, s.openAt)
 		} else if len(s.ready) == 0 {
 			s.confirm(end)
 		}
@@ -865,20 +861,19 @@ func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
 	}
 	if len(take) > 0 || len(bad) > 0 {
 		d, err := r.deliver(bctx, tx, take, t, true, badParked)
-		if err != nil && len(d.ids) == 0 && len(d.failed) == 0 {
+		if err != nil {
+			// The database failed (nothing is confirmed; on the next
+			// connection the table's waiting rows go first), or nothing
+			// went through: the batch is tried again after a backoff, its
+			// failed events (paced now) left to the sweep.
 			return err
 		}
 		if len(d.transient) > 0 || len(d.failed) > 0 || d.heldBehind {
 			s.needSweep = true
 		}
-		if err != nil {
-			// Committed what went through; the rest waits in the table.
-			s.needSweep = true
-		}
 	}
 	s.confirm(s.readyTo)
 	s.ready = s.ready[:0]
-	s.commits = s.commits[:0]
 	r.stream.oldest.Store(0)
 	if s.inTx() {
 		r.stream.oldest.Store(s.openAt.UnixNano())
