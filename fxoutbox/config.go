@@ -419,6 +419,9 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 		}
 		return c, err
 	}
+	for _, n := range inboxVariables {
+		known[n] = true // read by InboxConfigFromEnv
+	}
 	if c.warnings, err = unknownVariables(environ, known); err != nil {
 		return c, err
 	}
