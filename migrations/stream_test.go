@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,7 +52,7 @@ func TestStreamUpDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if p, err := migrations.ReadPublication(ctx, pool, tbl); err != nil || p.Exists {
+	if p, err := migrations.ReadPublication(ctx, pool, tbl); err != nil || p.Exists || !slices.Equal(p.Problems(), []string{"does not exist"}) || !strings.HasPrefix(p.Fix(tbl), "CREATE PUBLICATION") {
 		t.Fatalf("after DownStream: %+v, %v", p, err)
 	}
 	// Without the table: an error that says to run the migrations.
