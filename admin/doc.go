@@ -22,4 +22,18 @@
 // another role's sessions only to members of pg_read_all_stats: without it,
 // relays connecting as other roles show without those, and their LISTEN
 // sessions are not seen.
+//
+// For the streaming relay (relay.Stream), [CheckStream] checks what it
+// needs of the server, in order: wal_level = logical, the table's
+// publication (FOR TABLE the table WITH (publish = 'insert'), created by
+// migrations.UpStream), the role's REPLICATION attribute, room for
+// replication slots and WAL senders, and the table's slot if it exists (a
+// pgoutput logical slot of this database, not invalidated). It returns the
+// first problem as a *[StreamSetupError] whose message names the SQL or
+// setting that fixes it; the relay fails to start with it. [ReadStream]
+// reports the slot (active, lag and retained WAL, wal_status), the
+// publication and the settings; [DropSlot] drops the slot, which frees the
+// WAL it keeps (DropSlot needs REPLICATION, ending another role's session
+// pg_signal_backend). All of them read catalogs and settings any role may
+// read.
 package admin

@@ -20,9 +20,18 @@ var update = flag.Bool("update", false, "rewrite migrations/goose and migrations
 // render for the default table from the up/down files (the single source),
 // so users of either tool's command line take them as they are. This test
 // fails when they drift; `go test ./migrations -run Layouts -update`
-// rewrites them.
+// rewrites them. The same holds for the publication's migration in
+// stream/goose and stream/tern.
 func TestToolLayouts(t *testing.T) {
-	for dir, render := range map[string]func(outbox.Table) (fs.FS, string, error){"goose": migrations.Goose, "tern": migrations.Tern} {
+	for _, tc := range []struct {
+		dir    string
+		render func(outbox.Table) (fs.FS, string, error)
+		files  int
+	}{
+		{"goose", migrations.Goose, 3}, {"tern", migrations.Tern, 3},
+		{filepath.Join("stream", "goose"), migrations.GooseStream, 1}, {filepath.Join("stream", "tern"), migrations.TernStream, 1},
+	} {
+		dir, render := tc.dir, tc.render
 		fsys, _, err := render(outbox.Table{})
 		if err != nil {
 			t.Fatal(err)
@@ -36,7 +45,7 @@ func TestToolLayouts(t *testing.T) {
 			want[filepath.Join(dir, path)] = string(b)
 			return err
 		})
-		if err != nil || len(want) != 3 {
+		if err != nil || len(want) != tc.files {
 			t.Fatalf("%s: rendered %d files: %v", dir, len(want), err)
 		}
 		for path, content := range want {

@@ -31,6 +31,20 @@
 // <name>_migrations; [GooseInbox] and [TernInbox] render them for those
 // tools with version tables of their own. inbox/roles.example.sql grants a
 // least-privilege consumer role.
+//
+// The streaming relay (relay.Stream) reads the table's inserts through a
+// publication, [outbox.Table.Publication]: FOR TABLE the table WITH
+// (publish = 'insert'). It is opt-in and has a migration of its own, in the
+// folder stream/ (golang-migrate's layout, for the default table) and
+// stream/goose, stream/tern. [UpStream] creates it for any table, and is
+// idempotent (an existing publication that differs is an error saying how);
+// [DownStream] drops it; [GooseStream] and [TernStream] render it with
+// version tables of their own (<name>_stream_goose_version,
+// <name>_stream_tern_version). Creating a publication takes the table's
+// owner with CREATE on the database. The relay's replication slot is not a
+// migration: the relay creates it, and it is dropped separately
+// (admin.DropSlot, `outboxctl stream drop-slot`), since it keeps WAL until
+// it is.
 package migrations
 
 import (
@@ -83,6 +97,9 @@ type set struct {
 	defaults func(outbox.Table) outbox.Table
 	render   func(string, outbox.Table) string
 	hint     string // how to apply them, for errors
+	// versions goes between the table's name and the tool's in the name
+	// of goose's and tern's version table: <name>_<versions><tool>_version.
+	versions string
 }
 
 var (

@@ -24,6 +24,20 @@
 --             attempts, last_error, parked_at), never an event's payload,
 --             topic, key or headers, cannot add events, and can delete
 --             only published or parked events (row-level security).
+--   stream    (only for the streaming relay, relay.Stream) a login role with
+--             the REPLICATION attribute that is a member of the relay role:
+--             the relay's grants and policies below apply to it through the
+--             membership, and REPLICATION lets it open a logical replication
+--             connection and create the table's slot. Keep REPLICATION off
+--             the relay role itself, so that polling relays do without it.
+--
+-- REPLICATION is more than this table: a role that has it may decode every
+-- change of the database through a slot of its own with any output plugin,
+-- and, when pg_hba.conf has a line for it with the database `replication`,
+-- stream the whole cluster's WAL (physical replication, base backups).
+-- Logical replication connections match pg_hba.conf's lines for the
+-- database, not the `replication` ones: give the stream role no
+-- `replication` line.
 --
 -- Once, as an administrator (this file does not create roles or schemas):
 --
@@ -32,6 +46,22 @@
 --   CREATE ROLE orders_relay    LOGIN PASSWORD '...';
 --   CREATE SCHEMA orders AUTHORIZATION outbox_migrator;
 --   -- or, to use the public schema: GRANT CREATE ON SCHEMA public TO outbox_migrator;
+--
+-- and, for the streaming relay only:
+--
+--   CREATE ROLE orders_stream LOGIN REPLICATION PASSWORD '...' IN ROLE orders_relay;
+--   -- (Amazon RDS and Aurora: CREATE ROLE ... IN ROLE orders_relay, rds_replication)
+--   -- CREATE PUBLICATION takes CREATE on the database; the migrator then
+--   -- owns the publication, and keeps it when the privilege is revoked:
+--   GRANT CREATE ON DATABASE orders TO outbox_migrator;
+--   -- ... as outbox_migrator: migrations.UpStream, or the migration in
+--   -- migrations/stream/ (CREATE PUBLICATION orders_outbox_event_fxoutbox
+--   --     FOR TABLE orders.outbox_event WITH (publish = 'insert')) ...
+--   REVOKE CREATE ON DATABASE orders FROM outbox_migrator;
+--
+-- The streaming relay connects as orders_stream. It creates its replication
+-- slot itself; dropping it (outboxctl stream drop-slot) takes REPLICATION
+-- too. This script needs nothing more for it: run it as below.
 --
 -- Then, after the migrations, run this file as the migrator (the owner of
 -- the schema and the table) or as a superuser. Run it again after every new

@@ -82,7 +82,7 @@ func renderSet(k set, table outbox.Table, tool string, file func(Migration) (nam
 		return nil, "", &outbox.ConfigError{Field: "Table.Schema", Reason: fmt.Sprintf(
 			"%q has upper-case letters: %s does not quote the name of its version table, so the schema must be lower-case", table.Schema, tool)}
 	}
-	versions := strings.ToLower(table.Name) + "_" + tool + "_version"
+	versions := strings.ToLower(table.Name) + "_" + k.versions + tool + "_version"
 	if table.Schema != "" {
 		versions = table.Schema + "." + versions
 	}

@@ -1,7 +1,8 @@
 // Command outboxctl operates an fxoutbox table: it shows how the relays are
-// doing, lists, shows, requeues and deletes parked events, and replays
-// published events. It is a shell over package admin, the API the relay's
-// own ListParked and Requeue use.
+// doing, lists, shows, requeues and deletes parked events, replays
+// published events, and checks, shows and drops what the streaming relay
+// uses (its replication slot and publication). It is a shell over package
+// admin, the API the relay's own ListParked and Requeue use.
 //
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
 //
@@ -80,6 +81,12 @@ Usage:
   outboxctl parked delete <event-id>...     delete parked events for good
   outboxctl parked delete [filters|--all]
   outboxctl replay [filters|--all]          publish already published events again
+  outboxctl stream status                   the streaming relay's slot (lag, WAL kept),
+                                            publication and server settings
+  outboxctl stream check                    check the server's setup for the streaming
+                                            relay, as it does at start; exit 1 if wrong
+  outboxctl stream drop-slot [--force]      drop the table's replication slot (frees
+                                            its WAL); --force ends the relay streaming
   outboxctl version
   outboxctl help [command]
 
@@ -93,7 +100,7 @@ Filters (parked list/requeue/delete, replay):
 
 Common flags:
   --json        machine-readable output on stdout
-  --yes         do not ask before requeue, delete or replay
+  --yes         do not ask before requeue, delete, replay or drop-slot
   --progress    draw the progress line even when stderr is not a terminal
   --chunk N     rows per statement for requeue, delete and replay (default 1000)
 
@@ -105,6 +112,7 @@ Environment:
                  search_path, 64 lanes)
   Connect as the relay's role: it may read the table, set published_at,
   parked_at and attempts, and delete parked rows (migrations/roles.example.sql).
+  stream check and drop-slot need the streaming relay's role (REPLICATION).
 
 Exit codes:
   0  done
@@ -137,6 +145,8 @@ func run(ctx context.Context, args []string, e env) int {
 		return cmdStatus(ctx, args[1:], e)
 	case "replay":
 		return cmdBulk(ctx, "replay", args[1:], e, replayOp)
+	case "stream":
+		return cmdStream(ctx, args[1:], e)
 	case "parked":
 		if len(args) < 2 {
 			fmt.Fprintln(e.stderr, "outboxctl parked: name a command: list, show, requeue or delete (outboxctl help)")

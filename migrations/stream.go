@@ -1,0 +1,298 @@
+package migrations
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// StreamFS holds the migration of the streaming relay's publication, in the
+// folder stream/ (stream/000001_create_outbox_event_publication.up.sql and
+// .down.sql), for the default table: point golang-migrate at that folder
+// with a version table of its own (e.g.
+// x-migrations-table=outbox_event_stream_migrations), or call [UpStream].
+//
+//go:embed stream/*.sql
+var StreamFS embed.FS
+
+var streamSet = set{fsys: StreamFS, dir: "stream", defaults: outbox.Table.WithDefaults, render: RenderStream,
+	hint: "create the publication (migrations.UpStream, or the SQL files in migrations/stream/)", versions: "stream_"}
+
+// AllStream returns the publication's migrations rendered for table.
+func AllStream(table outbox.Table) ([]Migration, error) { return streamSet.all(table) }
+
+// GooseStream is [Goose] for the publication's migration: its version table
+// is <name>_stream_goose_version.
+func GooseStream(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return renderSet(streamSet, table, "goose", gooseFile)
+}
+
+// TernStream is [Tern] for the publication's migration: its version table
+// is <name>_stream_tern_version.
+func TernStream(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return renderSet(streamSet, table, "tern", ternFile)
+}
+
+var streamNameRE = regexp.MustCompile(`'outbox_event_fxoutbox'|\boutbox_event_fxoutbox\b|\boutbox_event\b`)
+
+// RenderStream rewrites SQL written for the default table outbox_event so
+// that it names table instead: outbox_event_fxoutbox becomes the quoted
+// [outbox.Table.Publication] (as a string literal, 'outbox_event_fxoutbox',
+// the [outbox.Table.Slot]), and outbox_event the table, schema-qualified and
+// quoted.
+func RenderStream(sql string, table outbox.Table) string {
+	return streamNameRE.ReplaceAllStringFunc(sql, func(s string) string {
+		switch s {
+		case "'outbox_event_fxoutbox'":
+			return "'" + table.Slot() + "'"
+		case "outbox_event_fxoutbox":
+			return pgx.Identifier{table.Publication()}.Sanitize()
+		}
+		return table.Ident()
+	})
+}
+
+// ErrPublicationMismatch is returned by UpStream when the table's
+// publication exists but is not what the streaming relay reads.
+var ErrPublicationMismatch = errors.New("the outbox publication differs from what the streaming relay needs")
+
+// UpStream creates the publication the streaming relay reads,
+// [outbox.Table.Publication]: FOR TABLE table WITH (publish = 'insert'). It
+// is idempotent: a publication of that name that is already right is left
+// alone; one that differs (other operations, other tables, FOR ALL TABLES, a
+// row filter or column list) is an error wrapping ErrPublicationMismatch
+// that says what differs and the SQL that fixes it. The table must exist
+// (run [Up] first). Run it as the table's owner, with CREATE on the
+// database. It takes the same advisory lock as [Up].
+//
+// Nothing records it in a version table: the catalog is the record.
+func UpStream(ctx context.Context, db DB, table outbox.Table) error {
+	table = table.WithDefaults()
+	all, err := streamSet.all(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
+			return fmt.Errorf("migrations: lock: %w", err)
+		}
+		if err := outboxSet.exists(ctx, tx, table); err != nil {
+			return fmt.Errorf("migrations: publication of %s: %w", table, err)
+		}
+		p, err := ReadPublication(ctx, tx, table)
+		if err != nil {
+			return err
+		}
+		if !p.Exists {
+			for _, m := range all {
+				if _, err := tx.Exec(ctx, m.Up); err != nil {
+					return fmt.Errorf("migrations: create publication %s for %s (as the table's owner, with CREATE on the database): %w", p.Name, table, err)
+				}
+			}
+			return nil
+		}
+		if problems := p.Problems(); len(problems) > 0 {
+			return fmt.Errorf("%w: publication %s %s; fix it with: %s", ErrPublicationMismatch, p.Name, strings.Join(problems, "; "), p.Fix(table))
+		}
+		return nil
+	})
+}
+
+// DownStream drops the table's publication, if it exists. It leaves the
+// streaming relay's replication slot alone: a slot keeps WAL on the
+// server's disk until it is dropped, so drop it separately once the
+// streaming relays are stopped (admin.DropSlot, `outboxctl stream
+// drop-slot`, or SELECT pg_drop_replication_slot('<slot>')).
+func DownStream(ctx context.Context, db DB, table outbox.Table) error {
+	table = table.WithDefaults()
+	all, err := streamSet.all(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
+			return fmt.Errorf("migrations: lock: %w", err)
+		}
+		for _, m := range slices.Backward(all) {
+			if _, err := tx.Exec(ctx, m.Down); err != nil {
+				return fmt.Errorf("migrations: drop publication %s of %s (as its owner): %w", table.Publication(), table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Publication is what the catalog says of a table's publication
+// ([outbox.Table.Publication]).
+type Publication struct {
+	Name   string `json:"name"`
+	Exists bool   `json:"exists"`
+	Owner  string `json:"owner,omitempty"`
+	// AllTables says it was created FOR ALL TABLES.
+	AllTables bool `json:"all_tables"`
+	// The operations it publishes.
+	Insert   bool `json:"insert"`
+	Update   bool `json:"update"`
+	Delete   bool `json:"delete"`
+	Truncate bool `json:"truncate"`
+	// IncludesTable says the outbox table is in it (by name, by its schema,
+	// or FOR ALL TABLES).
+	IncludesTable bool `json:"includes_table"`
+	// OtherTables counts the other tables it publishes (0 for FOR ALL
+	// TABLES, where they are not counted); OtherTableNames names up to 10.
+	OtherTables     int      `json:"other_tables"`
+	OtherTableNames []string `json:"other_table_names,omitempty"`
+	// RowFilter is the table's row filter (PostgreSQL 15 and later), which
+	// would hide events from the relay; empty when none.
+	RowFilter string `json:"row_filter,omitempty"`
+	// MissingColumns are the table's columns its column list leaves out
+	// (PostgreSQL 15 and later).
+	MissingColumns []string `json:"missing_columns,omitempty"`
+}
+
+// Problems says, one item each, how p differs from FOR TABLE <the table>
+// WITH (publish = 'insert'); none when it does not. A publication that does
+// not exist has the single problem "does not exist".
+func (p Publication) Problems() []string {
+	if !p.Exists {
+		return []string{"does not exist"}
+	}
+	var out []string
+	if p.AllTables {
+		out = append(out, "is FOR ALL TABLES (the relay would decode every table's changes)")
+	} else if !p.IncludesTable {
+		out = append(out, "does not include the outbox table")
+	}
+	if p.OtherTables > 0 {
+		out = append(out, fmt.Sprintf("also publishes %d other table(s) (%s)", p.OtherTables, strings.Join(p.OtherTableNames, ", ")))
+	}
+	if !p.Insert {
+		out = append(out, "does not publish inserts")
+	}
+	var ops []string
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{{p.Update, "update"}, {p.Delete, "delete"}, {p.Truncate, "truncate"}} {
+		if o.on {
+			ops = append(ops, o.name)
+		}
+	}
+	if len(ops) > 0 {
+		out = append(out, "also publishes "+strings.Join(ops, ", ")+" (the relay would decode its own marks and retention's deletes)")
+	}
+	if p.RowFilter != "" {
+		out = append(out, "has a row filter, which would hide events from the relay: WHERE "+cut(p.RowFilter, 200))
+	}
+	if len(p.MissingColumns) > 0 {
+		out = append(out, "has a column list without "+strings.Join(p.MissingColumns, ", "))
+	}
+	return out
+}
+
+// Fix returns the SQL that turns p into what the streaming relay reads, to
+// run as the table's owner; "" when nothing is to be done.
+func (p Publication) Fix(table outbox.Table) string {
+	name := pgx.Identifier{p.Name}.Sanitize()
+	create := "CREATE PUBLICATION " + name + " FOR TABLE " + table.Ident() + " WITH (publish = 'insert')"
+	if !p.Exists {
+		return create
+	}
+	if p.AllTables {
+		return "DROP PUBLICATION " + name + "; " + create
+	}
+	var fix []string
+	if !p.IncludesTable || p.OtherTables > 0 || p.RowFilter != "" || len(p.MissingColumns) > 0 {
+		fix = append(fix, "ALTER PUBLICATION "+name+" SET TABLE "+table.Ident())
+	}
+	if !p.Insert || p.Update || p.Delete || p.Truncate {
+		fix = append(fix, "ALTER PUBLICATION "+name+" SET (publish = 'insert')")
+	}
+	return strings.Join(fix, "; ")
+}
+
+// cut returns s cut to at most n bytes, on a character boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// ReadPublication reads table's publication from the catalog (readable by
+// any role). The table must exist.
+func ReadPublication(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, table outbox.Table) (Publication, error) {
+	table = table.WithDefaults()
+	p := Publication{Name: table.Publication()}
+	if err := table.Validate(); err != nil {
+		return p, err
+	}
+	wrap := func(err error) error { return fmt.Errorf("migrations: read publication %s: %w", p.Name, err) }
+	rows, err := db.Query(ctx, "SELECT pg_get_userbyid(pubowner), puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1", p.Name)
+	if err != nil {
+		return p, wrap(err)
+	}
+	n, err := pgx.ForEachRow(rows, []any{&p.Owner, &p.AllTables, &p.Insert, &p.Update, &p.Delete, &p.Truncate}, func() error { return nil })
+	if err != nil {
+		return p, wrap(err)
+	}
+	if p.Exists = n.RowsAffected() == 1; !p.Exists {
+		return p, nil
+	}
+	// The table's own row in pg_publication_tables (to_jsonb: its columns
+	// differ between versions), its columns, and the other tables.
+	var (
+		entry []byte
+		cols  []string
+	)
+	rows, err = db.Query(ctx, `WITH t AS (SELECT n.nspname, c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($2))
+		SELECT (SELECT to_jsonb(pt) FROM pg_publication_tables pt, t WHERE pt.pubname = $1 AND pt.schemaname = t.nspname AND pt.tablename = t.relname),
+			(SELECT coalesce(array_agg(attname::text ORDER BY attnum), '{}') FROM pg_attribute, t WHERE attrelid = t.oid AND attnum > 0 AND NOT attisdropped),
+			(SELECT count(*) FROM pg_publication_tables pt, t WHERE $3 AND pt.pubname = $1 AND (pt.schemaname, pt.tablename) <> (t.nspname, t.relname)),
+			(SELECT coalesce((array_agg(quote_ident(pt.schemaname) || '.' || quote_ident(pt.tablename) ORDER BY pt.schemaname, pt.tablename))[1:10], '{}')
+				FROM pg_publication_tables pt, t WHERE $3 AND pt.pubname = $1 AND (pt.schemaname, pt.tablename) <> (t.nspname, t.relname))`,
+		p.Name, table.Ident(), !p.AllTables)
+	if err != nil {
+		return p, wrap(err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&entry, &cols, &p.OtherTables, &p.OtherTableNames}, func() error { return nil }); err != nil {
+		return p, wrap(err)
+	}
+	if entry == nil {
+		return p, nil
+	}
+	p.IncludesTable = true
+	var e struct {
+		RowFilter *string  `json:"rowfilter"`
+		AttNames  []string `json:"attnames"`
+	}
+	if err := json.Unmarshal(entry, &e); err != nil {
+		return p, wrap(err)
+	}
+	if e.RowFilter != nil {
+		p.RowFilter = *e.RowFilter
+	}
+	if e.AttNames != nil {
+		for _, c := range cols {
+			if !slices.Contains(e.AttNames, c) {
+				p.MissingColumns = append(p.MissingColumns, c)
+			}
+		}
+	}
+	return p, nil
+}
