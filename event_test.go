@@ -243,21 +243,25 @@ func TestTable(t *testing.T) {
 
 func TestSlotAndPublicationNames(t *testing.T) {
 	for _, c := range []struct {
-		table outbox.Table
-		want  string
+		table     outbox.Table
+		pub, slot string
 	}{
-		{outbox.Table{}, "outbox_event_fxoutbox"},
-		{outbox.Table{Schema: "billing", Name: "outbox"}, "billing_outbox_fxoutbox"},
+		{outbox.Table{}, "outbox_event_fxoutbox", "orders_outbox_event_fxoutbox"},
+		{outbox.Table{Schema: "billing", Name: "outbox"}, "billing_outbox_fxoutbox", "orders_billing_outbox_fxoutbox"},
 	} {
-		if got := c.table.Slot(); got != c.want || c.table.Publication() != c.want {
-			t.Errorf("%v: slot %q, publication %q, want %q", c.table, got, c.table.Publication(), c.want)
+		if got := c.table.Slot("orders"); got != c.slot || c.table.Publication() != c.pub {
+			t.Errorf("%v: slot %q, publication %q, want %q and %q", c.table, got, c.table.Publication(), c.slot, c.pub)
 		}
 	}
-	// Names a slot does not allow, or too long, get a hash of the table's
-	// name: distinct tables keep distinct slots.
-	a, b := outbox.Table{Name: "Outbox"}.Slot(), outbox.Table{Name: "outbox"}.Slot()
-	long := outbox.Table{Schema: strings.Repeat("s", 40), Name: strings.Repeat("t", 40)}.Slot()
-	for _, n := range []string{a, long} {
+	// Slot names are server-wide: two databases' outboxes get two slots.
+	if (outbox.Table{}).Slot("orders") == (outbox.Table{}).Slot("billing") {
+		t.Error("two databases share a slot name")
+	}
+	// Names a slot does not allow, or too long, get a hash of the names:
+	// distinct tables keep distinct slots.
+	a, b := outbox.Table{Name: "Outbox"}.Slot("db"), outbox.Table{Name: "outbox"}.Slot("db")
+	long := outbox.Table{Schema: strings.Repeat("s", 40), Name: strings.Repeat("t", 40)}.Slot("db")
+	for _, n := range []string{a, long, (outbox.Table{}).Slot("Orders-DB")} {
 		if len(n) > 63 || strings.Trim(n, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 			t.Errorf("slot name %q is not valid", n)
 		}

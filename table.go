@@ -113,20 +113,28 @@ func (t Table) Channel() string {
 // the streaming relay (relay.Stream) reads the table's inserts:
 // "<name>_fxoutbox", or "<schema>_<name>_fxoutbox" when a schema is set. The
 // migrations create it (FOR TABLE the table WITH (publish = 'insert')).
-func (t Table) Publication() string { return t.replicationName() }
+// Names other than lower-case letters, digits and underscores, or past
+// PostgreSQL's 63-byte limit, get those characters replaced and a hash of
+// the table's name appended.
+func (t Table) Publication() string { return replicationName(t, "") }
 
 // Slot returns the name of the logical replication slot the streaming relay
-// of this table creates and reads: the same as Publication. Slot names allow
-// only lower-case letters, digits and underscores: other characters become
-// underscores, and a name past PostgreSQL's 63-byte limit is replaced by a
-// hashed one.
-func (t Table) Slot() string { return t.replicationName() }
+// of this table, in the database named database, creates and reads:
+// "<database>_<name>_fxoutbox" (with "<schema>_" before the name when a
+// schema is set). Slot names are shared by the whole server, so the
+// database is part of it; as for Publication, other characters than
+// lower-case letters, digits and underscores, or a name too long, get a
+// hash appended.
+func (t Table) Slot(database string) string { return replicationName(t, database) }
 
-func (t Table) replicationName() string {
+func replicationName(t Table, database string) string {
 	t = t.WithDefaults()
 	n := t.Name + "_fxoutbox"
 	if t.Schema != "" {
 		n = t.Schema + "_" + n
+	}
+	if database != "" {
+		n = database + "_" + n
 	}
 	b := []byte(n)
 	for i, c := range b {
@@ -137,8 +145,8 @@ func (t Table) replicationName() string {
 	if len(b) <= 63 && string(b) == n {
 		return n
 	}
-	// Lossy or too long: a hash of the table's name keeps names distinct.
+	// Lossy or too long: a hash of the names keeps them distinct.
 	h := fnv.New64a()
-	h.Write([]byte(t.String()))
+	h.Write([]byte(database + "\x00" + t.String()))
 	return fmt.Sprintf("%s_%016x", string(b[:min(len(b), 46)]), h.Sum64())
 }

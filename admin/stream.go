@@ -212,7 +212,7 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 			"set max_wal_senders to at least the number of replication connections the server serves (one per streaming relay, plus standbys), e.g. 10, in postgresql.conf and restart PostgreSQL")
 	}
 
-	slot := table.Slot()
+	slot := table.Slot(s.database)
 	r, _, _, exists, err := readSlot(ctx, db, slot)
 	if err != nil {
 		return err
@@ -233,8 +233,8 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 		return fail(CheckSlot, fmt.Sprintf("the replication slot %s uses the output plugin %q, not pgoutput", slot, cutString(str(r.Plugin), 60)),
 			"if nothing else uses it, drop it and the relay creates its own: "+drop)
 	case str(r.Database) != s.database:
-		return fail(CheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server", slot, cutString(str(r.Database), 60), s.database),
-			fmt.Sprintf("give one of the two outbox tables another schema or name, or drop the slot from the database %q: %s", cutString(str(r.Database), 60), drop))
+		return fail(CheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server, and this one was not created by this table's relay", slot, cutString(str(r.Database), 60), s.database),
+			fmt.Sprintf("if nothing uses it, drop it from the database %q: %s", cutString(str(r.Database), 60), drop))
 	case r.lost():
 		return fail(CheckSlotLost, fmt.Sprintf("the replication slot %s was invalidated (wal_status lost): it fell further behind than max_slot_wal_keep_size allows and PostgreSQL removed WAL it still needed", slot),
 			"the relay falls back to polling, which publishes every event still waiting in the table; to stream again, drop the slot and restart the relay, which creates a new one: "+drop+
@@ -333,7 +333,7 @@ type SlotStatus struct {
 // carries CheckStream's verdict. It changes nothing.
 func ReadStream(ctx context.Context, db Querier, table outbox.Table) (StreamStatus, error) {
 	table = table.WithDefaults()
-	st := StreamStatus{Table: table.String(), PublicationProblems: []string{}, Slot: SlotStatus{Name: table.Slot()}}
+	st := StreamStatus{Table: table.String(), PublicationProblems: []string{}}
 	if err := table.Validate(); err != nil {
 		return st, err
 	}
@@ -350,6 +350,7 @@ func readStream(ctx context.Context, db Querier, table outbox.Table, st StreamSt
 		return st, err
 	}
 	st.WALLevel, st.MaxReplicationSlots, st.MaxWALSenders, st.Role, st.Replication = s.walLevel, s.maxSlots, s.maxSender, s.role, s.replication
+	st.Slot.Name = table.Slot(s.database)
 	var keep *string
 	rows, err := db.Query(ctx, "SELECT current_setting('max_slot_wal_keep_size', true), pg_size_bytes(nullif(current_setting('max_slot_wal_keep_size', true), ''))")
 	if err != nil {
@@ -423,7 +424,15 @@ func DropSlot(ctx context.Context, db Querier, table outbox.Table, force bool) e
 	if err := table.Validate(); err != nil {
 		return err
 	}
-	slot := table.Slot()
+	var database string
+	rows, err := db.Query(ctx, "SELECT current_database()")
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&database}, func() error { return nil })
+	}
+	if err != nil {
+		return fmt.Errorf("admin: drop slot of %s: %w", table, err)
+	}
+	slot := table.Slot(database)
 	giveUp := time.Now().Add(30 * time.Second)
 	for attempt := 0; ; attempt++ {
 		r, _, _, ok, err := readSlot(ctx, db, slot)

@@ -58,7 +58,7 @@ func TestCheckStream(t *testing.T) {
 	s := newSetup(t)
 	ctx, pool, tbl := s.ctx, s.pool, s.table
 	dropPublicationAtEnd(t, pool, tbl)
-	slot := tbl.Slot()
+	slot := testenv.Slot(t, pool, tbl)
 	dropSlotAtEnd(t, pool, slot)
 	pub := pgx.Identifier{tbl.Publication()}.Sanitize()
 
@@ -127,8 +127,8 @@ func TestCheckStream(t *testing.T) {
 	dropSlotAtEnd(t, other, slot)
 	var db string
 	_ = other.QueryRow(ctx, "SELECT current_database()").Scan(&db)
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckSlot, `belongs to the database "`+db+`"`, "give one of the two outbox tables another schema or name")
-	if err := admin.DropSlot(ctx, other, tbl, false); err != nil {
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckSlot, `belongs to the database "`+db+`"`, "if nothing uses it, drop it")
+	if _, err := other.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
 		t.Fatal(err)
 	}
 
@@ -191,7 +191,7 @@ func TestReadStreamAndDropSlot(t *testing.T) {
 	s := newSetup(t)
 	ctx, pool, tbl := s.ctx, s.pool, s.table
 	dropPublicationAtEnd(t, pool, tbl)
-	slot := tbl.Slot()
+	slot := testenv.Slot(t, pool, tbl)
 	dropSlotAtEnd(t, pool, slot)
 	if err := migrations.UpStream(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
@@ -258,9 +258,9 @@ func TestCheckStreamServerSettings(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
 	tbl := outbox.Table{}
-	slot := tbl.Slot()
 
 	pool := c.start(t, "wal_level=replica")
+	slot := testenv.Slot(t, pool, tbl)
 	if err := migrations.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}

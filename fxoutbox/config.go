@@ -131,10 +131,10 @@ type Config struct {
 	// REPLICATION; see relay.StreamConfig and the README's "Streaming from
 	// the WAL") [OUTBOX_RELAY_MODE=poll|stream].
 	Mode relay.Mode
-	// Stream configures the Stream mode [OUTBOX_STREAM_SLOT,
-	// OUTBOX_STREAM_PUBLICATION, OUTBOX_STREAM_MAX_LAG (a duration),
-	// OUTBOX_STREAM_MAX_LAG_BYTES]. Default: relay.StreamConfig's
-	// defaults (the table's slot and publication names, 30s, 1 GiB).
+	// Stream configures the Stream mode [OUTBOX_STREAM_MAX_LAG (a
+	// duration), OUTBOX_STREAM_MAX_LAG_BYTES]. The slot and publication
+	// are named after the table (outbox.Table.Slot, Publication). Default:
+	// relay.StreamConfig's defaults (30s, 1 GiB).
 	Stream relay.StreamConfig
 	// Poison is relay.Park (default: set a failing event aside so its key
 	// flows on) or relay.Hold (retry it forever, blocking its key)
@@ -390,8 +390,6 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 			return c, e
 		}
 	}
-	c.Stream.Slot, _ = get("OUTBOX_STREAM_SLOT")
-	c.Stream.Publication, _ = get("OUTBOX_STREAM_PUBLICATION")
 	if v, ok := get("OUTBOX_STREAM_MAX_LAG"); ok {
 		if c.Stream.MaxLag, err = time.ParseDuration(v); err != nil || c.Stream.MaxLag <= 0 {
 			return c, bad("OUTBOX_STREAM_MAX_LAG", v, "a positive duration such as 30s")

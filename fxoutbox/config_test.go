@@ -49,7 +49,7 @@ func TestConfigFromEnv(t *testing.T) {
 		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != relay.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
-	if c.Mode != relay.Stream || c.Stream != (relay.StreamConfig{Slot: "app_slot", Publication: "app_pub", MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
+	if c.Mode != relay.Stream || c.Stream != (relay.StreamConfig{MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
 		t.Errorf("stream settings: mode %v, %+v", c.Mode, c.Stream)
 	}
 	if topic, _ := c.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {

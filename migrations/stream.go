@@ -43,18 +43,15 @@ func TernStream(table outbox.Table) (fsys fs.FS, versionTable string, err error)
 	return renderSet(streamSet, table, "tern", ternFile)
 }
 
-var streamNameRE = regexp.MustCompile(`'outbox_event_fxoutbox'|\boutbox_event_fxoutbox\b|\boutbox_event\b`)
+var streamNameRE = regexp.MustCompile(`\boutbox_event_fxoutbox\b|\boutbox_event\b`)
 
 // RenderStream rewrites SQL written for the default table outbox_event so
 // that it names table instead: outbox_event_fxoutbox becomes the quoted
-// [outbox.Table.Publication] (as a string literal, 'outbox_event_fxoutbox',
-// the [outbox.Table.Slot]), and outbox_event the table, schema-qualified and
-// quoted.
+// [outbox.Table.Publication], and outbox_event the table, schema-qualified
+// and quoted.
 func RenderStream(sql string, table outbox.Table) string {
 	return streamNameRE.ReplaceAllStringFunc(sql, func(s string) string {
 		switch s {
-		case "'outbox_event_fxoutbox'":
-			return "'" + table.Slot() + "'"
 		case "outbox_event_fxoutbox":
 			return pgx.Identifier{table.Publication()}.Sanitize()
 		}

@@ -117,8 +117,8 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 
 func TestRenderStream(t *testing.T) {
 	tbl := outbox.Table{Schema: "app", Name: "Ev"}
-	got := migrations.RenderStream("CREATE PUBLICATION outbox_event_fxoutbox FOR TABLE outbox_event; -- pg_drop_replication_slot('outbox_event_fxoutbox')", tbl)
-	want := `CREATE PUBLICATION "` + tbl.Publication() + `" FOR TABLE "app"."Ev"; -- pg_drop_replication_slot('` + tbl.Slot() + `')`
+	got := migrations.RenderStream("CREATE PUBLICATION outbox_event_fxoutbox FOR TABLE outbox_event;", tbl)
+	want := `CREATE PUBLICATION "` + tbl.Publication() + `" FOR TABLE "app"."Ev";`
 	if got != want {
 		t.Errorf("RenderStream = %s\nwant           %s", got, want)
 	}

@@ -56,8 +56,8 @@
 // create), in commit order, and publishes them through the same path as
 // the polling claim: same messages, headers, spans, metrics, parking and
 // marks. PostgreSQL needs wal_level = logical, and the relay's role
-// REPLICATION. The relay creates the slot ([outbox.Table.Slot]) when it is
-// missing.
+// REPLICATION. The relay creates the slot ([outbox.Table.Slot] of the
+// database) when it is missing.
 //
 // On every connection, before it follows the stream, the relay publishes
 // the events waiting in the table with the polling claim (a "sweep"): rows
@@ -328,7 +328,7 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
 	if c.Mode == Stream {
-		c.Stream = c.Stream.withDefaults(c.Table)
+		c.Stream = c.Stream.withDefaults()
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 500 * time.Millisecond
@@ -516,6 +516,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	defer r.mu.Unlock()
 	if r.started {
 		return ErrStarted
+	}
+	if r.cfg.Mode == Stream {
+		if err := r.checkStream(ctx); err != nil {
+			return err
+		}
 	}
 	gauges, err := r.metrics.register()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 )
 
 // Mode says where a relay finds the events it publishes.
@@ -49,15 +50,6 @@ func (m Mode) String() string {
 // StreamConfig configures the Stream mode. The zero value means every
 // default.
 type StreamConfig struct {
-	// Slot is the logical replication slot the relay reads, created (with
-	// the pgoutput plugin) when it is missing. Every relay of a table uses
-	// the same slot: one streams, the others stand by. Default
-	// Table.Slot().
-	Slot string
-	// Publication is the publication the slot's plugin reads: FOR TABLE the
-	// outbox table WITH (publish = 'insert'), created by the migrations
-	// (migrations.UpStream). Default Table.Publication().
-	Publication string
 	// ConnConfig is the replication connection's configuration; the relay
 	// adds replication=database to a copy of it. Default: the
 	// configuration of the DB, which must then be a *pgxpool.Pool.
@@ -90,13 +82,7 @@ type StreamConfig struct {
 	RetryInterval time.Duration
 }
 
-func (c StreamConfig) withDefaults(t outbox.Table) StreamConfig {
-	if c.Slot == "" {
-		c.Slot = t.Slot()
-	}
-	if c.Publication == "" {
-		c.Publication = t.Publication()
-	}
+func (c StreamConfig) withDefaults() StreamConfig {
 	if c.MaxLagBytes == 0 {
 		c.MaxLagBytes = 1 << 30
 	}
@@ -120,28 +106,12 @@ func (c StreamConfig) withDefaults(t outbox.Table) StreamConfig {
 
 func (c StreamConfig) validate() error {
 	switch {
-	case !validSlotName(c.Slot):
-		return &outbox.ConfigError{Field: "Stream.Slot", Reason: fmt.Sprintf("%q is not a slot name: use 1 to 63 lower-case letters, digits and underscores", truncate(c.Slot, 80))}
-	case len(c.Publication) > 63:
-		return &outbox.ConfigError{Field: "Stream.Publication", Reason: "is longer than 63 bytes"}
 	case c.MaxLagBytes < 0 || c.MaxLag < 0:
 		return &outbox.ConfigError{Field: "Stream.MaxLagBytes/MaxLag", Reason: "must be positive (zero means the default)"}
 	case c.StandbyRetry < 10*time.Millisecond || c.StatusInterval < 10*time.Millisecond || c.SweepInterval < 10*time.Millisecond || c.RetryInterval < 10*time.Millisecond:
 		return &outbox.ConfigError{Field: "Stream.StandbyRetry/StatusInterval/SweepInterval/RetryInterval", Reason: "use at least 10ms (zero means the default)"}
 	}
 	return nil
-}
-
-func validSlotName(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
-			return false
-		}
-	}
-	return true
 }
 
 // StreamState says what a relay in Stream mode is doing.
@@ -210,10 +180,18 @@ func (r *Relay) StreamStatus() StreamStatus {
 // streamInfo is the streamer's state that other goroutines read (metrics,
 // Health, StreamStatus).
 type streamInfo struct {
+	slot      atomic.Pointer[string] // the slot's name, once the database is known
 	state     atomic.Int32
 	confirmed atomic.Uint64
 	walEnd    atomic.Uint64
 	oldest    atomic.Int64 // unix nanoseconds of the oldest unfinished transaction's commit, 0 when none
+}
+
+func (s *streamInfo) slotName() string {
+	if n := s.slot.Load(); n != nil {
+		return *n
+	}
+	return "(not known yet)"
 }
 
 func (s *streamInfo) status() StreamStatus {
@@ -235,9 +213,9 @@ func (r *Relay) streamHealth() error {
 	c := r.cfg.Stream
 	switch {
 	case st.LagBytes > c.MaxLagBytes:
-		return fmt.Errorf("slot %s is %d bytes of WAL behind, over MaxLagBytes %d: the server keeps that WAL until the relay catches up (see max_slot_wal_keep_size)", c.Slot, st.LagBytes, c.MaxLagBytes)
+		return fmt.Errorf("slot %s is %d bytes of WAL behind, over MaxLagBytes %d: the server keeps that WAL until the relay catches up (see max_slot_wal_keep_size)", r.stream.slotName(), st.LagBytes, c.MaxLagBytes)
 	case st.Lag > c.MaxLag:
-		return fmt.Errorf("slot %s: the oldest transaction not yet published committed %s ago, over MaxLag %s", c.Slot, st.Lag.Round(time.Millisecond), c.MaxLag)
+		return fmt.Errorf("slot %s: the oldest transaction not yet published committed %s ago, over MaxLag %s", r.stream.slotName(), st.Lag.Round(time.Millisecond), c.MaxLag)
 	}
 	return nil
 }
@@ -253,6 +231,7 @@ type streamRow struct {
 // relation it decodes, and the rows received and not yet handled.
 type streamer struct {
 	r      *Relay
+	slot   string // the slot's name: Table.Slot of the connection's database
 	conn   *pgconn.PgConn
 	rels   map[uint32]*pglogrepl.RelationMessage
 	types  *pgtype.Map
@@ -287,7 +266,7 @@ func (r *Relay) runStream(ctx context.Context) {
 			failures = 0
 			if r.stream.state.Swap(int32(StreamStandby)) != int32(StreamStandby) {
 				r.cfg.Logger.Info("outbox relay: standing by: another relay streams from the slot; taking over when it is free",
-					"table", r.cfg.Table.String(), "slot", r.cfg.Stream.Slot)
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName())
 			}
 			r.health.set(0, nil)
 			if !r.sleep(r.cfg.Stream.StandbyRetry, nil) {
@@ -296,8 +275,8 @@ func (r *Relay) runStream(ctx context.Context) {
 		case errors.Is(err, ErrSlotInvalidated):
 			failures = 0
 			r.stream.state.Store(int32(StreamFallback))
-			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.cfg.Stream.Slot+"')) to make the relay create a new one and stream again",
-				"table", r.cfg.Table.String(), "slot", r.cfg.Stream.Slot, "error", err, "retry_in", r.cfg.Stream.RetryInterval)
+			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
+				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "retry_in", r.cfg.Stream.RetryInterval)
 			until := make(chan struct{})
 			t := time.AfterFunc(r.cfg.Stream.RetryInterval, func() { close(until) })
 			r.loop(ctx, 0, until)
@@ -309,7 +288,7 @@ func (r *Relay) runStream(ctx context.Context) {
 			if k := errorKind(err); k != logged {
 				logged = k
 				r.cfg.Logger.Warn("outbox relay: streaming failed; reconnecting with backoff (events stay in the table, nothing is lost)",
-					"table", r.cfg.Table.String(), "slot", r.cfg.Stream.Slot, "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
 			}
 			if !r.sleep(r.backoff(failures), r.kicks[0]) {
 				return
@@ -317,6 +296,35 @@ func (r *Relay) runStream(ctx context.Context) {
 			continue
 		}
 		logged = ""
+	}
+}
+
+// checkStream runs admin.CheckStream at Start: a server that is not set up
+// for streaming (wal_level, the publication, the role's REPLICATION, the
+// slot capacity) fails the start with what to change. An invalidated slot
+// does not (the relay publishes by polling and says so), nor does a
+// database it cannot reach (the relay retries as it would in polling).
+func (r *Relay) checkStream(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.BatchTimeout, 10*time.Second))
+	defer cancel()
+	tx, err := r.db.Begin(ctx)
+	if err == nil {
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		err = admin.CheckStream(ctx, tx, r.cfg.Table)
+	}
+	var se *admin.StreamSetupError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se) && se.Check == admin.CheckSlotLost:
+		r.cfg.Logger.Warn("outbox relay: "+se.Error(), "table", r.cfg.Table.String())
+		return nil
+	case errors.As(err, &se):
+		return fmt.Errorf("relay: cannot stream: %w", err)
+	default:
+		r.cfg.Logger.Warn("outbox relay: could not check the streaming setup at start; streaming is retried with backoff",
+			"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
+		return nil
 	}
 }
 
@@ -365,6 +373,14 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		_ = conn.Close(cctx)
 	}()
 	s := &streamer{r: r, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
+	idCtx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	sys, err := pglogrepl.IdentifySystem(idCtx, conn)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("relay: identify the replication connection's database: %w", err)
+	}
+	s.slot = r.cfg.Table.Slot(sys.DBName)
+	r.stream.slot.Store(&s.slot)
 	if err := s.start(ctx); err != nil {
 		return err
 	}
@@ -378,24 +394,23 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 // its position.
 func (s *streamer) start(ctx context.Context) error {
 	r := s.r
-	c := r.cfg.Stream
 	if err := s.createSlot(ctx); err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	var pgErr *pgconn.PgError
-	err := pglogrepl.StartReplication(cctx, s.conn, c.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + c.Publication + "'"},
+	err := pglogrepl.StartReplication(cctx, s.conn, s.slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Table.Publication() + "'"},
 	})
 	if err != nil {
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" && slotInvalidated(pgErr) {
-			return fmt.Errorf("%w: %s: %w", ErrSlotInvalidated, c.Slot, err)
+			return fmt.Errorf("%w: %s: %w", ErrSlotInvalidated, s.slot, err)
 		}
-		return fmt.Errorf("relay: start replication from slot %s: %w", c.Slot, err)
+		return fmt.Errorf("relay: start replication from slot %s: %w", s.slot, err)
 	}
 	r.stream.state.Store(int32(StreamStarting))
-	r.cfg.Logger.Info("outbox relay: streaming from the replication slot", "table", r.cfg.Table.String(), "slot", c.Slot, "publication", c.Publication)
+	r.cfg.Logger.Info("outbox relay: streaming from the replication slot", "table", r.cfg.Table.String(), "slot", s.slot, "publication", r.cfg.Table.Publication())
 	// Publish what the table holds, reporting to the server between
 	// batches so that it does not time the connection out.
 	if err := s.sweep(ctx, 0); err != nil {
@@ -413,7 +428,6 @@ func (s *streamer) start(ctx context.Context) error {
 // seconds. Meanwhile the relay publishes by polling.
 func (s *streamer) createSlot(ctx context.Context) error {
 	r := s.r
-	c := r.cfg.Stream
 	exists, err := s.slotExists(ctx)
 	if err != nil || exists {
 		return err
@@ -423,12 +437,12 @@ func (s *streamer) createSlot(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, err = pglogrepl.CreateReplicationSlot(cctx, s.conn, c.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+		_, err = pglogrepl.CreateReplicationSlot(cctx, s.conn, s.slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
 	}()
 	stopped := context.AfterFunc(ctx, cancel)
 	defer stopped()
 	r.cfg.Logger.Info("outbox relay: creating the replication slot; publishing by polling until it is ready",
-		"table", r.cfg.Table.String(), "slot", c.Slot)
+		"table", r.cfg.Table.String(), "slot", s.slot)
 	r.loop(ctx, 0, done)
 	cancel() // Stop came first: abandon the creation
 	<-done
@@ -436,12 +450,12 @@ func (s *streamer) createSlot(ctx context.Context) error {
 	switch {
 	case err == nil:
 		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
-			"table", r.cfg.Table.String(), "slot", c.Slot)
+			"table", r.cfg.Table.String(), "slot", s.slot)
 		return nil
 	case errors.As(err, &pgErr) && pgErr.Code == "42710": // another relay created it
 		return nil
 	default:
-		return fmt.Errorf("relay: create replication slot %s: %w", c.Slot, err)
+		return fmt.Errorf("relay: create replication slot %s: %w", s.slot, err)
 	}
 }
 
@@ -456,7 +470,7 @@ func (s *streamer) slotExists(ctx context.Context) (bool, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
 	var n int
-	if err := tx.QueryRow(cctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Stream.Slot).Scan(&n); err != nil {
+	if err := tx.QueryRow(cctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", s.slot).Scan(&n); err != nil {
 		return false, fmt.Errorf("relay: look for replication slot: %w", err)
 	}
 	return n > 0, nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/IBM/sarama"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -29,15 +31,16 @@ func (s *setup) streaming(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	createSlot(t, s.pool, s.table.Slot())
+	slot := testenv.Slot(t, s.pool, s.table)
+	createSlot(t, s.pool, slot)
 	t.Cleanup(func() {
 		ctx := context.Background()
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			_, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", s.table.Slot())
+			_, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
 			if err == nil || time.Now().After(deadline) {
 				if err != nil {
-					t.Errorf("drop slot %s: %v", s.table.Slot(), err)
+					t.Errorf("drop slot %s: %v", slot, err)
 				}
 				break
 			}
@@ -132,9 +135,9 @@ func TestStreamConfigErrors(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Field != "Stream.ConnConfig" {
 		t.Errorf("New with a DB that is not a pool: %v, want a ConfigError for Stream.ConnConfig", err)
 	}
-	_, err = relay.New(dbFunc(nil), relay.PublisherFunc(nil), &relay.Config{Mode: relay.Stream, Stream: relay.StreamConfig{Slot: "Bad-Name"}})
-	if !errors.As(err, &ce) || ce.Field != "Stream.Slot" {
-		t.Errorf("New with slot Bad-Name: %v, want a ConfigError for Stream.Slot", err)
+	_, err = relay.New(dbFunc(nil), relay.PublisherFunc(nil), &relay.Config{Mode: relay.Stream, Stream: relay.StreamConfig{MaxLag: -time.Second}})
+	if !errors.As(err, &ce) || !strings.Contains(ce.Field, "MaxLag") {
+		t.Errorf("New with a negative MaxLag: %v, want a ConfigError for Stream.MaxLag", err)
 	}
 }
 
@@ -174,4 +177,21 @@ func checkKeyOrder(t *testing.T, msgs []*sarama.ConsumerMessage, want int) (dups
 		t.Errorf("consumed %d distinct events, want %d", len(seen), want)
 	}
 	return dups
+}
+
+// TestStreamStartChecksTheSetup: a Stream relay on a table without its
+// publication does not start, and its error says what to create.
+func TestStreamStartChecksTheSetup(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	r := s.relay(t, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), streamConfig())
+	err := r.Start(s.ctx)
+	if err == nil {
+		_ = r.Stop(s.ctx)
+		t.Fatal("a Stream relay started without the table's publication")
+	}
+	var se *admin.StreamSetupError
+	if !errors.As(err, &se) || se.Check != admin.CheckPublication || !strings.Contains(err.Error(), "migrations.UpStream") {
+		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.UpStream", err)
+	}
 }

@@ -199,15 +199,15 @@ func cmdDropSlot(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	result := func(dropped bool, pid *int) {
-		if c.json {
-			_ = writeJSON(e.stdout, map[string]any{"slot": table.Slot(), "dropped": dropped, "ended_pid": pid})
-		}
-	}
 	st, err := admin.ReadStream(ctx, conn, table)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl stream drop-slot: %s\n", explain(err, table, ""))
 		return exitError
+	}
+	result := func(dropped bool, pid *int) {
+		if c.json {
+			_ = writeJSON(e.stdout, map[string]any{"slot": st.Slot.Name, "dropped": dropped, "ended_pid": pid})
+		}
 	}
 	sl := st.Slot
 	if !sl.Exists {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -21,7 +22,7 @@ import (
 func TestStreamCommands(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	slot := w.table.Slot()
+	slot := testenv.Slot(t, w.pool, w.table)
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_, _ = w.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)

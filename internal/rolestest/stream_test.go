@@ -186,11 +186,11 @@ func TestStreamingRelayRole(t *testing.T) {
 		t.Fatalf("replication connection as the streaming role: %v", err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, tbl.Slot(), "pgoutput",
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, testenv.Slot(t, streamDB, tbl), "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication}); err != nil {
 		t.Fatalf("CREATE_REPLICATION_SLOT as the streaming role: %v", err)
 	}
-	if err := pglogrepl.StartReplication(ctx, conn, tbl.Slot(), 0, pglogrepl.StartReplicationOptions{
+	if err := pglogrepl.StartReplication(ctx, conn, testenv.Slot(t, streamDB, tbl), 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + tbl.Publication() + "'"}}); err != nil {
 		t.Fatalf("START_REPLICATION as the streaming role: %v", err)
 	}

@@ -61,6 +61,16 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// Slot returns the name of table's replication slot in pool's database.
+func Slot(t testing.TB, pool *pgxpool.Pool, table outbox.Table) string {
+	t.Helper()
+	var db string
+	if err := pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	return table.Slot(db)
+}
+
 // Table creates a fresh schema with the migrations applied and drops it when
 // the test ends. Tests that use their own Table never see each other's rows.
 func Table(t testing.TB, pool *pgxpool.Pool) outbox.Table {
