@@ -118,7 +118,7 @@ func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next i
 		}
 		return 0, next, nil
 	}
-	d, err := r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked)
+	d, err := r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -151,10 +151,12 @@ type delivery struct {
 // the failed ones in tx, commits tx (also when nothing was acknowledged but
 // commit is set), logs, counts, and paces the failed events with their
 // keys. done lists ids the caller resolved otherwise (parked unreadable
-// rows), forgotten by the pacer once tx committed. It returns an error when
+// rows), forgotten by the pacer once tx committed. claimed says the caller
+// claimed the rows by marking them published in tx (the stream does): the
+// acknowledged ones are left so, the others unmarked. It returns an error when
 // the database failed, or when nothing went through because of transient
 // failures (the broker, or the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64) (d delivery, err error) {
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, claimed bool) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	errs, alone := r.publish(ctx, rows, msgs, encErrs)
 	acked := r.metrics.publishLap(ctx, t, rows, errs)
@@ -174,7 +176,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		}
 	}
 	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
-		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, alone)
+		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, alone, claimed)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
 			return d, err
 		}
@@ -483,9 +485,20 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pacer), so a cause fixed within
 // seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed, alone []int) (map[int64]bool, error) {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed, alone []int, claimed bool) (map[int64]bool, error) {
 	b := &pgx.Batch{}
-	if len(ids) > 0 {
+	switch {
+	case claimed:
+		var back []int64
+		for i, err := range errs {
+			if err != nil {
+				back = append(back, rows[i].id)
+			}
+		}
+		if len(back) > 0 {
+			b.Queue(r.q.unmark, back)
+		}
+	case len(ids) > 0:
 		b.Queue(r.q.mark, ids)
 	}
 	parked := map[int64]bool{}

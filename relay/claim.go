@@ -68,15 +68,17 @@ type queries struct {
 	read       string // per key: the rows the window saw in locked lanes
 	mark       string
 	attempt    string
-	// The stream's claim (see streamer.claim): try-lock the lanes of keys,
-	// read which streamed rows are still unpublished (locking them under
-	// Unordered), and which keys have an older unpublished row.
-	streamLock        string
-	streamPending     string
-	streamPendingLock string
-	streamBehind      string
-	cleanup           string
-	ns                int32 // advisory lock namespace of the table
+	// The stream's claim (see streamer.claim): mark the streamed rows that
+	// are still unpublished published, under PerKey only those whose lane
+	// this transaction holds (or gets) and whose key has no older
+	// unpublished row; streamState classifies the rows it did not claim;
+	// unmark takes the mark back from rows that failed.
+	streamClaim          string
+	streamClaimUnordered string
+	streamState          string
+	unmark               string
+	cleanup              string
+	ns                   int32 // advisory lock namespace of the table
 	// upto holds, for each claim statement, its variant that takes only
 	// rows with id <= @upto (see bounded).
 	upto map[string]string
@@ -121,17 +123,17 @@ func newQueries(t outbox.Table) queries {
 		// the rows the lanes' previous holder published or parked meanwhile.
 		read: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
-		mark:       "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
-		streamLock: "SELECT k, pg_try_advisory_xact_lock(@ns, ((hashtext(k) & 2147483647) % @lanes)::int) FROM unnest(@keys::text[]) AS k",
-		streamPending: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() +
-			" WHERE id = ANY(@ids::bigint[])",
-		// Under Unordered a row a polling relay has locked is not returned:
-		// it is waited for as a row not visible yet.
-		streamPendingLock: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() +
-			" WHERE id = ANY(@ids::bigint[]) FOR UPDATE SKIP LOCKED",
-		streamBehind: "SELECT DISTINCT e.partition_key FROM " + t.Ident() + " e" +
-			" JOIN unnest(@keys::text[], @firsts::bigint[]) AS k(key, first) ON e.partition_key = k.key AND e.id < k.first" +
-			" WHERE e.published_at IS NULL AND e.parked_at IS NULL AND e.id < @top AND e.id <> ALL(@ids::bigint[])",
+		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		streamClaim: "UPDATE " + t.Ident() + " e SET published_at = now()" +
+			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL" +
+			" AND pg_try_advisory_xact_lock(@ns, ((hashtext(e.partition_key) & 2147483647) % @lanes)::int)" +
+			" AND NOT EXISTS (SELECT 1 FROM " + t.Ident() + " o WHERE o.published_at IS NULL AND o.parked_at IS NULL" +
+			" AND o.id < e.id AND o.partition_key = e.partition_key AND o.id <> ALL(@ids::bigint[]))" +
+			" RETURNING e.id",
+		streamClaimUnordered: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + t.Ident() +
+			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
+		streamState: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
+		unmark:      "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",
 		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
 			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +

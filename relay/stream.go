@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -75,6 +74,11 @@ type StreamConfig struct {
 	// would: events requeued by an operator, and events that failed and wait
 	// for a retry (while some do, it sweeps every PollInterval). Default 2s.
 	SweepInterval time.Duration
+	// Linger is how long the first event of a batch waits for more before
+	// the batch is published (or less, once MaxBatchSize events wait):
+	// longer batches cost PostgreSQL less per event, at that much latency.
+	// Default 1ms.
+	Linger time.Duration
 	// RetryInterval is how long a relay whose slot was invalidated (it fell
 	// further behind than the server's max_slot_wal_keep_size) publishes by
 	// polling before it looks at the slot again; a slot an operator dropped
@@ -101,11 +105,16 @@ func (c StreamConfig) withDefaults() StreamConfig {
 	if c.RetryInterval == 0 {
 		c.RetryInterval = time.Minute
 	}
+	if c.Linger == 0 {
+		c.Linger = time.Millisecond
+	}
 	return c
 }
 
 func (c StreamConfig) validate() error {
 	switch {
+	case c.Linger < 0 || c.Linger > time.Second:
+		return &outbox.ConfigError{Field: "Stream.Linger", Reason: fmt.Sprintf("is %v: use 0 (the default, 1ms) to 1s", c.Linger)}
 	case c.MaxLagBytes < 0 || c.MaxLag < 0:
 		return &outbox.ConfigError{Field: "Stream.MaxLagBytes/MaxLag", Reason: "must be positive (zero means the default)"}
 	case c.StandbyRetry < 10*time.Millisecond || c.StatusInterval < 10*time.Millisecond || c.SweepInterval < 10*time.Millisecond || c.RetryInterval < 10*time.Millisecond:
@@ -514,11 +523,6 @@ func (s *streamer) sweep(ctx context.Context, upto int64) error {
 	return nil
 }
 
-// streamLinger is the longest the first row of a batch waits for more
-// while the stream keeps coming: a batch is published as soon as nothing
-// more is at hand, when it holds MaxBatchSize rows, or after streamLinger.
-const streamLinger = 2 * time.Millisecond
-
 // follow receives the stream and publishes it in batches until an error or
 // Stop.
 func (s *streamer) follow(ctx context.Context) error {
@@ -535,7 +539,7 @@ func (s *streamer) follow(ctx context.Context) error {
 		// nothing more is at hand.
 		wait := time.Until(s.lastStatus.Add(r.cfg.Stream.StatusInterval))
 		if len(s.ready) > 0 {
-			wait = 200 * time.Microsecond
+			wait = time.Until(s.readySince.Add(r.cfg.Stream.Linger))
 		} else if sw := time.Until(s.nextSweep()); sw < wait {
 			wait = sw
 		}
@@ -543,7 +547,7 @@ func (s *streamer) follow(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if got && len(s.ready) < r.cfg.MaxBatchSize && (len(s.ready) == 0 || time.Since(s.readySince) < streamLinger) {
+		if got && len(s.ready) < r.cfg.MaxBatchSize && (len(s.ready) == 0 || time.Since(s.readySince) < r.cfg.Stream.Linger) {
 			continue
 		}
 		if len(s.ready) > 0 {
@@ -827,8 +831,8 @@ func (s *streamer) publish(ctx context.Context) error {
 	// which is a moment before the transaction is visible to other
 	// sessions' snapshots: a row the claim cannot see yet is waited for.
 	deadline := time.Now().Add(visibleWait)
-	for wait := 200 * time.Microsecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		err := s.publishOnce(ctx, time.Now().After(deadline))
+	for attempt, wait := 0, 200*time.Microsecond; ; attempt, wait = attempt+1, min(2*wait, 50*time.Millisecond) {
+		err := s.publishOnce(ctx, attempt, time.Now().After(deadline))
 		if !errors.Is(err, errNotVisible) {
 			return err
 		}
@@ -846,7 +850,7 @@ const visibleWait = 5 * time.Second
 // errNotVisible says a streamed row is not visible to the claim yet.
 var errNotVisible = errors.New("relay: streamed row not visible yet")
 
-func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
+func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing bool) error {
 	r := s.r
 	rows := s.ready
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
@@ -859,7 +863,7 @@ func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
 
-	take, bad, deferred, err := s.claim(bctx, tx, rows, skipMissing)
+	take, bad, deferred, err := s.claim(bctx, tx, rows, attempt, skipMissing)
 	if errors.Is(err, errNotVisible) {
 		return err
 	}
@@ -874,7 +878,7 @@ func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
 		s.needSweep = true
 	}
 	if len(take) > 0 || len(bad) > 0 {
-		d, err := r.deliver(bctx, tx, take, t, true, badParked)
+		d, err := r.deliver(bctx, tx, take, t, len(bad) > 0, badParked, true)
 		if err != nil {
 			// The database failed (nothing is confirmed; on the next
 			// connection the table's waiting rows go first), or nothing
@@ -892,100 +896,98 @@ func (s *streamer) publishOnce(ctx context.Context, skipMissing bool) error {
 	if s.inTx() {
 		r.stream.oldest.Store(s.openAt.UnixNano())
 	}
-	return s.status(ctx, false)
+	// The position reaches the server with the next status report, within
+	// StatusInterval: a report per batch would cost the server a wake-up
+	// of its walsender per batch, and the position matters only to what a
+	// restart sends again (rows already published are skipped).
+	return nil
 }
 
-// claim returns the rows of the batch to publish now, in stream order, the
-// rows that cannot be decoded, and whether some rows were left to the sweep.
-func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, skipMissing bool) (take []row, bad []unreadable, deferred bool, err error) {
+// claim claims the batch's rows in one statement (streamClaim): it marks
+// published, in tx, the rows still unpublished whose lane this transaction
+// holds or gets (try-locks, as polling relays take lanes, so that a relay
+// polling during a switch of modes never publishes a key at the same time)
+// and whose key has no older unpublished row outside the batch. An UPDATE
+// re-checks a row another transaction changed after its snapshot, so a row
+// a polling relay published meanwhile is not claimed again. Rows of keys
+// the pacer holds, and rows that could not be decoded, are not claimed.
+//
+// It returns the rows to publish (claimed, in stream order), the rows to
+// park unread, and whether rows were left to the sweep. It returns
+// errNotVisible when a row is missing (its transaction not yet visible;
+// unless skipMissing) or, on the first attempt, when a row it left is
+// unpublished, for its transaction may have become visible just after the
+// claim's snapshot; on later attempts such rows are left to the sweep.
+func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attempt int, skipMissing bool) (take []row, bad []unreadable, deferred bool, err error) {
 	r := s.r
-	ids := make([]int64, 0, len(rows))
-	for _, x := range rows {
-		if x.id != 0 {
-			ids = append(ids, x.id)
-		}
-	}
 	held := map[string]bool{}
 	for _, k := range r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff) {
 		held[k] = true
 	}
+	ids := make([]int64, 0, len(rows))
+	for _, x := range rows {
+		switch {
+		case x.id == 0:
+		case x.bad != nil:
+			bad = append(bad, unreadable{id: x.id, err: x.bad})
+		case held[x.key]:
+			deferred = true
+		default:
+			ids = append(ids, x.id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, bad, deferred, nil
+	}
+	claimed := make(map[int64]bool, len(ids))
 	b := &pgx.Batch{}
 	b.Queue(r.txSettings, r.idleMillis)
-	var locked map[string]bool
-	if r.cfg.Ordering == PerKey {
-		keys := make([]string, 0, len(rows))
-		seen := map[string]bool{}
-		for _, x := range rows {
-			if !seen[x.key] {
-				seen[x.key] = true
-				keys = append(keys, x.key)
-			}
-		}
-		slices.Sort(keys)
-		locked = map[string]bool{}
-		b.Queue(r.q.streamLock, pgx.NamedArgs{"keys": keys, "lanes": r.cfg.Lanes, "ns": r.q.ns}).Query(func(rs pgx.Rows) error {
-			var k string
-			var ok bool
-			_, err := pgx.ForEachRow(rs, []any{&k, &ok}, func() error { locked[k] = ok; return nil })
-			return err
-		})
-	}
-	pending := map[int64]bool{} // present, and whether still unpublished
-	pendingSQL := r.q.streamPending
+	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes}
 	if r.cfg.Ordering == Unordered {
-		// Rows a polling relay has locked are left to the sweep.
-		pendingSQL = r.q.streamPendingLock
+		sql, args = r.q.streamClaimUnordered, pgx.NamedArgs{"ids": ids}
 	}
-	b.Queue(pendingSQL, pgx.NamedArgs{"ids": ids}).Query(func(rs pgx.Rows) error {
+	b.Queue(sql, args).Query(func(rs pgx.Rows) error {
 		var id int64
-		var p bool
-		_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error { pending[id] = p; return nil })
+		_, err := pgx.ForEachRow(rs, []any{&id}, func() error { claimed[id] = true; return nil })
 		return err
 	})
-	behind := map[string]bool{}
-	if r.cfg.Ordering == PerKey {
-		first := map[string]int64{}
-		for _, x := range rows {
-			if x.id != 0 && (first[x.key] == 0 || x.id < first[x.key]) {
-				first[x.key] = x.id
-			}
-		}
-		keys := make([]string, 0, len(first))
-		firsts := make([]int64, 0, len(first))
-		var top int64
-		for k, id := range first {
-			keys, firsts = append(keys, k), append(firsts, id)
-			top = max(top, id)
-		}
-		b.Queue(r.q.streamBehind, pgx.NamedArgs{"keys": keys, "firsts": firsts, "top": top, "ids": ids}).Query(func(rs pgx.Rows) error {
-			var k string
-			_, err := pgx.ForEachRow(rs, []any{&k}, func() error { behind[k] = true; return nil })
-			return err
-		})
-	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
 	}
-	for _, x := range rows {
-		if _, ok := pending[x.id]; !ok && x.id != 0 {
-			if !skipMissing {
-				return nil, nil, false, errNotVisible
+	if len(claimed) < len(ids) {
+		var rest []int64
+		for _, id := range ids {
+			if !claimed[id] {
+				rest = append(rest, id)
 			}
-			r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
-				"table", r.cfg.Table.String(), "id", x.id, "event_id", x.eventID)
+		}
+		pending := map[int64]bool{} // present, and whether still unpublished
+		rs, err := tx.Query(ctx, r.q.streamState, pgx.NamedArgs{"ids": rest})
+		if err == nil {
+			var id int64
+			var p bool
+			_, err = pgx.ForEachRow(rs, []any{&id, &p}, func() error { pending[id] = p; return nil })
+		}
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
+		}
+		for _, id := range rest {
+			p, present := pending[id]
+			switch {
+			case !present && !skipMissing, present && p && attempt == 0:
+				return nil, nil, false, errNotVisible
+			case !present:
+				r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
+					"table", r.cfg.Table.String(), "id", id)
+			case p:
+				// Another relay holds the lane, or the key waits behind
+				// an older row: the sweep publishes it, in order.
+				deferred = true
+			}
 		}
 	}
 	for _, x := range rows {
-		switch {
-		case !pending[x.id]:
-			// Published or parked already, or deleted.
-		case locked != nil && !locked[x.key], behind[x.key], held[x.key]:
-			// Another relay holds the lane, or the key waits behind an
-			// older row: the sweep publishes it, in order.
-			deferred = true
-		case x.bad != nil:
-			bad = append(bad, unreadable{id: x.id, err: x.bad})
-		default:
+		if claimed[x.id] {
 			take = append(take, x.row)
 		}
 	}
