@@ -56,6 +56,9 @@ type params struct {
 	Diagnostics   bool    `json:"write_diagnostics"`
 
 	only map[string]bool
+	// walStatements (BENCH_WAL_STATEMENTS) loads pg_stat_statements in the
+	// wal section's cluster and reports the relays' statements.
+	walStatements bool
 	// contenders, from BENCH_CONTENDERS (a regular expression), limits the
 	// drain to the contenders whose names match: for tuning, not for
 	// recorded results.
@@ -111,6 +114,7 @@ func loadParams() params {
 	if n, err := strconv.Atoi(os.Getenv("BENCH_BACKLOG")); err == nil && n > 0 {
 		p.Backlog = n
 	}
+	p.walStatements = truthy(os.Getenv("BENCH_WAL_STATEMENTS"))
 	if s := os.Getenv("BENCH_CONTENDERS"); s != "" {
 		p.contenders = regexp.MustCompile(s)
 	}

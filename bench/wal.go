@@ -122,6 +122,66 @@ type WalLatRun struct {
 	// RelayPGUsPerBatch the relay's PostgreSQL CPU per call.
 	EventsPerBatch    float64 `json:"events_per_batch"`
 	RelayPGUsPerBatch float64 `json:"relay_pg_us_per_batch"`
+	// Statements: with BENCH_WAL_STATEMENTS, the statements that took the
+	// most time during the run (pg_stat_statements).
+	Statements []WalStatement `json:"statements,omitempty"`
+}
+
+// WalStatement is one line of pg_stat_statements.
+type WalStatement struct {
+	Query   string  `json:"query"`
+	Calls   int64   `json:"calls"`
+	TotalMS float64 `json:"total_ms"`
+	MeanUs  float64 `json:"mean_us"`
+	Rows    int64   `json:"rows"`
+}
+
+// statements returns the statements that took the most time since the
+// last reset, and resets.
+func (c *walCluster) statements(ctx context.Context) []WalStatement {
+	if !c.e.p.walStatements {
+		return nil
+	}
+	rows, err := c.e.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time * 1000, rows
+		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 14`)
+	if err != nil {
+		log.Printf("pg_stat_statements: %v", err)
+		return nil
+	}
+	var out []WalStatement
+	for rows.Next() {
+		var s WalStatement
+		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanUs, &s.Rows) == nil {
+			s.TotalMS, s.MeanUs = round1(s.TotalMS), round1(s.MeanUs)
+			out = append(out, s)
+		}
+	}
+	rows.Close()
+	c.resetStatements(ctx)
+	return out
+}
+
+// sampleWaits counts the states and wait events of the relay's backends.
+func (c *walCluster) sampleWaits(ctx context.Context, into *sync.Map) {
+	rows, err := c.e.pool.Query(ctx, `SELECT backend_type || ':' || state || ':' || coalesce(wait_event_type || '/' || wait_event, 'cpu') FROM pg_stat_activity
+		WHERE application_name = $1 OR (backend_type = 'walsender' AND application_name = 'fxoutbox-relay')`, relayApp)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if rows.Scan(&k) == nil {
+			v, _ := into.LoadOrStore(k, &atomic.Int64{})
+			v.(*atomic.Int64).Add(1)
+		}
+	}
+}
+
+func (c *walCluster) resetStatements(ctx context.Context) {
+	if c.e.p.walStatements {
+		_, _ = c.e.pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	}
 }
 
 // WalStep is one offered rate of a max-rate run.
@@ -137,6 +197,8 @@ type WalStep struct {
 	WritersShort     bool    `json:"writers_short,omitempty"`
 	RelayPGUs        float64 `json:"relay_pg_us_per_event"`
 	WalBytesPerEvent float64 `json:"wal_bytes_per_event"`
+	// Statements: with BENCH_WAL_STATEMENTS, as in WalLatRun.
+	Statements []WalStatement `json:"statements,omitempty"`
 }
 
 // WalMaxRun is one relay's steps in one round.
@@ -243,6 +305,28 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 		c.stop()
 		return nil, fmt.Errorf("scripts/pg.sh up printed no DATABASE_URL: %q", out)
 	}
+	if e.p.walStatements && level == "logical" {
+		// BENCH_WAL_STATEMENTS: pg_stat_statements, for the diagnosis of
+		// where the relays' statements spend their time.
+		conn, err := pgx.Connect(ctx, c.url)
+		if err == nil {
+			for _, q := range []string{"LOAD 'auto_explain'", "ALTER SYSTEM SET shared_preload_libraries = pg_stat_statements, auto_explain",
+				"ALTER SYSTEM SET auto_explain.log_min_duration = '40ms'", "ALTER SYSTEM SET auto_explain.log_analyze = on",
+				"ALTER SYSTEM SET auto_explain.log_buffers = on"} {
+				if _, err = conn.Exec(ctx, q); err != nil {
+					break
+				}
+			}
+			conn.Close(ctx)
+		}
+		if err == nil {
+			_, err = pgScript(ctx, penv, "restart")
+		}
+		if err != nil {
+			c.stop()
+			return nil, fmt.Errorf("BENCH_WAL_STATEMENTS: %w", err)
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(c.url)
 	if err != nil {
 		c.stop()
@@ -265,6 +349,16 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 		c.stop()
 		return nil, err
 	}
+	if err := c.settle(ctx); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if e.p.walStatements && level == "logical" {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
 	if level == "logical" {
 		if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{e.table.Publication()}.Sanitize()+
 			" FOR TABLE "+e.table.Ident()+" WITH (publish = 'insert')"); err != nil {
@@ -276,10 +370,32 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 	return c, nil
 }
 
+// settle gives the table what a table in service has: published rows (a
+// retention window's worth) and planner statistics. A freshly truncated
+// table is planned as a tiny one, and the generic plan of the relays'
+// mark (id = ANY($1)) then stays a sequential scan while the table grows,
+// until autovacuum analyzes it: not what a service sees.
+func (c *walCluster) settle(ctx context.Context) error {
+	if err := c.e.preloadOutbox(ctx, "fxbench.published", 100_000); err != nil {
+		return err
+	}
+	if _, err := c.e.pool.Exec(ctx, "UPDATE "+c.e.table.Ident()+" SET published_at = now()"); err != nil {
+		return err
+	}
+	_, err := c.e.pool.Exec(ctx, "VACUUM ANALYZE "+c.e.table.Ident())
+	return err
+}
+
 // stop stops and removes the cluster.
 func (c *walCluster) stop() {
 	if c.e != nil {
 		c.e.pool.Close()
+		if c.e.p.walStatements {
+			// Keep the server log (auto_explain's plans of slow statements).
+			if b, err := os.ReadFile(filepath.Join(c.dir, "postgres.log")); err == nil {
+				_ = os.WriteFile(filepath.Join("out", "wal-postgres-"+c.level+".log"), b, 0o644)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -513,9 +629,6 @@ func (c *walCluster) latencyRound(ctx context.Context, mode, warm string, rate i
 		return WalLatRun{}, err
 	}
 	defer e.dropTopic(topic)
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
-		return WalLatRun{}, err
-	}
 	cons, err := e.startConsumer(topic)
 	if err != nil {
 		return WalLatRun{}, err
@@ -532,6 +645,7 @@ func (c *walCluster) latencyRound(ctx context.Context, mode, warm string, rate i
 	}
 	defer func() { _ = w.stop() }()
 	e.checkpoint(ctx)
+	c.resetStatements(ctx)
 	cpu0, lsn0, b0 := c.backendCPU(ctx), c.walLSN(ctx), r.batches.Load()
 	wr, err := w.run(rate, d, 1, e.p.LatWriters, true)
 	if err != nil {
@@ -569,6 +683,10 @@ func (c *walCluster) latencyRound(ctx context.Context, mode, warm string, rate i
 		EventsPerBatch:   round2(n / batches),
 	}
 	run.RelayPGUsPerBatch = round1(run.RelayPGUs * run.EventsPerBatch)
+	run.Statements = c.statements(ctx)
+	for _, st := range run.Statements {
+		log.Printf("wal:   %-6s %8d calls %9.1f ms %8.1f µs/call %8d rows  %s", mode, st.Calls, st.TotalMS, st.MeanUs, st.Rows, st.Query)
+	}
 	return run, nil
 }
 
@@ -584,9 +702,6 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 		return run, err
 	}
 	defer e.dropTopic(topic)
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
-		return run, err
-	}
 	e.checkpoint(ctx)
 	r, err := c.startRelay(ctx, mode, warm, profile)
 	if err != nil {
@@ -600,11 +715,13 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 	defer func() { _ = w.stop() }()
 	strict := true // every step so far followed
 	for _, rate := range wp.steps {
+		c.resetStatements(ctx)
 		cpu0, lsn0, acked0 := c.backendCPU(ctx), c.walLSN(ctx), r.acked.Load()
 		// Sample the lag while the writers run.
 		var worst atomic.Value
 		worst.Store(0.0)
 		var backlog atomic.Int64
+		waits := &sync.Map{}
 		sctx, stopSampling := context.WithCancel(ctx)
 		var swg sync.WaitGroup
 		swg.Add(1)
@@ -617,6 +734,9 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 				case <-sctx.Done():
 					return
 				case <-t.C:
+				}
+				if e.p.walStatements {
+					c.sampleWaits(sctx, waits)
 				}
 				age, n, err := c.lag(sctx)
 				if err != nil {
@@ -651,6 +771,18 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 		st.Followed = st.MaxLagS < 1
 		st.MaxBacklog = int(backlog.Load())
 		st.KeptUp = st.MaxBacklog < rate
+		st.Statements = c.statements(ctx)
+		if e.p.walStatements {
+			var ws []string
+			waits.Range(func(k, v any) bool { ws = append(ws, fmt.Sprintf("%s=%d", k, v.(*atomic.Int64).Load())); return true })
+			slices.Sort(ws)
+			log.Printf("wal:   %-6s @%d/s relay backends' state, sampled every 100 ms: %s", mode, rate, strings.Join(ws, " "))
+		}
+		for i, x := range st.Statements {
+			if i < 6 {
+				log.Printf("wal:   %-6s @%d/s %8d calls %9.1f ms %8.1f µs/call %8d rows  %s", mode, rate, x.Calls, x.TotalMS, x.MeanUs, x.Rows, x.Query)
+			}
+		}
 		run.Steps = append(run.Steps, st)
 		log.Printf("wal: max rate  %-6s offered %6d/s  writers %8.0f/s  max lag %6.3f s  max backlog %6d  relay PostgreSQL %6.1f µs/event  %s",
 			mode, rate, wr.achieved, st.MaxLagS, st.MaxBacklog, st.RelayPGUs, map[bool]string{true: "followed", false: "NOT FOLLOWED (lag)"}[st.Followed])
@@ -710,7 +842,7 @@ func (c *walCluster) levelRound(ctx context.Context, warm string, wp walParams) 
 	out.DrainEPS = d.EPS
 	out.DrainWalBytes = round1(float64(c.walLSN(ctx)-lsn0) / float64(max(1, d.Published)))
 	out.DrainPGUsPerEvent = d.PGUsPerEvent
-	return out, nil
+	return out, nil // preloadOutbox left the table analyzed, with the drained rows published
 }
 
 func runWal(ctx context.Context, e *env) (*Wal, error) {
