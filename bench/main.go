@@ -14,7 +14,8 @@
 // path). `go run ./chart` turns results.json into ../docs/benchmarks.png.
 //
 // Environment knobs (all optional): BENCH_QUICK, BENCH_ROUNDS,
-// BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits,inbox),
+// BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits,inbox,
+// profile,wal; a partial run merges its sections into the results file),
 // BENCH_OUT, BENCH_CPUPROFILE (a pprof CPU profile of the whole run),
 // BENCH_LAT_WRITERS, BENCH_BROKER_KIND (the label of a KAFKA_BROKERS broker
 // that is not Apache Kafka).
@@ -23,6 +24,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -54,6 +56,9 @@ type params struct {
 	Diagnostics   bool    `json:"write_diagnostics"`
 
 	only map[string]bool
+	// walStatements (BENCH_WAL_STATEMENTS) loads pg_stat_statements in the
+	// wal section's cluster and reports the relays' statements.
+	walStatements bool
 	// contenders, from BENCH_CONTENDERS (a regular expression), limits the
 	// drain to the contenders whose names match: for tuning, not for
 	// recorded results.
@@ -109,6 +114,7 @@ func loadParams() params {
 	if n, err := strconv.Atoi(os.Getenv("BENCH_BACKLOG")); err == nil && n > 0 {
 		p.Backlog = n
 	}
+	p.walStatements = truthy(os.Getenv("BENCH_WAL_STATEMENTS"))
 	if s := os.Getenv("BENCH_CONTENDERS"); s != "" {
 		p.contenders = regexp.MustCompile(s)
 	}
@@ -132,8 +138,14 @@ func truthy(s string) bool {
 func main() {
 	log.SetFlags(log.Ltime)
 	log.SetPrefix("bench: ")
-	if os.Getenv(childEnv) == "relay" {
+	switch os.Getenv(childEnv) {
+	case "relay":
 		if err := runChild(); err != nil {
+			log.Fatal(err)
+		}
+		return
+	case "writer":
+		if err := runWriterChild(); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -221,6 +233,14 @@ func run() error {
 			return fmt.Errorf("inbox: %w", err)
 		}
 	}
+	if p.runs("wal") {
+		if res.Wal, err = runWal(ctx, e); err != nil {
+			if len(p.only) > 0 || ctx.Err() != nil {
+				return fmt.Errorf("wal: %w", err)
+			}
+			log.Printf("wal: section skipped: %v", err)
+		}
+	}
 	res.Machine.LoadAvgEnd = loadavg()
 	res.DurationS = round1(time.Since(started).Seconds())
 	res.Targets = evaluateTargets(res)
@@ -228,6 +248,13 @@ func run() error {
 	out := os.Getenv("BENCH_OUT")
 	if out == "" {
 		out = "results.json"
+	}
+	if len(p.only) > 0 {
+		// A partial run replaces its sections in the results file and
+		// keeps the others.
+		if res, err = mergeResults(out, res, p); err != nil {
+			return err
+		}
 	}
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -238,6 +265,42 @@ func run() error {
 	}
 	log.Printf("wrote %s (%.0f s in all)", out, res.DurationS)
 	return nil
+}
+
+// mergeResults returns the results in path with the sections of the
+// partial run res in place of theirs, and the targets evaluated again.
+func mergeResults(path string, res *results, p params) (*results, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return res, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	old := &results{}
+	if err := json.Unmarshal(b, old); err != nil {
+		return nil, fmt.Errorf("%s: %w (move it away to start afresh)", path, err)
+	}
+	if p.runs("drain") || p.runs("limits") {
+		old.Drain, old.Limits = res.Drain, res.Limits
+	}
+	if p.only["profile"] {
+		old.Profile = res.Profile
+	}
+	if p.runs("latency") {
+		old.Latency = res.Latency
+	}
+	if p.runs("write") {
+		old.Write = res.Write
+	}
+	if p.runs("inbox") {
+		old.Inbox = res.Inbox
+	}
+	if p.runs("wal") {
+		old.Wal = res.Wal
+	}
+	old.Targets = evaluateTargets(old)
+	return old, nil
 }
 
 func command(p params) string {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,9 @@ func runChild() error {
 		return err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if a := os.Getenv("FXBENCH_APP"); a != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = a
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -65,11 +69,15 @@ func runChild() error {
 		mu.Unlock()
 		return err
 	})
-	r, err := relay.New(pool, pub, &relay.Config{
+	rc := &relay.Config{
 		Table:     outbox.Table{Schema: schema},
 		BatchSize: batch, // 0: the default
 		Listen:    os.Getenv("FXBENCH_LISTEN") == "1",
-	})
+	}
+	if os.Getenv("FXBENCH_MODE") == "stream" {
+		rc.Mode = relay.Stream
+	}
+	r, err := relay.New(pool, pub, rc)
 	if err != nil {
 		return err
 	}
@@ -77,6 +85,17 @@ func runChild() error {
 	in := bufio.NewReader(os.Stdin)
 	if _, err := in.ReadString('\n'); err != nil {
 		return nil // the benchmark went away before the start
+	}
+	if path := os.Getenv("FXBENCH_PROFILE"); path != "" {
+		// A CPU profile of this relay process, from its start to its stop.
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	if err := r.Start(ctx); err != nil {
 		return err
@@ -99,8 +118,9 @@ type relayProcs struct {
 // startRelayProcs starts n relay processes on the benchmark's table,
 // publishing to the broker, and waits until each is connected and warmed
 // up. acked receives each publish's acknowledged count (from any process).
-// batch 0 means the default BatchSize.
-func (e *env) startRelayProcs(ctx context.Context, n, batch int, listen bool, warm string, acked func(int)) (*relayProcs, error) {
+// batch 0 means the default BatchSize. extra is added to the processes'
+// environment (e.g. another DATABASE_URL, FXBENCH_MODE=stream).
+func (e *env) startRelayProcs(ctx context.Context, n, batch int, listen bool, warm string, acked func(int), extra ...string) (*relayProcs, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -111,6 +131,7 @@ func (e *env) startRelayProcs(ctx context.Context, n, batch int, listen bool, wa
 		cmd.Env = append(os.Environ(), childEnv+"=relay",
 			"FXBENCH_BROKERS="+strings.Join(e.brokers, ","), "FXBENCH_WARM="+warm,
 			"FXBENCH_BATCH="+strconv.Itoa(batch), "FXBENCH_LISTEN="+map[bool]string{true: "1"}[listen])
+		cmd.Env = append(cmd.Env, extra...)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -184,9 +205,9 @@ func (ps *relayProcs) stop() error {
 
 // drainProcs drains the backlog with relays in separate processes, each
 // with its own pool and producer, all with BatchSize batch.
-func (e *env) drainProcs(ctx context.Context, warm string, n, batch, procs int) (drainRun, error) {
+func (e *env) drainProcs(ctx context.Context, warm string, n, batch, procs int, extra ...string) (drainRun, error) {
 	prog := newProgress(n)
-	ps, err := e.startRelayProcs(ctx, procs, batch, false, warm, prog.add)
+	ps, err := e.startRelayProcs(ctx, procs, batch, false, warm, prog.add, extra...)
 	if err != nil {
 		return drainRun{}, err
 	}

@@ -21,6 +21,7 @@ type results struct {
 	Write     *Write    `json:"write,omitempty"`
 	Inbox     *Inbox    `json:"inbox,omitempty"`
 	Profile   []Profile `json:"relay_profile,omitempty"`
+	Wal       *Wal      `json:"wal,omitempty"`
 	Targets   []Target  `json:"targets"`
 }
 
@@ -87,6 +88,16 @@ func evaluateTargets(r *results) []Target {
 			Value: w.NotifyVsOutbox1, Unit: "fraction of outbox1", Met: true})
 	}
 	ts = append(ts, inboxTargets(r.Inbox)...)
+	if x := r.Wal; x != nil && x.LatencyP50 > 0 {
+		atMost("wal: stream p50 at 1k/s", "<= 5 ms (writers in another process)", x.LatencyP50, 5, "ms")
+		atMost("wal: stream p99 at 1k/s", "<= 25 ms (writers in another process)", x.LatencyP99, 25, "ms")
+		atLeast("wal: max rate stream vs poll", ">= 2x the polling relay's (lag < 1 s)", x.MaxRateVsPoll, 2, "x")
+		atMost("wal: PostgreSQL CPU/event vs poll", "<= 0.5x the polling relay's (1k/s)", x.PGCPUVsPoll, 0.5, "x")
+		ts = append(ts, Target{Name: "wal: wal_level=logical cost, writes", Goal: "nothing significant (measured: logical/replica)",
+			Value: x.LevelCostWriteRatio, Unit: "x", Met: x.LevelCostWriteRatio >= 0.9})
+		ts = append(ts, Target{Name: "wal: wal_level=logical cost, polling drain", Goal: "nothing significant (measured: logical/replica)",
+			Value: x.LevelCostDrainRatio, Unit: "x", Met: x.LevelCostDrainRatio >= 0.9})
+	}
 	return ts
 }
 
@@ -181,6 +192,7 @@ func printReport(w io.Writer, r *results) {
 		}
 	}
 	printInbox(w, r.Inbox, line)
+	printWal(w, r.Wal, line)
 	fmt.Fprintf(w, "%s\nTARGETS\n", line)
 	for _, t := range r.Targets {
 		mark := "MET "

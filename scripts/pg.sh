@@ -24,6 +24,10 @@
 #   OUTBOX_PG_BINDIR   directory with initdb/pg_ctl/postgres (default: found
 #                      via pg_config --bindir, then /usr/lib/postgresql/*/bin,
 #                      then PATH)
+#   OUTBOX_PG_WAL_LEVEL  wal_level of a cluster `up` starts: logical (the
+#                      default; the streaming relay needs it) or replica
+#                      (bench/ starts a second cluster with it, on its own
+#                      OUTBOX_PG_DIR and OUTBOX_PG_PORT, to price logical)
 #
 # initdb and postgres refuse to run as root: as root, they run as the
 # unprivileged "postgres" user. fsync stays on so that benchmarks are honest.
@@ -33,6 +37,7 @@ readonly PROG="${0##*/}"
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 readonly REPO_DIR
 readonly PG_PORT="${OUTBOX_PG_PORT:-55432}"
+readonly PG_WAL_LEVEL="${OUTBOX_PG_WAL_LEVEL:-logical}"
 readonly PG_USER_OS="postgres"
 readonly DB_NAME="outbox"
 readonly READY_TIMEOUT=30
@@ -341,7 +346,7 @@ log_line_prefix = '%m [%p] '
 # DELETE only; bench/ measures what it costs the writers and the polling
 # relay (wal.level_cost_*). A slot left behind by a test is invalidated
 # after 1GB of WAL instead of filling the disk.
-wal_level = logical
+wal_level = $PG_WAL_LEVEL
 max_wal_senders = 20
 max_replication_slots = 20
 max_slot_wal_keep_size = 1GB
@@ -412,6 +417,10 @@ cmd_up() {
 		printf 'DATABASE_URL=%s\n' "$DATABASE_URL"
 		return 0
 	fi
+	case "$PG_WAL_LEVEL" in
+	logical | replica) ;;
+	*) die 64 "OUTBOX_PG_WAL_LEVEL=$PG_WAL_LEVEL: use logical or replica" ;;
+	esac
 	BINDIR="$(find_bindir)" || not_found
 	ensure_pg_user
 	choose_dir_for_up
