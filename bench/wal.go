@@ -520,7 +520,7 @@ func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string)
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			var active bool
-			err := c.e.pool.QueryRow(ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)", c.e.table.Slot()).Scan(&active)
+			err := c.e.pool.QueryRow(ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)", benchSlot(ctx, c.e.pool, c.e.table)).Scan(&active)
 			if err == nil && active {
 				break
 			}
@@ -542,12 +542,12 @@ func (r *walRelay) stop(ctx context.Context) error {
 	if r.mode == "stream" {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			_, derr := r.c.e.pool.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", r.c.e.table.Slot())
+			_, derr := r.c.e.pool.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", benchSlot(ctx, r.c.e.pool, r.c.e.table))
 			if derr == nil {
 				break
 			}
 			if time.Now().After(deadline) {
-				err = errors.Join(err, fmt.Errorf("drop slot %s: %w", r.c.e.table.Slot(), derr))
+				err = errors.Join(err, fmt.Errorf("drop slot %s: %w", benchSlot(ctx, r.c.e.pool, r.c.e.table), derr))
 				break
 			}
 			time.Sleep(50 * time.Millisecond) // its walsender is still ending
@@ -1016,4 +1016,11 @@ func bound(b bool) string {
 		return " (writer-bound: a lower bound)"
 	}
 	return ""
+}
+
+// benchSlot is the name of table's replication slot in pool's database.
+func benchSlot(ctx context.Context, pool *pgxpool.Pool, table outbox.Table) string {
+	var db string
+	_ = pool.QueryRow(context.WithoutCancel(ctx), "SELECT current_database()").Scan(&db)
+	return table.Slot(db)
 }
