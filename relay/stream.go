@@ -236,25 +236,44 @@ type streamRow struct {
 	end pglogrepl.LSN // end of the row's transaction; 0 until its commit arrived
 }
 
-// streamer is one connection's stream: the replication connection, the
-// relation it decodes, and the rows received and not yet handled.
+// streamer is one connection's stream. Its reader goroutine owns the
+// replication connection: it receives and decodes the stream, hands each
+// committed transaction with outbox rows to the publishing side over txs,
+// and reports the confirmed position to the server. The publishing side
+// (follow) claims, publishes and marks batches meanwhile, so receiving and
+// publishing overlap.
 type streamer struct {
-	r      *Relay
-	slot   string // the slot's name: Table.Slot of the connection's database
-	conn   *pgconn.PgConn
-	rels   map[uint32]*pglogrepl.RelationMessage
-	types  *pgtype.Map
-	open   []streamRow // rows of the transaction being received
-	openAt time.Time   // its commit time
-	ready  []streamRow // rows of committed transactions, not yet handled
-	// readySince is when the first of them arrived.
-	readySince time.Time
-	readyTo    pglogrepl.LSN
-	confirmed  pglogrepl.LSN
+	r     *Relay
+	slot  string // the slot's name: Table.Slot of the connection's database
+	conn  *pgconn.PgConn
+	txs   chan streamTx
+	rerr  error // why the reader stopped; read after txs is closed
+	rdone chan struct{}
+
+	// The reader's.
+	rels       map[uint32]*pglogrepl.RelationMessage
+	types      *pgtype.Map
+	open       []streamRow // rows of the transaction being received
+	openAt     time.Time   // its commit time
+	inTx       bool
+	pushed     pglogrepl.LSN // end of the last transaction handed over
 	lastStatus time.Time
+
+	// The publishing side's.
+	ready      []streamRow // rows of committed transactions, not yet handled
+	readySince time.Time   // when the first of them was received
+	readyTo    pglogrepl.LSN
 	maxSeen    int64 // highest id the stream delivered: sweeps stop there
 	sweepAt    time.Time
 	needSweep  bool
+}
+
+// streamTx is a committed transaction's outbox rows.
+type streamTx struct {
+	rows     []streamRow
+	end      pglogrepl.LSN
+	commit   time.Time // when it committed
+	received time.Time
 }
 
 // runStream is the goroutine of a relay in Stream mode.
@@ -381,7 +400,8 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	s := &streamer{r: r, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
+	s := &streamer{r: r, conn: conn, rels: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap(),
+		txs: make(chan streamTx, r.cfg.MaxBatchSize), rdone: make(chan struct{})}
 	idCtx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	sys, err := pglogrepl.IdentifySystem(idCtx, conn)
 	cancel()
@@ -393,7 +413,18 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	if err := s.start(ctx); err != nil {
 		return err
 	}
-	return s.follow(ctx)
+	rctx, stopReader := context.WithCancel(ctx)
+	go s.read(rctx)
+	err = s.follow(ctx)
+	stopReader()
+	<-s.rdone
+	if err == nil && r.stopping() {
+		// A last report of the position before the connection closes.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = s.status(sctx, false)
+		cancel()
+	}
+	return err
 }
 
 // start creates the slot when it is missing, starts replication (the
@@ -422,7 +453,7 @@ func (s *streamer) start(ctx context.Context) error {
 	r.cfg.Logger.Info("outbox relay: streaming from the replication slot", "table", r.cfg.Table.String(), "slot", s.slot, "publication", r.cfg.Table.Publication())
 	// Publish what the table holds, reporting to the server between
 	// batches so that it does not time the connection out.
-	if err := s.sweep(ctx, 0); err != nil {
+	if err := s.sweep(ctx, 0, true); err != nil {
 		return err
 	}
 	r.stream.state.Store(int32(Streaming))
@@ -494,7 +525,7 @@ func slotInvalidated(e *pgconn.PgError) bool {
 // sweep publishes the unpublished rows up to id upto (every row when 0)
 // with the polling claim, until it finds none it can take, reporting the
 // position to the server between batches.
-func (s *streamer) sweep(ctx context.Context, upto int64) error {
+func (s *streamer) sweep(ctx context.Context, upto int64, report bool) error {
 	r := s.r
 	r.sweepUpto.Store(upto)
 	defer r.sweepUpto.Store(0)
@@ -505,8 +536,10 @@ func (s *streamer) sweep(ctx context.Context, upto int64) error {
 			return err
 		}
 		_ = n
-		if err := s.status(ctx, false); err != nil {
-			return err
+		if report {
+			if err := s.status(ctx, false); err != nil {
+				return err
+			}
 		}
 		if next == 0 {
 			break
@@ -523,47 +556,70 @@ func (s *streamer) sweep(ctx context.Context, upto int64) error {
 	return nil
 }
 
-// follow receives the stream and publishes it in batches until an error or
-// Stop.
+// follow publishes the transactions the reader hands over, in batches,
+// until an error or Stop: a batch takes what waits, and waits up to Linger
+// from the reception of its first row for more (up to MaxBatchSize rows).
 func (s *streamer) follow(ctx context.Context) error {
 	r := s.r
 	failures := 0
 	for {
-		select {
-		case <-r.stop:
-			_ = s.status(ctx, true)
+		if r.stopping() {
 			return nil
-		default:
 		}
-		// Receive until a batch is full at a transaction's end, or until
-		// nothing more is at hand.
-		wait := time.Until(s.lastStatus.Add(r.cfg.Stream.StatusInterval))
-		if len(s.ready) > 0 {
-			wait = time.Until(s.readySince.Add(r.cfg.Stream.Linger))
-		} else if sw := time.Until(s.nextSweep()); sw < wait {
-			wait = sw
+		if len(s.ready) == 0 {
+			t := time.NewTimer(max(time.Until(s.nextSweep()), 0))
+			select {
+			case <-r.stop:
+				t.Stop()
+				return nil
+			case tx, ok := <-s.txs:
+				t.Stop()
+				if !ok {
+					return s.rerr
+				}
+				s.take(tx)
+			case <-t.C:
+			}
 		}
-		got, err := s.receive(ctx, max(wait, 50*time.Microsecond))
-		if err != nil {
-			return err
-		}
-		if got && len(s.ready) < r.cfg.MaxBatchSize && (len(s.ready) == 0 || time.Since(s.readySince) < r.cfg.Stream.Linger) {
-			continue
+		for len(s.ready) > 0 && len(s.ready) < r.cfg.MaxBatchSize {
+			select {
+			case tx, ok := <-s.txs:
+				if !ok {
+					return s.rerr
+				}
+				s.take(tx)
+				continue
+			default:
+			}
+			d := time.Until(s.readySince.Add(r.cfg.Stream.Linger))
+			if d <= 0 {
+				break
+			}
+			t := time.NewTimer(d)
+			select {
+			case tx, ok := <-s.txs:
+				t.Stop()
+				if !ok {
+					return s.rerr
+				}
+				s.take(tx)
+			case <-t.C:
+			}
 		}
 		if len(s.ready) > 0 {
 			if err := s.publish(ctx); err != nil {
 				if errors.As(err, new(*dbError)) || isDatabase(err) {
 					return err
 				}
-				// The broker fails: keep the rows, back off, report the
-				// position meanwhile, and try again.
+				// The broker fails: keep the rows, back off (the reader
+				// keeps reporting the position) and try again.
 				failures++
 				r.health.set(0, err)
 				if r.failLog.failed(errorKind(err)) {
 					r.cfg.Logger.Warn("outbox relay: publishing the stream failed; its events stay unpublished and are retried with backoff",
 						"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
 				}
-				if !s.sleep(ctx, r.backoff(failures)) {
+				if !r.sleep(r.backoff(failures), r.kicks[0]) {
 					return nil
 				}
 				continue
@@ -575,7 +631,7 @@ func (s *streamer) follow(ctx context.Context) error {
 			r.health.set(0, nil)
 		}
 		if time.Now().After(s.nextSweep()) {
-			if err := s.sweep(ctx, s.maxSeen); err != nil {
+			if err := s.sweep(ctx, s.maxSeen, false); err != nil {
 				if errors.As(err, new(*dbError)) || isDatabase(err) {
 					return err
 				}
@@ -584,11 +640,19 @@ func (s *streamer) follow(ctx context.Context) error {
 				s.needSweep = true
 			}
 		}
-		if time.Since(s.lastStatus) >= r.cfg.Stream.StatusInterval {
-			if err := s.status(ctx, false); err != nil {
-				return err
-			}
-		}
+	}
+}
+
+// take adds a transaction to the batch being gathered.
+func (s *streamer) take(tx streamTx) {
+	if len(s.ready) == 0 {
+		s.readySince = tx.received
+		s.r.stream.oldest.Store(tx.commit.UnixNano())
+	}
+	s.ready = append(s.ready, tx.rows...)
+	s.readyTo = max(s.readyTo, tx.end)
+	for _, x := range tx.rows {
+		s.maxSeen = max(s.maxSeen, x.id)
 	}
 }
 
@@ -599,28 +663,14 @@ func (s *streamer) nextSweep() time.Time {
 	return s.sweepAt.Add(s.r.cfg.Stream.SweepInterval)
 }
 
-// sleep waits d, reporting the position to the server meanwhile; false when
-// the relay is stopping.
-func (s *streamer) sleep(ctx context.Context, d time.Duration) bool {
-	end := time.Now().Add(d)
-	for {
-		left := time.Until(end)
-		if left <= 0 {
-			return true
-		}
-		if !s.r.sleep(min(left, s.r.cfg.Stream.StatusInterval), s.r.kicks[0]) {
-			return false
-		}
-		_ = s.status(ctx, false)
-	}
-}
-
-// status reports the confirmed position to the server.
+// status reports the confirmed position to the server. Only the reader
+// (or start, before it runs) uses the connection.
 func (s *streamer) status(ctx context.Context, reply bool) error {
+	c := pglogrepl.LSN(s.r.stream.confirmed.Load())
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: s.confirmed,
-		WALFlushPosition: s.confirmed,
-		WALApplyPosition: s.confirmed,
+		WALWritePosition: c,
+		WALFlushPosition: c,
+		WALApplyPosition: c,
 		ClientTime:       time.Now(),
 		ReplyRequested:   reply,
 	})
@@ -631,57 +681,102 @@ func (s *streamer) status(ctx context.Context, reply bool) error {
 	return nil
 }
 
-// confirm records that everything up to lsn is handled.
+// confirm records that everything up to lsn is handled; the reader
+// reports it to the server.
 func (s *streamer) confirm(lsn pglogrepl.LSN) {
-	if lsn > s.confirmed {
-		s.confirmed = lsn
-		s.r.stream.confirmed.Store(uint64(lsn))
+	for {
+		c := s.r.stream.confirmed.Load()
+		if uint64(lsn) <= c || s.r.stream.confirmed.CompareAndSwap(c, uint64(lsn)) {
+			return
+		}
 	}
 }
 
-// receive reads one message, waiting up to wait; got reports a message.
-func (s *streamer) receive(ctx context.Context, wait time.Duration) (got bool, err error) {
+// read is the reader goroutine: it receives until ctx ends or the
+// connection fails, then closes txs.
+func (s *streamer) read(ctx context.Context) {
+	defer close(s.rdone)
+	defer close(s.txs)
+	for {
+		wait := time.Until(s.lastStatus.Add(s.r.cfg.Stream.StatusInterval))
+		if wait <= 0 {
+			if err := s.status(ctx, false); err != nil {
+				s.rerr = err
+				return
+			}
+			continue
+		}
+		if err := s.receive(ctx, wait); err != nil {
+			if ctx.Err() == nil {
+				s.rerr = err
+			}
+			return
+		}
+	}
+}
+
+// hand passes a committed transaction to the publishing side, reporting
+// the position to the server while it waits.
+func (s *streamer) hand(ctx context.Context, tx streamTx) error {
+	for {
+		t := time.NewTimer(max(time.Until(s.lastStatus.Add(s.r.cfg.Stream.StatusInterval)), 0))
+		select {
+		case s.txs <- tx:
+			t.Stop()
+			s.pushed = tx.end
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+			if err := s.status(ctx, false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// receive reads and handles one message, waiting up to wait.
+func (s *streamer) receive(ctx context.Context, wait time.Duration) error {
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	msg, err := s.conn.ReceiveMessage(rctx)
 	cancel()
 	if err != nil {
 		if pgconn.Timeout(err) && ctx.Err() == nil {
-			return false, nil
+			return nil
 		}
-		return false, fmt.Errorf("relay: receive from the replication slot: %w", err)
+		return fmt.Errorf("relay: receive from the replication slot: %w", err)
 	}
 	switch m := msg.(type) {
 	case *pgproto3.CopyData:
 		if len(m.Data) == 0 {
-			return true, nil
+			return nil
 		}
 		switch m.Data[0] {
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
 			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
 			if err != nil {
-				return false, fmt.Errorf("relay: replication keepalive: %w", err)
+				return fmt.Errorf("relay: replication keepalive: %w", err)
 			}
 			s.walEnd(k.ServerWALEnd, true)
 			if k.ReplyRequested {
-				return true, s.status(ctx, false)
+				return s.status(ctx, false)
 			}
 		case pglogrepl.XLogDataByteID:
 			x, err := pglogrepl.ParseXLogData(m.Data[1:])
 			if err != nil {
-				return false, fmt.Errorf("relay: replication data: %w", err)
+				return fmt.Errorf("relay: replication data: %w", err)
 			}
 			s.walEnd(x.ServerWALEnd, false)
-			if err := s.decode(x.WALData); err != nil {
-				return false, err
-			}
+			return s.decode(ctx, x.WALData)
 		}
-		return true, nil
+		return nil
 	case *pgproto3.ErrorResponse:
-		return false, fmt.Errorf("relay: replication: %w", pgconn.ErrorResponseToPgError(m))
+		return fmt.Errorf("relay: replication: %w", pgconn.ErrorResponseToPgError(m))
 	case *pgproto3.CopyDone:
-		return false, errors.New("relay: the server ended the replication stream")
+		return errors.New("relay: the server ended the replication stream")
 	default:
-		return true, nil
+		return nil
 	}
 }
 
@@ -695,15 +790,14 @@ func (s *streamer) walEnd(end pglogrepl.LSN, keepalive bool) {
 		return
 	}
 	s.r.stream.walEnd.Store(uint64(end))
-	if keepalive && len(s.open) == 0 && len(s.ready) == 0 && !s.inTx() {
+	if keepalive && !s.inTx && uint64(s.pushed) <= s.r.stream.confirmed.Load() {
+		// Nothing handed over waits: everything sent is handled.
 		s.confirm(end)
 	}
 }
 
-func (s *streamer) inTx() bool { return !s.openAt.IsZero() }
-
 // decode handles one pgoutput message.
-func (s *streamer) decode(data []byte) error {
+func (s *streamer) decode(ctx context.Context, data []byte) error {
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
 		return fmt.Errorf("relay: decode pgoutput message: %w", err)
@@ -712,13 +806,9 @@ func (s *streamer) decode(data []byte) error {
 	case *pglogrepl.RelationMessage:
 		s.rels[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
-		s.open = s.open[:0]
-		s.openAt = m.CommitTime
+		s.open, s.openAt, s.inTx = nil, m.CommitTime, true
 		if s.openAt.IsZero() {
 			s.openAt = time.Now()
-		}
-		if len(s.ready) == 0 {
-			s.r.stream.oldest.Store(s.openAt.UnixNano())
 		}
 	case *pglogrepl.InsertMessage:
 		rel, ok := s.rels[m.RelationID]
@@ -730,25 +820,18 @@ func (s *streamer) decode(data []byte) error {
 		}
 		s.open = append(s.open, s.row(rel, m.Tuple))
 	case *pglogrepl.CommitMessage:
-		end := m.TransactionEndLSN
-		for i := range s.open {
-			s.open[i].end = end
-			s.maxSeen = max(s.maxSeen, s.open[i].id)
-		}
-		if len(s.open) > 0 {
-			if len(s.ready) == 0 {
-				s.readySince = time.Now()
+		rows, at := s.open, s.openAt
+		s.open, s.openAt, s.inTx = nil, time.Time{}, false
+		if len(rows) == 0 {
+			if uint64(s.pushed) <= s.r.stream.confirmed.Load() {
+				s.confirm(m.TransactionEndLSN)
 			}
-			s.ready = append(s.ready, s.open...)
-		} else if len(s.ready) == 0 {
-			s.confirm(end)
+			return nil
 		}
-		s.readyTo = max(s.readyTo, end)
-		s.open = nil
-		s.openAt = time.Time{}
-		if len(s.ready) == 0 {
-			s.r.stream.oldest.Store(0)
+		for i := range rows {
+			rows[i].end = m.TransactionEndLSN
 		}
+		return s.hand(ctx, streamTx{rows: rows, end: m.TransactionEndLSN, commit: at, received: time.Now()})
 	}
 	return nil
 }
@@ -893,9 +976,6 @@ func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing boo
 	s.confirm(s.readyTo)
 	s.ready = s.ready[:0]
 	r.stream.oldest.Store(0)
-	if s.inTx() {
-		r.stream.oldest.Store(s.openAt.UnixNano())
-	}
 	// The position reaches the server with the next status report, within
 	// StatusInterval: a report per batch would cost the server a wake-up
 	// of its walsender per batch, and the position matters only to what a
@@ -992,4 +1072,14 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 		}
 	}
 	return take, bad, deferred, nil
+}
+
+// stopping reports whether Stop was called.
+func (r *Relay) stopping() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
 }
