@@ -127,8 +127,12 @@ func newQueries(t outbox.Table) queries {
 		streamClaim: "UPDATE " + t.Ident() + " e SET published_at = now()" +
 			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL" +
 			" AND pg_try_advisory_xact_lock(@ns, ((hashtext(e.partition_key) & 2147483647) % @lanes)::int)" +
-			" AND NOT EXISTS (SELECT 1 FROM " + t.Ident() + " o WHERE o.published_at IS NULL AND o.parked_at IS NULL" +
-			" AND o.id < e.id AND o.partition_key = e.partition_key AND o.id <> ALL(@ids::bigint[]))" +
+			// Keys with an unpublished row below the batch's last id that is
+			// not in the batch wait: read once per statement (a correlated
+			// check per row scanned the batch's own rows for each row,
+			// quadratic in the batch size).
+			" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
+			" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@ids::bigint[])))" +
 			" RETURNING e.id",
 		streamClaimUnordered: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -930,6 +931,12 @@ func (s *streamer) publish(ctx context.Context) error {
 // of published rows when the stream is that far behind) and are skipped.
 const visibleWait = 5 * time.Second
 
+// visibleRetries is how many times a batch is claimed again when a row it
+// did not claim is unpublished: the row's transaction may have become
+// visible between the claim and the look at the row. After that the row is
+// left to the sweep (another relay holds its lane, or its key waits).
+const visibleRetries = 3
+
 // errNotVisible says a streamed row is not visible to the claim yet.
 var errNotVisible = errors.New("relay: streamed row not visible yet")
 
@@ -995,9 +1002,9 @@ func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing boo
 // It returns the rows to publish (claimed, in stream order), the rows to
 // park unread, and whether rows were left to the sweep. It returns
 // errNotVisible when a row is missing (its transaction not yet visible;
-// unless skipMissing) or, on the first attempt, when a row it left is
-// unpublished, for its transaction may have become visible just after the
-// claim's snapshot; on later attempts such rows are left to the sweep.
+// unless skipMissing) or, on the first visibleRetries attempts, when a row
+// it left is unpublished, for its transaction may have become visible just
+// after the claim's snapshot; after that such rows are left to the sweep.
 func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attempt int, skipMissing bool) (take []row, bad []unreadable, deferred bool, err error) {
 	r := s.r
 	held := map[string]bool{}
@@ -1022,7 +1029,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 	claimed := make(map[int64]bool, len(ids))
 	b := &pgx.Batch{}
 	b.Queue(r.txSettings, r.idleMillis)
-	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes}
+	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
 	if r.cfg.Ordering == Unordered {
 		sql, args = r.q.streamClaimUnordered, pgx.NamedArgs{"ids": ids}
 	}
@@ -1054,7 +1061,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 		for _, id := range rest {
 			p, present := pending[id]
 			switch {
-			case !present && !skipMissing, present && p && attempt == 0:
+			case !present && !skipMissing, present && p && attempt < visibleRetries:
 				return nil, nil, false, errNotVisible
 			case !present:
 				r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
