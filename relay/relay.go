@@ -62,12 +62,14 @@
 // On every connection, before it follows the stream, the relay publishes
 // the events waiting in the table with the polling claim (a "sweep"): rows
 // written before the slot existed, and rows a previous relay left. Each
-// stream batch then runs one transaction: it try-locks the lanes of its
-// keys (as polling relays do), reads in a new statement which of its rows
-// are still unpublished (those published meanwhile, by a sweep, a polling
-// relay or before a restart that made the server send them again, are
-// skipped) and which keys have an older unpublished row outside the batch,
-// publishes the others, marks them and commits. Only then does it confirm
+// stream batch then runs one transaction: one UPDATE claims its rows by
+// marking published those still unpublished whose lane it holds or gets
+// (try-locks, as polling relays take lanes) and whose key has no older
+// unpublished row outside the batch (rows published meanwhile, by a sweep,
+// a polling relay or before a restart that made the server send them
+// again, are skipped: an UPDATE re-checks rows changed after its
+// snapshot); the relay publishes them, takes the mark back from those that
+// failed, and commits. Only then does it confirm
 // the batch's end to the server ([StreamStatus].Confirmed): a position is
 // confirmed only when every event before it is published, parked, or
 // waiting in the table. Rows of a key that waits behind an older row (a
