@@ -347,8 +347,8 @@ log_line_prefix = '%m [%p] '
 # relay (wal.level_cost_*). A slot left behind by a test is invalidated
 # after 1GB of WAL instead of filling the disk.
 wal_level = $PG_WAL_LEVEL
-max_wal_senders = 20
-max_replication_slots = 20
+max_wal_senders = 64
+max_replication_slots = 64
 max_slot_wal_keep_size = 1GB
 EOF
 	install -m 0644 "$tmp" "$conf"
