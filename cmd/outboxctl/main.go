@@ -1,14 +1,17 @@
 // Command outboxctl operates an fxoutbox table: it shows how the relays are
 // doing, lists, shows, requeues and deletes parked events, replays
 // published events, checks, shows and drops what the streaming relay uses
-// (its replication slot and publication), and lists, shows and deletes an
-// inbox's parked records. It is a shell over package
-// admin, the API the relay's own ListParked and Requeue use.
+// (its replication slot and publication), and counts, lists, shows and
+// deletes an inbox's parked records. It is a shell over package admin, the
+// API the relay's own ListParked and Requeue and the inbox's List and Delete
+// use.
 //
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
 //
 // It reads DATABASE_URL and the services' OUTBOX_SCHEMA, OUTBOX_TABLE and
-// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does), prints tables for people
+// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does; the inbox commands
+// OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE, as
+// fxoutbox.InboxConfigFromEnv does), prints tables for people
 // and JSON with --json, asks before it changes anything unless --yes, and
 // exits with 0 (done), 1 (error), 2 (usage or configuration), 3 (nothing
 // matched) or 4 (not confirmed). Run `outboxctl help` for the commands.
