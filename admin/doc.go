@@ -23,6 +23,14 @@
 // relays connecting as other roles show without those, and their LISTEN
 // sessions are not seen.
 //
+// For an inbox (package inbox), [ListInboxParked], [GetInboxParked],
+// [DeleteInboxParked] and [CountInboxParked] operate the records its
+// consumers parked, in <inbox table>_parked (default outbox_inbox_parked),
+// for one consumer name or every one; inbox.Consumer.List and Delete call
+// them. Retrying a parked record runs the application's handler, so it is
+// inbox.Consumer.Retry, in the consuming service. They need the consumer's
+// role (migrations/inbox/roles.example.sql): SELECT, and DELETE to delete.
+//
 // For the streaming relay (relay.Stream), [CheckStream] checks what it
 // needs of the server, in order: wal_level = logical, the table's
 // publication (FOR TABLE the table WITH (publish = 'insert'), created by

@@ -8,26 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-// Parked is a record the consumer set aside.
-type Parked struct {
-	ID        int64  // the parked row's id
-	EventID   string // "" when the record had no identity
-	Type      string
-	Topic     string
-	Partition int32
-	Offset    int64
-	Key       []byte
-	Value     []byte
-	Headers   map[string]string
-	Timestamp time.Time // the record's; zero if it had none
-	Attempts  int
-	ErrorType string // one of the ErrorType values
-	LastError string
-	ParkedAt  time.Time
-}
+// Parked is a record the consumer set aside. It is admin.InboxParked: the
+// operator's API (package admin, the outboxctl inbox commands) lists and
+// deletes the same records. List fills its Consumer with Config.Name.
+type Parked = admin.InboxParked
 
 // ListOptions pages through parked records in id order.
 type ListOptions struct {
@@ -38,18 +26,14 @@ type ListOptions struct {
 }
 
 // List returns this consumer's parked records (by Config.Name), oldest
-// first. It needs no Start.
+// first. It needs no Start. It is admin.ListInboxParked for Config.Name.
 func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	rows, err := c.db.Query(ctx, c.sql.list, c.cfg.Name, o.AfterID, o.Limit)
+	out, err := admin.ListInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, o.AfterID, o.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list parked records of %s: %w", c.cfg.Name, err)
-	}
-	out, err := pgx.CollectRows(rows, scanParked)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: list parked records of %s: %w", c.cfg.Name, err)
+		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	return out, nil
 }
@@ -123,14 +107,15 @@ func (c *Consumer) Retry(ctx context.Context, id int64) error {
 }
 
 // Delete drops a parked record without applying it. Its inbox row stays:
-// redeliveries of the event are skipped.
+// redeliveries of the event are skipped. It is admin.DeleteInboxParked for
+// Config.Name.
 func (c *Consumer) Delete(ctx context.Context, id int64) error {
-	tag, err := c.db.Exec(ctx, c.sql.delete, c.cfg.Name, id)
-	if err != nil {
-		return fmt.Errorf("inbox: delete parked record %d of %s: %w", id, c.cfg.Name, err)
-	}
-	if tag.RowsAffected() == 0 {
+	err := admin.DeleteInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, id)
+	if errors.Is(err, admin.ErrNotFound) {
 		return fmt.Errorf("inbox: delete parked record %d of %s: %w", id, c.cfg.Name, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("inbox: %w", err)
 	}
 	return nil
 }

@@ -6,8 +6,8 @@ import (
 
 // statements are the consumer's SQL for its configured tables.
 type statements struct {
-	insert, park                          string
-	list, retry, delete, cleanup, counted string
+	insert, park            string
+	retry, cleanup, counted string
 }
 
 func newStatements(t outbox.Table) statements {
@@ -20,9 +20,7 @@ func newStatements(t outbox.Table) statements {
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 			ON CONFLICT (consumer, topic, "partition", "offset") DO UPDATE
 			SET attempts = EXCLUDED.attempts, error_type = EXCLUDED.error_type, last_error = EXCLUDED.last_error, parked_at = now()`,
-		list:   `SELECT ` + cols + ` FROM ` + parked + ` WHERE consumer = $1 AND id > $2 ORDER BY id LIMIT $3`,
-		retry:  `DELETE FROM ` + parked + ` WHERE consumer = $1 AND id = $2 RETURNING ` + cols,
-		delete: `DELETE FROM ` + parked + ` WHERE consumer = $1 AND id = $2`,
+		retry: `DELETE FROM ` + parked + ` WHERE consumer = $1 AND id = $2 RETURNING ` + cols,
 		cleanup: `DELETE FROM ` + in + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + in +
 			` WHERE consumer = $1 AND processed_at < now() - $2::interval LIMIT $3))`,
 		counted: `SELECT count(*) FROM (SELECT 1 FROM ` + parked + ` WHERE consumer = $1 LIMIT 1000000) p`,

@@ -163,16 +163,23 @@ func (c *command) connect(ctx context.Context) (conn *pgx.Conn, table outbox.Tab
 		return nil, table, 0, exitUsage
 	}
 	table, lanes = cfg.Table.WithDefaults(), cfg.Lanes
+	conn, code = c.dial(ctx, "outbox", func(err error) string { return explain(err, table, "") })
+	return conn, table, lanes, code
+}
+
+// dial connects to DATABASE_URL, the database of the outbox or inbox
+// (what) table; code is non-zero on failure, with the reason printed.
+func (c *command) dial(ctx context.Context, what string, explain func(error) string) (conn *pgx.Conn, code int) {
 	url := c.e.getenv("DATABASE_URL")
 	if strings.TrimSpace(url) == "" {
-		fmt.Fprintln(c.e.stderr, "outboxctl: DATABASE_URL is not set: set it to the database of the outbox table, e.g. postgres://user:password@host:5432/db (the services' own DATABASE_URL)")
-		return nil, table, 0, exitUsage
+		fmt.Fprintf(c.e.stderr, "outboxctl: DATABASE_URL is not set: set it to the database of the %s table, e.g. postgres://user:password@host:5432/db (the services' own DATABASE_URL)\n", what)
+		return nil, exitUsage
 	}
 	pc, err := pgx.ParseConfig(url)
 	if err != nil {
 		// pgx leaves the password out of its parse errors.
 		fmt.Fprintf(c.e.stderr, "outboxctl: DATABASE_URL is not a valid connection string: %v\n", cutErr(err))
-		return nil, table, 0, exitUsage
+		return nil, exitUsage
 	}
 	if _, ok := pc.RuntimeParams["application_name"]; !ok {
 		pc.RuntimeParams["application_name"] = "outboxctl"
@@ -182,8 +189,8 @@ func (c *command) connect(ctx context.Context) (conn *pgx.Conn, table outbox.Tab
 	}
 	conn, err = pgx.ConnectConfig(ctx, pc)
 	if err != nil {
-		fmt.Fprintf(c.e.stderr, "outboxctl: %s\n", explain(err, table, ""))
-		return nil, table, 0, exitError
+		fmt.Fprintf(c.e.stderr, "outboxctl: %s\n", explain(err))
+		return nil, exitError
 	}
-	return conn, table, lanes, 0
+	return conn, 0
 }

@@ -1,13 +1,17 @@
 // Command outboxctl operates an fxoutbox table: it shows how the relays are
 // doing, lists, shows, requeues and deletes parked events, replays
-// published events, and checks, shows and drops what the streaming relay
-// uses (its replication slot and publication). It is a shell over package
-// admin, the API the relay's own ListParked and Requeue use.
+// published events, checks, shows and drops what the streaming relay uses
+// (its replication slot and publication), and counts, lists, shows and
+// deletes an inbox's parked records. It is a shell over package admin, the
+// API the relay's own ListParked and Requeue and the inbox's List and Delete
+// use.
 //
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
 //
 // It reads DATABASE_URL and the services' OUTBOX_SCHEMA, OUTBOX_TABLE and
-// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does), prints tables for people
+// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does; the inbox commands
+// OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE, as
+// fxoutbox.InboxConfigFromEnv does), prints tables for people
 // and JSON with --json, asks before it changes anything unless --yes, and
 // exits with 0 (done), 1 (error), 2 (usage or configuration), 3 (nothing
 // matched) or 4 (not confirmed). Run `outboxctl help` for the commands.
@@ -47,6 +51,9 @@ type env struct {
 	getenv   func(string) string
 	// config reads the services' configuration (the OUTBOX_* variables).
 	config func() (fxoutbox.Config, error)
+	// inboxConfig reads the consuming services' (OUTBOX_INBOX_*); nil reads
+	// the environment.
+	inboxConfig func() (fxoutbox.InboxConfig, error)
 }
 
 func main() {
@@ -59,6 +66,7 @@ func main() {
 		progress:    isTerminal(os.Stderr),
 		getenv:      os.Getenv,
 		config:      fxoutbox.ConfigFromEnv,
+		inboxConfig: fxoutbox.InboxConfigFromEnv,
 	})
 	stop()
 	os.Exit(code)
@@ -87,6 +95,14 @@ Usage:
                                             relay, as it does at start; exit 1 if wrong
   outboxctl stream drop-slot [--force]      drop the table's replication slot (frees
                                             its WAL); --force ends the relay streaming
+  outboxctl inbox status                    an inbox's parked records by consumer, topic
+                                            and error type
+  outboxctl inbox parked list               parked inbox records, oldest first
+                                            (--consumer, --limit, --after)
+  outboxctl inbox parked show <id>          one parked record, with value and headers
+  outboxctl inbox parked delete <id>...     drop parked records without applying them
+                                            (retrying runs the handler: it is the consuming
+                                            service's Consumer.Retry)
   outboxctl version
   outboxctl help [command]
 
@@ -110,9 +126,13 @@ Environment:
   OUTBOX_SCHEMA, OUTBOX_TABLE, OUTBOX_LANES
                  as configured for the services (default: outbox_event in the
                  search_path, 64 lanes)
+  OUTBOX_INBOX_SCHEMA, OUTBOX_INBOX_TABLE
+                 the inbox commands' table, as configured for the consuming
+                 services (default: outbox_inbox in the search_path)
   Connect as the relay's role: it may read the table, set published_at,
   parked_at and attempts, and delete parked rows (migrations/roles.example.sql).
   stream check and drop-slot need the streaming relay's role (REPLICATION).
+  The inbox commands need the consumer's role (migrations/inbox/roles.example.sql).
 
 Exit codes:
   0  done
@@ -147,6 +167,8 @@ func run(ctx context.Context, args []string, e env) int {
 		return cmdBulk(ctx, "replay", args[1:], e, replayOp)
 	case "stream":
 		return cmdStream(ctx, args[1:], e)
+	case "inbox":
+		return cmdInbox(ctx, args[1:], e)
 	case "parked":
 		if len(args) < 2 {
 			fmt.Fprintln(e.stderr, "outboxctl parked: name a command: list, show, requeue or delete (outboxctl help)")
