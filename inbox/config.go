@@ -76,9 +76,10 @@ const (
 	// Park stores the record in the parked table with its reason and lets
 	// its partition move on. The default.
 	Park PoisonPolicy = iota
-	// Hold retries the record with backoff until it succeeds: its key (and
-	// the keys sharing its worker) wait, and the partition's committed
-	// offset stays behind it. A Permanent error, a record without identity
+	// Hold retries the record with backoff until it succeeds: its key
+	// waits (other keys go on until Concurrency x 64 records of the
+	// partition are read past it), and the partition's committed offset
+	// stays behind it. A Permanent error, a record without identity
 	// and (with ParkUnrouted) an unrouted record are still parked.
 	Hold
 )
@@ -138,7 +139,9 @@ type Config struct {
 	Table outbox.Table
 	// Concurrency is how many records of one partition are processed at
 	// once, on distinct keys (records of one key are applied in partition
-	// order, one at a time). Default 16.
+	// order, one at a time). An idle worker takes the next record whose key
+	// has nothing earlier in progress, reading up to Concurrency x 64
+	// records ahead of the lowest one not yet done. Default 16.
 	Concurrency int
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.

@@ -18,11 +18,14 @@
 //
 // For each record the consumer starts a process span (its parent is the
 // trace context the record carries, when it carries one), begins a
-// transaction through the unit of work, inserts (consumer name, event id)
-// into the inbox table with ON CONFLICT DO NOTHING and skips the record if
-// the row existed; otherwise it calls the handler with the transaction (a
+// transaction through the unit of work and inserts (consumer name, event
+// id) into the inbox table with ON CONFLICT DO NOTHING, both in one round
+// trip ([unitofwork.UnitOfWork.DoBatch]), and skips the record if the row
+// existed; otherwise it calls the handler with the transaction (a
 // unitofwork.Tx: events the handler adds commit with it and continue the
-// trace) and commits. Only then is the record's offset marked; sarama
+// trace) and commits. A record so costs the round trips of the handler's
+// own transaction (BEGIN, its statements, COMMIT) and none for the inbox
+// row. Only then is the record's offset marked; sarama
 // commits marked offsets every second and when the partition is released.
 //
 // Guarantees, for each consumer name (Config.Name, default the group):
@@ -37,8 +40,11 @@
 //     (or applies, if the first rolled back).
 //   - Order: records of one key are applied one at a time in partition
 //     order. Records of different keys in one partition are applied in
-//     parallel (Config.Concurrency per partition); the committed offset
-//     never passes a record that is neither applied, skipped nor parked.
+//     parallel (Config.Concurrency per partition: an idle worker takes the
+//     next record whose key has no earlier record in progress or waiting,
+//     so distinct keys run in parallel whatever they hash to); the
+//     committed offset never passes a record that is neither applied,
+//     skipped nor parked.
 //   - Nothing lost: a record whose transaction did not commit is never
 //     marked; it is retried, or left to the partition's next owner.
 //

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"hash/fnv"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,10 +10,15 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// partition processes one claimed partition: records go to Concurrency
-// workers by key hash (so one key's records are applied in offset order,
-// one at a time), and the offset is marked up to the lowest record that is
-// not yet done (applied, skipped as a duplicate, ignored or parked).
+// partition processes one claimed partition with Concurrency workers. A
+// record is ready when no earlier record of its key is in progress or
+// waiting; any idle worker takes the next ready record, so the partition
+// has up to Concurrency records of distinct keys in progress whatever
+// their keys hash to, and one key's records are applied one at a time in
+// offset order. At most window records (Concurrency x 64) are read ahead
+// of the lowest record not yet done. The offset is marked up to the lowest
+// record that is not yet done (applied, skipped as a duplicate, ignored or
+// parked).
 type partition struct {
 	c     *Consumer
 	s     sarama.ConsumerGroupSession
@@ -23,11 +27,14 @@ type partition struct {
 
 	stop     chan struct{} // closed when the claim ends: start nothing new
 	stopOnce sync.Once
-	workers  []chan *item
+	ready    chan *item    // records workers may start; never more than limit
+	space    chan struct{} // a record left the window
+	limit    int
 	wg       sync.WaitGroup
 
 	mu     sync.Mutex
-	window []*item // dispatched, in offset order, not yet marked
+	window []*item            // read, in offset order, not yet marked
+	keys   map[string][]*item // keys with a record in progress or ready: their records waiting behind it
 }
 
 type item struct {
@@ -38,7 +45,9 @@ type item struct {
 func newPartition(c *Consumer, s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
 	key := claim.Topic() + "/" + strconv.Itoa(int(claim.Partition()))
 	lag, _ := c.lag.LoadOrStore(key, new(atomic.Int64))
-	return &partition{c: c, s: s, claim: claim, lag: lag.(*atomic.Int64), stop: make(chan struct{})}
+	limit := c.cfg.Concurrency * 64
+	return &partition{c: c, s: s, claim: claim, lag: lag.(*atomic.Int64), stop: make(chan struct{}),
+		ready: make(chan *item, limit), space: make(chan struct{}, 1), limit: limit, keys: map[string][]*item{}}
 }
 
 // run is ConsumeClaim: it returns once the claim ends (session over, the
@@ -49,17 +58,11 @@ func (p *partition) run() error {
 	work, cancel := context.WithCancel(p.c.hard)
 	defer cancel()
 	defer p.c.lag.CompareAndDelete(p.claim.Topic()+"/"+strconv.Itoa(int(p.claim.Partition())), p.lag)
-	p.workers = make([]chan *item, p.c.cfg.Concurrency)
-	for i := range p.workers {
-		ch := make(chan *item, 64)
-		p.workers[i] = ch
-		p.wg.Go(func() { p.work(work, ch) })
+	for range p.c.cfg.Concurrency {
+		p.wg.Go(func() { p.work(work) })
 	}
 	defer func() {
 		p.stopOnce.Do(func() { close(p.stop) })
-		for _, ch := range p.workers {
-			close(ch)
-		}
 		done := make(chan struct{})
 		go func() { p.wg.Wait(); close(done) }()
 		t := time.NewTimer(p.c.cfg.DrainTimeout)
@@ -82,14 +85,7 @@ func (p *partition) run() error {
 			if !ok {
 				return nil
 			}
-			it := &item{msg: msg}
-			p.mu.Lock()
-			p.window = append(p.window, it)
-			p.lag.Store(max(0, p.claim.HighWaterMarkOffset()-p.window[0].msg.Offset))
-			p.mu.Unlock()
-			select {
-			case p.workers[p.worker(msg)] <- it:
-			case <-ctx.Done():
+			if !p.dispatch(ctx, &item{msg: msg}) {
 				return nil
 			}
 		case <-ctx.Done():
@@ -98,35 +94,65 @@ func (p *partition) run() error {
 	}
 }
 
-// worker picks the worker of a record's key; records without a key have no
-// order to keep and spread by offset.
-func (p *partition) worker(m *sarama.ConsumerMessage) int {
-	n := uint32(len(p.workers))
-	if m.Key == nil {
-		return int(uint32(m.Offset) % n)
+// dispatch adds it to the window once there is room, and makes it ready
+// unless a record of its key is in progress or waiting; false if ctx ended
+// first. Records without a key have no order to keep: always ready.
+func (p *partition) dispatch(ctx context.Context, it *item) bool {
+	for {
+		p.mu.Lock()
+		if len(p.window) < p.limit {
+			break
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.space:
+		case <-ctx.Done():
+			return false
+		}
 	}
-	h := fnv.New32a()
-	h.Write(m.Key)
-	return int(h.Sum32() % n)
+	p.window = append(p.window, it)
+	p.lag.Store(max(0, p.claim.HighWaterMarkOffset()-p.window[0].msg.Offset))
+	ready := true
+	if it.msg.Key != nil {
+		k := string(it.msg.Key)
+		if waiting, busy := p.keys[k]; busy {
+			p.keys[k] = append(waiting, it)
+			ready = false
+		} else {
+			p.keys[k] = nil
+		}
+	}
+	p.mu.Unlock()
+	if ready {
+		p.ready <- it // never blocks: ready holds records of the window only
+	}
+	return true
 }
 
-func (p *partition) work(ctx context.Context, ch <-chan *item) {
-	for it := range ch {
+func (p *partition) work(ctx context.Context) {
+	for {
 		select {
 		case <-p.stop:
-			continue // left to the next owner
-		default:
-		}
-		if p.c.process(ctx, it.msg, p.stop) {
+			return // what is left goes to the next owner
+		case it := <-p.ready:
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			if !p.c.process(ctx, it.msg, p.stop) {
+				// Abandoned: its key's later records must not pass it.
+				continue
+			}
 			p.complete(it)
 		}
 	}
 }
 
-// complete marks it done and the offset up to the lowest record not done.
+// complete marks it done, the offset up to the lowest record not done, and
+// makes the next record of its key ready.
 func (p *partition) complete(it *item) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	it.done = true
 	var last *item
 	for len(p.window) > 0 && p.window[0].done {
@@ -134,9 +160,29 @@ func (p *partition) complete(it *item) {
 		p.window[0] = nil
 		p.window = p.window[1:]
 	}
-	if last == nil {
-		return
+	if last != nil {
+		p.s.MarkMessage(last.msg, "")
+		p.lag.Store(max(0, p.claim.HighWaterMarkOffset()-last.msg.Offset-1))
 	}
-	p.s.MarkMessage(last.msg, "")
-	p.lag.Store(max(0, p.claim.HighWaterMarkOffset()-last.msg.Offset-1))
+	var next *item
+	if it.msg.Key != nil {
+		k := string(it.msg.Key)
+		if waiting := p.keys[k]; len(waiting) > 0 {
+			next = waiting[0]
+			waiting[0] = nil
+			p.keys[k] = waiting[1:]
+		} else {
+			delete(p.keys, k)
+		}
+	}
+	p.mu.Unlock()
+	if last != nil {
+		select {
+		case p.space <- struct{}{}:
+		default:
+		}
+	}
+	if next != nil {
+		p.ready <- next // never blocks, as in dispatch
+	}
 }

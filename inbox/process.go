@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -107,7 +109,10 @@ func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, sto
 
 // try runs the record until it is done; an error only when abandoned.
 func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
-	log := c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
+	// Built only when a failure is logged: With formats its attributes.
+	log := func() *slog.Logger {
+		return c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
+	}
 	h := c.route(m.Topic, m.Type)
 	if h == nil && !c.cfg.ParkUnrouted {
 		return OutcomeIgnored, nil
@@ -141,7 +146,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 		switch classify(err) {
 		case kindTransient:
 			c.ms.failed(ctx, msg.Topic, err, "transient")
-			log.Warn("outbox inbox: transient failure; the record's transaction rolled back and is retried with backoff (not counted as an attempt)",
+			log().Warn("outbox inbox: transient failure; the record's transaction rolled back and is retried with backoff (not counted as an attempt)",
 				"event_id", m.ID, "error.type", errorType(err), "error", err)
 		case kindPermanent:
 			attempts++
@@ -155,7 +160,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 				cause = err
 				continue
 			}
-			log.Warn("outbox inbox: handler failed; the record's transaction rolled back and is retried",
+			log().Warn("outbox inbox: handler failed; the record's transaction rolled back and is retried",
 				"event_id", m.ID, "attempt", attempts, "max_attempts", c.cfg.MaxAttempts, "error.type", errorType(err), "error", err)
 		}
 		if !b.wait(ctx, stop) {
@@ -169,7 +174,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 			if dup {
 				return OutcomeDuplicate, nil
 			}
-			log.Error("outbox inbox: record parked; its partition moves on (list, retry or delete it with the consumer's parked-record API)",
+			log().Error("outbox inbox: record parked; its partition moves on (list, retry or delete it with the consumer's parked-record API)",
 				"event_id", m.ID, "attempts", attempts, "error.type", errorType(cause), "error", cause)
 			return OutcomeParked, nil
 		}
@@ -177,7 +182,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 			return "", ctx.Err()
 		}
 		c.ms.failed(ctx, msg.Topic, err, "transient")
-		log.Warn("outbox inbox: parking the record failed; retrying with backoff", "event_id", m.ID, "error.type", errorType(err), "error", err)
+		log().Warn("outbox inbox: parking the record failed; retrying with backoff", "event_id", m.ID, "error.type", errorType(err), "error", err)
 		if !b.wait(ctx, stop) {
 			return "", context.Canceled
 		}
@@ -185,21 +190,25 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 }
 
 // apply runs one try: the inbox row, then the handler, in one transaction.
-// A panic in the handler rolls the transaction back and counts as a handler
-// error, so a record that panics is parked instead of crashing the process
-// again at every redelivery.
+// The inbox row's INSERT goes to the database in the same round trip as
+// BEGIN (unitofwork.DoBatch), so a record costs the round trips of the
+// handler's own transaction and no more. A panic in the handler rolls the
+// transaction back and counts as a handler error, so a record that panics
+// is parked instead of crashing the process again at every redelivery.
 func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
 		}
 	}()
-	return c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-		tag, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset)
-		if err != nil {
-			return fmt.Errorf("inbox: record event %s in %s: %w", quote(m.ID), c.cfg.Table, err)
-		}
-		if tag.RowsAffected() == 0 {
+	var inserted int64 = -1
+	b := &pgx.Batch{}
+	b.Queue(c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset).Exec(func(tag pgconn.CommandTag) error {
+		inserted = tag.RowsAffected()
+		return nil
+	})
+	err = c.uow.DoBatch(ctx, b, func(ctx context.Context, tx unitofwork.Tx) error {
+		if inserted == 0 {
 			return errDuplicate
 		}
 		if err := h(ctx, tx, m); err != nil {
@@ -207,6 +216,10 @@ func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error)
 		}
 		return nil
 	})
+	if err != nil && inserted < 0 {
+		return fmt.Errorf("inbox: record event %s in %s: %w", quote(m.ID), c.cfg.Table, err)
+	}
+	return err
 }
 
 // park stores the record in the parked table and, when it has an id, its

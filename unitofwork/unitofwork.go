@@ -29,6 +29,10 @@
 // choose outbox.TopicPerAggregate when a consumer needs one aggregate's
 // events in order across types.
 //
+// Statements that start every transaction of a kind (a consumer's inbox
+// row, a lock on the aggregate) can travel with BEGIN in one round trip:
+// [UnitOfWork.DoBatch] is Do with a pgx.Batch sent together with BEGIN.
+//
 // Teams with their own transaction helpers call [UnitOfWork.AddTx] with the
 // pgx.Tx they manage. With an OnCommit hook and a *pgxpool.Pool, a commit
 // watcher calls the hook once that transaction commits, so the relay is
@@ -207,11 +211,69 @@ func (u *UnitOfWork) Do(ctx context.Context, fn func(ctx context.Context, tx Tx)
 	if err != nil {
 		return fmt.Errorf("unitofwork: begin: %w", err)
 	}
+	return u.run(ctx, ptx, fn)
+}
+
+// DoBatch runs fn like Do, in a transaction whose BEGIN goes to the
+// database in one round trip together with the statements queued on b
+// (pgx's Batch.BeginTx): for statements that start every transaction of a
+// kind, such as a consumer's inbox row or a lock on the aggregate, so that
+// they cost no round trip of their own. Their results are read before fn
+// runs, through the callbacks set with QueuedQuery.Exec, Query or
+// QueryRow; a statement that fails, or a callback's error, rolls the
+// transaction back and is returned wrapped, without calling fn. b must
+// not have been sent, nor BeginTx called on it; DoBatch sends a copy of
+// its queue, once.
+//
+// On a db without SendBatch (neither a *pgxpool.Pool nor a *pgx.Conn)
+// DoBatch begins the transaction first and sends b in it: the same
+// statements and outcome, one round trip more.
+func (u *UnitOfWork) DoBatch(ctx context.Context, b *pgx.Batch, fn func(ctx context.Context, tx Tx) error) error {
+	n := 0
+	if b != nil {
+		n = b.Len()
+	}
+	sender, ok := u.db.(batchSender)
+	if !ok || n == 0 {
+		ptx, err := u.begin(ctx)
+		if err != nil {
+			return fmt.Errorf("unitofwork: begin: %w", err)
+		}
+		if n > 0 {
+			if err := ptx.SendBatch(ctx, b).Close(); err != nil {
+				_ = ptx.Rollback(context.WithoutCancel(ctx))
+				return fmt.Errorf("unitofwork: begin with %d batched statements: %w", n, err)
+			}
+		}
+		return u.run(ctx, ptx, fn)
+	}
+	first := &pgx.Batch{}
+	first.BeginTx(u.cfg.TxOptions)
+	first.QueuedQueries = append(first.QueuedQueries, b.QueuedQueries...)
+	br := sender.SendBatch(ctx, first)
+	ptx := br.Tx()
+	if err := br.Close(); err != nil {
+		// Closed already when BEGIN itself failed (ErrTxClosed then);
+		// otherwise this ends the aborted transaction and frees the
+		// connection.
+		_ = ptx.Rollback(context.WithoutCancel(ctx))
+		return fmt.Errorf("unitofwork: begin with %d batched statements: %w", n, err)
+	}
+	return u.run(ctx, ptx, fn)
+}
+
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// run runs fn in ptx and commits it with the events fn recorded; on an
+// error or a panic in fn it rolls back.
+func (u *UnitOfWork) run(ctx context.Context, ptx pgx.Tx, fn func(ctx context.Context, tx Tx) error) error {
 	// Safe after Commit; on an error or a panic in fn it rolls back, and the
 	// panic goes on.
 	defer func() { _ = ptx.Rollback(context.WithoutCancel(ctx)) }()
 	t := &tx{Tx: ptx, u: u}
-	err = fn(ctx, t)
+	err := fn(ctx, t)
 	t.done = true
 	if err != nil {
 		return err
