@@ -864,8 +864,17 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
 	}
+	var unseen map[int64]bool
+	if r.cfg.Ordering == PerKey {
+		if unseen, err = s.unseen(ctx, tx, ids, pending); err != nil {
+			return nil, nil, false, err
+		}
+	}
 	for _, x := range rows {
 		switch {
+		case unseen[x.id]:
+			// Committed, not visible yet: the sweep publishes it, in order.
+			deferred = true
 		case !pending[x.id]:
 			// Published or parked already, or deleted.
 		case locked != nil && !locked[x.key], behind[x.key], held[x.key]:
@@ -879,4 +888,49 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 		}
 	}
 	return take, bad, deferred, nil
+}
+
+// unseen looks again for the rows of ids that the claim did not find
+// pending, and returns those it still cannot see. The server sends a
+// transaction's commit once its commit record is on disk, a moment before
+// the transaction is visible to new snapshots: a row the stream delivered
+// may not be visible yet to the claim, which must not take it for
+// published. Rows found pending are added to pending.
+func (s *streamer) unseen(ctx context.Context, tx pgx.Tx, ids []int64, pending map[int64]bool) (map[int64]bool, error) {
+	var look []int64
+	for _, id := range ids {
+		if !pending[id] {
+			look = append(look, id)
+		}
+	}
+	for try := 0; len(look) > 0 && try < 5; try++ {
+		if try > 0 {
+			time.Sleep(time.Millisecond << try)
+		}
+		rows, err := tx.Query(ctx, "SELECT id, published_at IS NULL AND parked_at IS NULL FROM "+s.r.cfg.Table.Ident()+" WHERE id = ANY($1::bigint[])", look)
+		if err != nil {
+			return nil, fmt.Errorf("relay: claim streamed rows in %s: %w", s.r.cfg.Table, err)
+		}
+		seen := map[int64]bool{}
+		var id int64
+		var p bool
+		if _, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
+			seen[id] = true
+			if p {
+				pending[id] = true
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("relay: claim streamed rows in %s: %w", s.r.cfg.Table, err)
+		}
+		look = slices.DeleteFunc(look, func(id int64) bool { return seen[id] })
+	}
+	if len(look) == 0 {
+		return nil, nil
+	}
+	out := make(map[int64]bool, len(look))
+	for _, id := range look {
+		out[id] = true
+	}
+	return out, nil
 }
