@@ -477,10 +477,18 @@ func TestStreamHealthLag(t *testing.T) {
 			blocked.Store(true)
 			s.write(t, "h.topic", 3, 3)
 			var he *relay.HealthError
-			waitUntil(t, 10*time.Second, "Health to fail the stream check", func() bool {
-				err := r.Health(s.ctx, 0)
-				return errors.As(err, &he) && he.Check == "stream"
-			})
+			var last error
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				last = r.Health(s.ctx, 0)
+				if errors.As(last, &he) && he.Check == "stream" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("Health = %v 10s after events began to wait (stream status %+v), want a failed stream check", last, r.StreamStatus())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 			if !strings.Contains(he.Error(), bound) {
 				t.Errorf("Health = %v, want it to name %s", he, bound)
 			}
