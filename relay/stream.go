@@ -895,7 +895,8 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow) (take
 // transaction's commit once its commit record is on disk, a moment before
 // the transaction is visible to new snapshots: a row the stream delivered
 // may not be visible yet to the claim, which must not take it for
-// published. Rows found pending are added to pending.
+// published: it looks for up to about 130ms (a busy server can take that
+// long). Rows found pending are added to pending.
 func (s *streamer) unseen(ctx context.Context, tx pgx.Tx, ids []int64, pending map[int64]bool) (map[int64]bool, error) {
 	var look []int64
 	for _, id := range ids {
@@ -903,9 +904,9 @@ func (s *streamer) unseen(ctx context.Context, tx pgx.Tx, ids []int64, pending m
 			look = append(look, id)
 		}
 	}
-	for try := 0; len(look) > 0 && try < 5; try++ {
+	for try := 0; len(look) > 0 && try < 8; try++ {
 		if try > 0 {
-			time.Sleep(time.Millisecond << try)
+			time.Sleep(min(time.Millisecond<<try, 25*time.Millisecond))
 		}
 		rows, err := tx.Query(ctx, "SELECT id, published_at IS NULL AND parked_at IS NULL FROM "+s.r.cfg.Table.Ident()+" WHERE id = ANY($1::bigint[])", look)
 		if err != nil {

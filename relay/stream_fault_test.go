@@ -179,7 +179,7 @@ func TestStreamModeSwitchUnderLoad(t *testing.T) {
 				old = []*started{s.startRelay(t, pollConfig()), s.startRelay(t, pollConfig())}
 			} else {
 				old = []*started{s.startRelay(t, streamConfig())}
-				waitUntil(t, 20*time.Second, "the streaming relay to stream", func() bool { return old[0].r.StreamStatus().State == relay.Streaming })
+				waitUntil(t, 60*time.Second, "the streaming relay to stream", func() bool { return old[0].r.StreamStatus().State == relay.Streaming })
 			}
 			waitUntil(t, 20*time.Second, "300 events published by the old relays", func() bool { return sum(old) >= 300 })
 
@@ -187,7 +187,7 @@ func TestStreamModeSwitchUnderLoad(t *testing.T) {
 			oldBefore := sum(old)
 			if dir == "poll-to-stream" {
 				news = []*started{s.startRelay(t, streamConfig())}
-				waitUntil(t, 20*time.Second, "the streaming relay to stream", func() bool { return news[0].r.StreamStatus().State == relay.Streaming })
+				waitUntil(t, 60*time.Second, "the streaming relay to stream", func() bool { return news[0].r.StreamStatus().State == relay.Streaming })
 			} else {
 				news = []*started{s.startRelay(t, pollConfig()), s.startRelay(t, pollConfig())}
 			}
@@ -281,7 +281,7 @@ func TestStreamPoisonKeepsTheStreamGoing(t *testing.T) {
 			cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
 			cfg.MaxMessageBytes, cfg.Poison = 16<<10, policy
 			x := s.startRelay(t, cfg)
-			waitUntil(t, 20*time.Second, "streaming", func() bool { return x.r.StreamStatus().State == relay.Streaming })
+			waitUntil(t, 60*time.Second, "streaming", func() bool { return x.r.StreamStatus().State == relay.Streaming })
 
 			seq := map[string]int{}
 			good := func(rounds int, keys ...string) {
@@ -387,7 +387,7 @@ func TestStreamStandbyTakesOver(t *testing.T) {
 	cfg.BatchSize, cfg.MaxBatchSize = 50, 200
 
 	a := s.startRelay(t, cfg)
-	waitUntil(t, 20*time.Second, "relay A to stream", func() bool { return a.r.StreamStatus().State == relay.Streaming })
+	waitUntil(t, 60*time.Second, "relay A to stream", func() bool { return a.r.StreamStatus().State == relay.Streaming })
 	b := s.startRelay(t, cfg)
 	waitUntil(t, 20*time.Second, "relay B to stand by", func() bool { return b.r.StreamStatus().State == relay.StreamStandby })
 	waitUntil(t, 20*time.Second, "A to publish 200 events", func() bool { return a.published.Load() >= 200 })
@@ -470,7 +470,7 @@ func TestStreamHealthLag(t *testing.T) {
 				once.Do(func() { close(release) })
 				_ = r.Stop(s.ctx)
 			}()
-			waitUntil(t, 20*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+			waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
 			s.write(t, "h.topic", 3, 3)
 			waitUntil(t, 10*time.Second, "a healthy relay that published", func() bool { return s.unpublished(t) == 0 && r.Health(s.ctx, 0) == nil })
 
