@@ -335,6 +335,7 @@ const (
 func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs []error) (errs []error, alone []int) {
 	errs = make([]error, len(rows))
 	blocked := map[string]bool{}
+	inBulk := map[string]bool{} // keys with an earlier row in bulk
 	var bulk []int
 	now := time.Now()
 	for i, m := range msgs {
@@ -352,7 +353,9 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 		case err != nil:
 			errs[i] = err
 			blocked[k] = true
-		case rows[i].attempts > 0 && len(alone) < isolateMax:
+		case rows[i].attempts > 0 && len(alone) < isolateMax && !inBulk[k]:
+			// Sent before the bulk: only when no earlier row of its key
+			// is in it.
 			alone = append(alone, i)
 			blocked[k] = true
 		case rows[i].attempts > 0:
@@ -360,6 +363,7 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 			blocked[k] = true
 		default:
 			bulk = append(bulk, i)
+			inBulk[k] = true
 		}
 	}
 	for _, i := range alone {
@@ -369,8 +373,11 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 		}
 		r.send(ctx, msgs, []int{i}, errs)
 	}
+	// The rows in bulk come before any failure of their key found above
+	// (the rows after one are ErrHeld already, and a key sent alone has no
+	// row in bulk): they are sent.
 	sends := 0
-	r.resolve(ctx, rows, msgs, bulk, errs, blocked, &sends, &alone)
+	r.resolve(ctx, rows, msgs, bulk, errs, map[string]bool{}, &sends, &alone)
 	blocked = map[string]bool{}
 	for i := range rows {
 		if blocked[rows[i].key] && errs[i] == nil {

@@ -37,6 +37,15 @@
 // TestBrokerOutage30sParksNothing (real broker only) keeps the broker down
 // for 30 s and checks that nothing was charged an attempt or parked.
 //
+// The streaming relay (relay.Stream) has three: on the tests' own
+// PostgreSQL cluster, TestStreamSlotInvalidatedFallsBackToPolling (the
+// server invalidates the slot: max_slot_wal_keep_size 1MB for the test,
+// reset after; the relay publishes by polling, then streams from a new slot
+// once the old one is dropped) and TestStreamSurvivesPostgresCrash (pg_ctl
+// stop -m immediate under load); with the package's broker (real broker
+// only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
+// relay confirms never passes the WAL position at which the broker died).
+//
 // OUTBOX_FAULTTEST_SARAMA_LOG=1 sends sarama's own log to stderr, to watch
 // the producer through the crash.
 package faulttest

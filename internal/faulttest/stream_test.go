@@ -1,0 +1,417 @@
+package faulttest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// streaming creates the publication of the world's table and drops its
+// replication slot when the test ends (a slot left behind pins WAL).
+func (w *world) streaming(t *testing.T) {
+	t.Helper()
+	pub := pgx.Identifier{w.table.Publication()}.Sanitize()
+	if _, err := w.pool.Exec(w.ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+w.table.Ident()+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := w.pool.Exec(w.ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", testenv.Slot(t, w.pool, w.table))
+			if err == nil || time.Now().After(deadline) {
+				if err != nil {
+					t.Errorf("drop slot %s: %v", testenv.Slot(t, w.pool, w.table), err)
+				}
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // its walsender is still ending
+		}
+		_, _ = w.pool.Exec(w.ctx, "DROP PUBLICATION IF EXISTS "+pub)
+	})
+}
+
+// streamRelay is a relay in Stream mode with its own producer, and its log.
+type streamRelay struct {
+	*relay.Relay
+	pub  *relay.SaramaPublisher
+	log  *syncBuffer
+	once sync.Once
+	// failed counts the publisher's calls that returned an error.
+	failed atomic.Int64
+}
+
+// startStreamRelay starts a streaming relay with the fault tests' settings
+// and short stream intervals, adjusted by tune (may be nil). Its log goes to
+// the test log and to its buffer. It is stopped at cleanup.
+func (w *world) startStreamRelay(t *testing.T, tune func(*relay.Config)) *streamRelay {
+	t.Helper()
+	return w.startStreamRelayWith(t, tune, nil)
+}
+
+// startStreamRelayWith is startStreamRelay with a producer configuration
+// (nil: the default).
+func (w *world) startStreamRelayWith(t *testing.T, tune func(*relay.Config), sc *sarama.Config) *streamRelay {
+	t.Helper()
+	pub, err := relay.NewSaramaPublisher(w.brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &streamRelay{pub: pub, log: &syncBuffer{}}
+	cfg := &relay.Config{
+		Mode:  relay.Stream,
+		Table: w.table, BatchSize: batchSize, MaxBatchSize: maxBatchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
+		Stream: relay.StreamConfig{StandbyRetry: 50 * time.Millisecond, StatusInterval: 100 * time.Millisecond, SweepInterval: 500 * time.Millisecond},
+		Logger: slog.New(slog.NewTextHandler(teeWriter{testWriter{t}, x.log}, nil)),
+	}
+	if tune != nil {
+		tune(cfg)
+	}
+	counted := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+		err := pub.Publish(ctx, msgs)
+		if err != nil {
+			x.failed.Add(1)
+		}
+		return err
+	})
+	if x.Relay, err = relay.New(w.pool, counted, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Start(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.stop(t) })
+	return x
+}
+
+// stop stops the relay gracefully, then closes its producer.
+func (x *streamRelay) stop(t *testing.T) {
+	x.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := x.Stop(ctx); err != nil {
+			t.Errorf("relay stop: %v", err)
+		}
+		_ = x.pub.Close()
+	})
+}
+
+// kill stops the relay without grace (its in-flight batch abandoned) and
+// closes its producer, as a crashed process would.
+func (x *streamRelay) kill() {
+	x.once.Do(func() {
+		dead, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = x.Stop(dead)
+		_ = x.pub.Close()
+	})
+}
+
+func (x *streamRelay) state() relay.StreamState { return x.StreamStatus().State }
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type teeWriter struct {
+	a, b interface{ Write([]byte) (int, error) }
+}
+
+func (t teeWriter) Write(p []byte) (int, error) {
+	_, _ = t.a.Write(p)
+	return t.b.Write(p)
+}
+
+// slotWALStatus returns the slot's wal_status ("" when there is no slot).
+func (w *world) slotWALStatus(t *testing.T) string {
+	t.Helper()
+	var st *string
+	err := w.pool.QueryRow(w.ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", testenv.Slot(t, w.pool, w.table)).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st == nil {
+		return "null"
+	}
+	return *st
+}
+
+// TestStreamSlotInvalidatedFallsBackToPolling lets the server invalidate
+// the relay's slot while the relay is stopped and writers go on (on the
+// tests' own cluster: max_slot_wal_keep_size 1MB, WAL switches and
+// checkpoints until the slot's wal_status is 'lost'). The relay then
+// starts, says clearly that the slot was invalidated and what to do, and
+// publishes by polling (state fallback, events flow, Health passes). The
+// operator drops the slot; within RetryInterval (3s) the relay creates a
+// new one and streams again. Nothing is lost, each key's first deliveries
+// come in commit order, and nothing is sent twice (no relay crashed).
+func TestStreamSlotInvalidatedFallsBackToPolling(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	pg := ownPG(t)
+	pool := pg.pool(t)
+	w := newWorldOn(t, pool, brokers, 30)
+	w.streaming(t)
+	setKeep := func(v string) {
+		t.Helper()
+		q := "ALTER SYSTEM RESET max_slot_wal_keep_size"
+		if v != "" {
+			q = "ALTER SYSTEM SET max_slot_wal_keep_size = '" + v + "'"
+		}
+		if _, err := pool.Exec(w.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(w.ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The cluster's directory is kept for the next tests: leave it as it was.
+	t.Cleanup(func() { setKeep("") })
+
+	// A first relay creates the slot and streams, then stops.
+	first := w.startStreamRelay(t, nil)
+	waitFor(t, 30*time.Second, "the first relay to stream", func() bool { return first.state() == relay.Streaming })
+	ws := w.startWriters(t, 4)
+	waitFor(t, 30*time.Second, "200 events published", func() bool { return w.published(t) >= 200 })
+	first.stop(t)
+
+	// With no relay reading it, the slot falls behind the server's bound.
+	setKeep("1MB")
+	var st string
+	for i := 0; ; i++ {
+		if st = w.slotWALStatus(t); st == "lost" {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("slot wal_status %q after %d WAL switches and checkpoints, want lost", st, i)
+		}
+		if _, err := pool.Exec(w.ctx, "SELECT pg_switch_wal()"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(w.ctx, "CHECKPOINT"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // writers fill the next segment
+	}
+	setKeep("") // the invalidation is for good; the new slot must not be lost again
+	backlog := w.unpublished(t)
+	t.Logf("slot invalidated; %d events wait", backlog)
+
+	const retry = 3 * time.Second
+	r := w.startStreamRelay(t, func(c *relay.Config) { c.Stream.RetryInterval = retry })
+	waitFor(t, 30*time.Second, "the relay to fall back to polling", func() bool { return r.state() == relay.StreamFallback })
+	if l := r.log.String(); !strings.Contains(l, "invalidated") || !strings.Contains(l, "pg_drop_replication_slot") {
+		t.Errorf("the relay's log does not say that the slot was invalidated and how to recover:\n%s", l)
+	}
+	// It publishes by polling: the backlog and what writers add meanwhile.
+	before := w.published(t)
+	waitFor(t, 30*time.Second, "the relay to publish by polling", func() bool { return w.published(t) > before+backlog+100 })
+	if st := r.state(); st != relay.StreamFallback {
+		t.Fatalf("state %v while the slot is still invalidated, want fallback", st)
+	}
+	if err := r.Health(w.ctx, 0); err != nil {
+		t.Errorf("Health while publishing by polling: %v, want healthy", err)
+	}
+
+	// The operator drops the slot: the relay creates a new one and streams.
+	if _, err := pool.Exec(w.ctx, "SELECT pg_drop_replication_slot($1)", testenv.Slot(t, w.pool, w.table)); err != nil {
+		t.Fatal(err)
+	}
+	dropped := time.Now()
+	took := waitFor(t, retry+20*time.Second, "the relay to stream from a new slot", func() bool { return r.state() == relay.Streaming })
+	t.Logf("streaming again %v after the slot was dropped (RetryInterval %v)", took.Round(time.Millisecond), retry)
+	if st := w.slotWALStatus(t); st != "reserved" {
+		t.Errorf("new slot wal_status %q, want reserved", st)
+	}
+	before = w.published(t)
+	waitFor(t, 30*time.Second, "the relay to publish from the new slot", func() bool { return w.published(t) > before+200 })
+	_ = dropped
+
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Fatalf("%d writer commits failed, first: %v", len(errs), errs[0])
+	}
+	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
+	r.stop(t)
+	w.verify(t, 0)
+}
+
+// crash stops the cluster's server the way a crash would (pg_ctl stop -m
+// immediate: no shutdown checkpoint, every backend killed).
+func (c *pgCluster) crash(t *testing.T, w *world) {
+	t.Helper()
+	var dataDir, binDir string
+	if err := w.pool.QueryRow(w.ctx, "SELECT current_setting('data_directory'), (SELECT setting FROM pg_config WHERE name = 'BINDIR')").Scan(&dataDir, &binDir); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{filepath.Join(binDir, "pg_ctl"), "stop", "-m", "immediate", "-w", "-D", dataDir}
+	if os.Geteuid() == 0 {
+		args = append([]string{"runuser", "-u", "postgres", "--"}, args...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Dir = "/"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("PostgreSQL crashed (pg_ctl stop -m immediate)")
+}
+
+// TestStreamSurvivesPostgresCrash crashes PostgreSQL (pg_ctl stop -m
+// immediate, then start: crash recovery) while writers commit and a
+// streaming relay publishes. The relay, never restarted, reconnects by
+// itself and streams again from its slot (which the crash may have moved
+// back to its last checkpointed position: the server sends transactions
+// again, and the relay skips what it had published). Every committed event
+// is delivered, first deliveries in per-key order, with at most one batch
+// of duplicates.
+func TestStreamSurvivesPostgresCrash(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	pg := ownPG(t)
+	pool := pg.pool(t)
+	w := newWorldOn(t, pool, brokers, 30)
+	w.streaming(t)
+	r := w.startStreamRelay(t, nil)
+	waitFor(t, 30*time.Second, "the relay to stream", func() bool { return r.state() == relay.Streaming })
+	ws := w.startWriters(t, 4)
+	waitFor(t, 30*time.Second, "300 events published", func() bool { return w.published(t) >= 300 })
+
+	before := ws.commits.Load()
+	pg.crash(t, w)
+	crashed := time.Now()
+	time.Sleep(time.Second)
+	if st := r.state(); st == relay.Streaming {
+		t.Errorf("state %v with the server down, want retrying", st)
+	}
+	if _, _, err := pg.run(2*time.Minute, "up"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("PostgreSQL back %v after the crash", time.Since(crashed).Round(time.Millisecond))
+	waitFor(t, 30*time.Second, "writers to commit again", func() bool { return ws.commits.Load() > before+300 })
+	took := waitFor(t, 30*time.Second, "the relay to stream again", func() bool { return r.state() == relay.Streaming })
+	t.Logf("streaming again %v after the server came back", took.Round(time.Millisecond))
+	published := w.published(t)
+	waitFor(t, 30*time.Second, "the relay to publish after the crash", func() bool { return w.published(t) > published+200 })
+	errs := ws.halt()
+	t.Logf("writers: %d commits, %d failed (expected around the crash), first failure: %v", ws.commits.Load(), len(errs), firstErr(errs))
+	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows charged or parked: a database crash is not the events' fault", n)
+	}
+	r.stop(t)
+	w.verify(t, 1)
+}
+
+// TestStreamBrokerOutageConfirmsNothingUnpublished takes the package's
+// broker away (SIGKILL) for a few seconds while writers commit and a
+// relay streams. During the outage nothing is charged or parked, and the
+// position the relay confirms to the server (the slot's confirmed_flush_lsn
+// and StreamStatus.Confirmed) never passes a transaction whose events are
+// not published: it stays below the WAL position taken after events began
+// to wait. The relay is then killed while the broker is still down; the
+// broker returns, a new relay starts, and every committed event is
+// delivered, first deliveries in per-key order, with at most one batch of
+// duplicates per fault. Runs with OUTBOX_TEST_REAL_KAFKA=1, on the
+// package's own broker and PostgreSQL cluster.
+func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
+	b := faultBroker(t)
+	pg := ownPG(t)
+	w := newWorldOn(t, pg.pool(t), b.brokers(), 30)
+	w.streaming(t)
+	// A producer that gives up on a dead broker within seconds (the
+	// default waits up to Metadata.Timeout, 15s, and then the batch's
+	// BatchTimeout ends the whole stream connection): the relay then goes
+	// through the stream's own failure path (keep the rows, back off,
+	// report the position, receive more, try again) many times during the
+	// outage.
+	sc := relay.DefaultSaramaConfig()
+	sc.Metadata.Retry.Max, sc.Metadata.Timeout = 0, time.Second
+	sc.Net.DialTimeout = time.Second
+	sc.Producer.Retry.Max = 1
+	r := w.startStreamRelayWith(t, nil, sc)
+	waitFor(t, 30*time.Second, "the relay to stream", func() bool { return r.state() == relay.Streaming })
+	ws := w.startWriters(t, 4)
+	waitFor(t, 30*time.Second, "300 events published", func() bool { return w.published(t) >= 300 })
+
+	b.kill(t)
+	killed := time.Now()
+	// No event committed after this position can be acknowledged: the
+	// relay must not confirm past it until the broker is back.
+	var walNow string
+	if err := w.pool.QueryRow(w.ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walNow); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := pglogrepl.ParseLSN(walNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait for three failed sends after the mark: the relay went through
+	// its failure path with events received after the mark.
+	failed := r.failed.Load()
+	waitFor(t, 30*time.Second, "three failed sends during the outage", func() bool { return r.failed.Load() >= failed+3 })
+	t.Logf("%d sends failed in the %v since the broker was killed", r.failed.Load(), time.Since(killed).Round(time.Second))
+	if n := w.unpublished(t); n == 0 {
+		t.Fatal("nothing waits during the broker outage: the outage did not reach the relay")
+	}
+	var flushed string
+	if err := w.pool.QueryRow(w.ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", testenv.Slot(t, w.pool, w.table)).Scan(&flushed); err != nil {
+		t.Fatal(err)
+	}
+	slotLSN, err := pglogrepl.ParseLSN(flushed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := r.StreamStatus(); st.Confirmed > mark || slotLSN > mark {
+		t.Errorf("during the outage the relay confirmed %v (slot confirmed_flush_lsn %v), past %v, the WAL position when the broker died: events after it cannot have been acknowledged", st.Confirmed, slotLSN, mark)
+	} else {
+		t.Logf("during the outage: confirmed %v, slot %v, WAL position when the broker died %v", st.Confirmed, slotLSN, mark)
+	}
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows charged or parked during the broker outage", n)
+	}
+	r.kill()
+
+	upAfterOutage(t, b)
+	r2 := w.startStreamRelay(t, nil)
+	waitFor(t, 60*time.Second, "the new relay to stream", func() bool { return r2.state() == relay.Streaming })
+	time.Sleep(time.Second)
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Errorf("%d writer commits failed, first: %v (writers must never need Kafka)", len(errs), errs[0])
+	}
+	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL OR last_error IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows were charged an attempt or parked because of a broker outage", n)
+	}
+	r2.stop(t)
+	w.verify(t, 2)
+}
