@@ -76,6 +76,7 @@ type queries struct {
 	streamClaim          string
 	streamClaimUnordered string
 	streamState          string
+	streamStateUnordered string
 	unmark               string
 	cleanup              string
 	ns                   int32 // advisory lock namespace of the table
@@ -136,8 +137,16 @@ func newQueries(t outbox.Table) queries {
 			" RETURNING e.id",
 		streamClaimUnordered: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
-		streamState: "SELECT id, published_at IS NULL AND parked_at IS NULL FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
-		unmark:      "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",
+		// streamState: present rows, whether unpublished, and whether the
+		// claim would have taken them (their lane is this transaction's,
+		// their key waits behind nothing): such a row was not visible yet.
+		streamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL," +
+			" pg_try_advisory_xact_lock(@ns, ((hashtext(e.partition_key) & 2147483647) % @lanes)::int)" +
+			" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
+			" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))" +
+			" FROM " + t.Ident() + " e WHERE e.id = ANY(@ids::bigint[])",
+		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
+		unmark:               "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",
 		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
 			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +

@@ -931,10 +931,12 @@ func (s *streamer) publish(ctx context.Context) error {
 // of published rows when the stream is that far behind) and are skipped.
 const visibleWait = 5 * time.Second
 
-// visibleRetries is how many times a batch is claimed again when a row it
-// did not claim is unpublished: the row's transaction may have become
-// visible between the claim and the look at the row. After that the row is
-// left to the sweep (another relay holds its lane, or its key waits).
+// visibleRetries is how many times an Unordered batch is claimed again
+// when a row it did not claim is unpublished (its transaction not visible
+// yet, or a polling relay holds the row); after that it is left to the
+// sweep. Under PerKey the claim knows which: it waits for a row that is
+// not visible yet (up to visibleWait) and leaves at once a row whose lane
+// another relay holds or whose key waits.
 const visibleRetries = 3
 
 // errNotVisible says a streamed row is not visible to the claim yet.
@@ -1002,9 +1004,10 @@ func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing boo
 // It returns the rows to publish (claimed, in stream order), the rows to
 // park unread, and whether rows were left to the sweep. It returns
 // errNotVisible when a row is missing (its transaction not yet visible;
-// unless skipMissing) or, on the first visibleRetries attempts, when a row
-// it left is unpublished, for its transaction may have become visible just
-// after the claim's snapshot; after that such rows are left to the sweep.
+// unless skipMissing), or when a row it left is unpublished and would have
+// been claimed (its transaction became visible just after the claim's
+// snapshot); under Unordered, where it cannot tell, on the first
+// visibleRetries attempts.
 func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attempt int, skipMissing bool) (take []row, bad []unreadable, deferred bool, err error) {
 	r := s.r
 	held := map[string]bool{}
@@ -1048,25 +1051,33 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 				rest = append(rest, id)
 			}
 		}
-		pending := map[int64]bool{} // present, and whether still unpublished
-		rs, err := tx.Query(ctx, r.q.streamState, pgx.NamedArgs{"ids": rest})
+		type state struct{ pending, claimable bool }
+		states := map[int64]state{} // the present rows
+		sql, args := r.q.streamState, pgx.NamedArgs{"ids": rest, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
+		if r.cfg.Ordering == Unordered {
+			sql, args = r.q.streamStateUnordered, pgx.NamedArgs{"ids": rest}
+		}
+		rs, err := tx.Query(ctx, sql, args)
 		if err == nil {
 			var id int64
-			var p bool
-			_, err = pgx.ForEachRow(rs, []any{&id, &p}, func() error { pending[id] = p; return nil })
+			var st state
+			_, err = pgx.ForEachRow(rs, []any{&id, &st.pending, &st.claimable}, func() error { states[id] = st; return nil })
 		}
 		if err != nil {
 			return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
 		}
 		for _, id := range rest {
-			p, present := pending[id]
+			st, present := states[id]
 			switch {
-			case !present && !skipMissing, present && p && attempt < visibleRetries:
+			case !present && !skipMissing, st.pending && st.claimable && !skipMissing,
+				st.pending && r.cfg.Ordering == Unordered && attempt < visibleRetries:
+				// Not visible yet to the claim (or, under Unordered,
+				// perhaps locked by a polling relay): claim again.
 				return nil, nil, false, errNotVisible
 			case !present:
 				r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
 					"table", r.cfg.Table.String(), "id", id)
-			case p:
+			case st.pending:
 				// Another relay holds the lane, or the key waits behind
 				// an older row: the sweep publishes it, in order.
 				deferred = true
