@@ -609,7 +609,9 @@ func (s *streamer) follow(ctx context.Context) error {
 		}
 		if len(s.ready) > 0 {
 			if err := s.publish(ctx); err != nil {
-				if errors.As(err, new(*dbError)) || isDatabase(err) {
+				if (errors.As(err, new(*dbError)) || isDatabase(err)) && !errors.Is(err, context.DeadlineExceeded) {
+					// The database failed: reconnect (on the new
+					// connection the table's waiting rows go first).
 					return err
 				}
 				// The broker fails: keep the rows, back off (the reader
