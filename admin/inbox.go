@@ -144,6 +144,29 @@ func GetInboxParked(ctx context.Context, db Querier, table outbox.Table, consume
 	return p, nil
 }
 
+// TakeInboxParked deletes the parked record with this id, of this
+// consumer ("" for any), and returns it, or ErrNotFound: inbox.Consumer.Retry
+// takes the record in the transaction that applies it, so it either applies
+// and disappears or, rolled back, stays parked.
+func TakeInboxParked(ctx context.Context, db Querier, table outbox.Table, consumer string, id int64) (InboxParked, error) {
+	parked, err := inboxParked(table)
+	if err != nil {
+		return InboxParked{}, err
+	}
+	rows, err := db.Query(ctx, "DELETE FROM "+parked.Ident()+" WHERE id = $1 AND ($2 = '' OR consumer = $2) RETURNING "+inboxParkedCols, id, consumer)
+	if err != nil {
+		return InboxParked{}, fmt.Errorf("admin: take parked record %d of %s in %s: %w", id, whose(consumer), parked, err)
+	}
+	p, err := pgx.CollectExactlyOneRow(rows, scanInboxParked)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return InboxParked{}, fmt.Errorf("admin: parked record %d of %s in %s: %w", id, whose(consumer), parked, ErrNotFound)
+	case err != nil:
+		return InboxParked{}, fmt.Errorf("admin: take parked record %d of %s in %s: %w", id, whose(consumer), parked, err)
+	}
+	return p, nil
+}
+
 // DeleteInboxParked deletes the parked record with this id, of this
 // consumer ("" for any), without applying it; a record that is not there
 // is ErrNotFound. The event's inbox row (written when it was parked, when

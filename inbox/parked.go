@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -38,34 +35,6 @@ func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
 	return out, nil
 }
 
-func scanParked(row pgx.CollectableRow) (Parked, error) {
-	var (
-		p          Parked
-		id, typ    *string
-		ts         *time.Time
-		headers    map[string]string
-		partition  int32
-		attempts   int32
-		errorType  string
-		lastError  string
-		parkedAt   time.Time
-		key, value []byte
-	)
-	err := row.Scan(&p.ID, &id, &typ, &p.Topic, &partition, &p.Offset, &key, &value, &headers, &ts, &attempts, &errorType, &lastError, &parkedAt)
-	if id != nil {
-		p.EventID = *id
-	}
-	if typ != nil {
-		p.Type = *typ
-	}
-	if ts != nil {
-		p.Timestamp = *ts
-	}
-	p.Partition, p.Key, p.Value, p.Headers = partition, key, value, headers
-	p.Attempts, p.ErrorType, p.LastError, p.ParkedAt = int(attempts), errorType, lastError, parkedAt
-	return p, err
-}
-
 // Retry applies a parked record now, through the handler its topic and type
 // route to, in one transaction that also deletes the parked row: it either
 // applies and disappears, or stays parked and Retry returns the handler's
@@ -74,12 +43,8 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 // applied without deduplication: Retry is the operator's decision.
 func (c *Consumer) Retry(ctx context.Context, id int64) error {
 	err := c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-		rows, err := tx.Query(ctx, c.sql.retry, c.cfg.Name, id)
-		if err != nil {
-			return err
-		}
-		p, err := pgx.CollectExactlyOneRow(rows, scanParked)
-		if errors.Is(err, pgx.ErrNoRows) {
+		p, err := admin.TakeInboxParked(ctx, tx, c.cfg.Table, c.cfg.Name, id)
+		if errors.Is(err, admin.ErrNotFound) {
 			return ErrNotFound
 		}
 		if err != nil {

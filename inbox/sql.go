@@ -6,21 +6,19 @@ import (
 
 // statements are the consumer's SQL for its configured tables.
 type statements struct {
-	insert, park            string
-	retry, cleanup, counted string
+	insert, park     string
+	cleanup, counted string
 }
 
 func newStatements(t outbox.Table) statements {
 	in := t.Ident()
 	parked := outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}.Ident()
-	const cols = `id, event_id, event_type, topic, "partition", "offset", key, value, headers, "timestamp", attempts, error_type, last_error, parked_at`
 	return statements{
 		insert: `INSERT INTO ` + in + ` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
 		park: `INSERT INTO ` + parked + ` (consumer, event_id, event_type, topic, "partition", "offset", key, value, headers, "timestamp", attempts, error_type, last_error)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 			ON CONFLICT (consumer, topic, "partition", "offset") DO UPDATE
 			SET attempts = EXCLUDED.attempts, error_type = EXCLUDED.error_type, last_error = EXCLUDED.last_error, parked_at = now()`,
-		retry: `DELETE FROM ` + parked + ` WHERE consumer = $1 AND id = $2 RETURNING ` + cols,
 		cleanup: `DELETE FROM ` + in + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + in +
 			` WHERE consumer = $1 AND processed_at < now() - $2::interval LIMIT $3))`,
 		counted: `SELECT count(*) FROM (SELECT 1 FROM ` + parked + ` WHERE consumer = $1 LIMIT 1000000) p`,
