@@ -234,7 +234,9 @@ type Config struct {
 	// claims while the first publishes: it helps when the broker is far
 	// (publishing waits on the network) and cores are free, and adds
 	// little when PostgreSQL already keeps the machine busy. A crash of the
-	// process repeats up to Workers batches instead of one. 1-64; default 1.
+	// process repeats up to Workers batches instead of one. In Stream mode
+	// one goroutine follows the stream and Workers is not used. 1-64;
+	// default 1.
 	Workers int
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
@@ -274,7 +276,8 @@ type Config struct {
 	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
 	// connection comes from the DB, which must then be a *pgxpool.Pool; it
 	// is re-established with backoff when lost, and the ticker covers the
-	// gap. Default false.
+	// gap. In Stream mode the relay does not listen (the stream wakes it).
+	// Default false.
 	Listen bool
 	// Retention is how long published rows are kept before the relay
 	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
