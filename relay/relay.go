@@ -82,10 +82,12 @@
 // relays of both modes running at once, loses nothing and keeps each key's
 // order.
 //
-// Duplicates: a crash (of the relay, or of PostgreSQL, whose
-// asynchronous commit of marks may be lost) repeats at most the batch in
-// flight (up to MaxBatchSize events plus the rest of its last
-// transaction), as in polling.
+// Duplicates, as in polling: a crash of the relay repeats at most the
+// batch in flight (up to MaxBatchSize events); a crash of PostgreSQL also
+// the batches whose asynchronously committed marks it lost (those of the
+// last 3 x wal_writer_delay, 600ms by default; none with
+// SynchronousCommit), which the relay publishes again from the table when
+// it reconnects.
 //
 // One relay per table streams: a slot admits one connection, so the
 // others stand by ([StreamStandby]) and try every StandbyRetry (1s); when

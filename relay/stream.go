@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -375,6 +376,15 @@ func (r *Relay) replicationConfig() (*pgconn.Config, error) {
 	}
 	c.RuntimeParams["replication"] = "database"
 	c.RuntimeParams["application_name"] = "fxoutbox-relay"
+	// pgoutput sends values as text in the session's DateStyle, which the
+	// decoder reads in ISO only (a server set to SQL, German or Postgres
+	// style would make every streamed row unreadable).
+	c.RuntimeParams["DateStyle"] = "ISO"
+	// A receive that times out (every StatusInterval when idle) must not
+	// send the server a cancel request, which ends a walsender's streaming.
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
 	return c, nil
 }
 
@@ -411,6 +421,10 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	}
 	s.slot = r.cfg.Table.Slot(sys.DBName)
 	r.stream.slot.Store(&s.slot)
+	// A position confirmed on an earlier connection may be behind what
+	// another relay confirmed since: report none until this connection
+	// has handled something (the server ignores a zero position).
+	r.stream.confirmed.Store(0)
 	if err := s.start(ctx); err != nil {
 		return err
 	}
@@ -454,6 +468,12 @@ func (s *streamer) start(ctx context.Context) error {
 	r.cfg.Logger.Info("outbox relay: streaming from the replication slot", "table", r.cfg.Table.String(), "slot", s.slot, "publication", r.cfg.Table.Publication())
 	// Publish what the table holds, reporting to the server between
 	// batches so that it does not time the connection out.
+	// Later sweeps take only rows up to the highest id the stream
+	// delivered; rows this first one leaves (paced, or in a lane another
+	// relay holds) must stay within their reach.
+	if err := s.readMaxID(ctx); err != nil {
+		return err
+	}
 	if err := s.sweep(ctx, 0, true); err != nil {
 		return err
 	}
@@ -515,6 +535,22 @@ func (s *streamer) slotExists(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("relay: look for replication slot: %w", err)
 	}
 	return n > 0, nil
+}
+
+// readMaxID sets maxSeen to the table's highest id.
+func (s *streamer) readMaxID(ctx context.Context) error {
+	r := s.r
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	defer cancel()
+	tx, err := r.db.Begin(cctx)
+	if err != nil {
+		return fmt.Errorf("relay: read the table's highest id: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
+	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+r.cfg.Table.Ident()).Scan(&s.maxSeen); err != nil {
+		return fmt.Errorf("relay: read the table's highest id: %w", err)
+	}
+	return nil
 }
 
 // slotInvalidated reports the server's refusal to stream from a slot whose
@@ -946,7 +982,9 @@ var errNotVisible = errors.New("relay: streamed row not visible yet")
 
 func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing bool) error {
 	r := s.r
-	rows := s.ready
+	// At most MaxBatchSize rows a batch: a transaction that wrote more is
+	// published in several, in order, and its end confirmed after the last.
+	rows := s.ready[:min(len(s.ready), r.cfg.MaxBatchSize)]
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	t := time.Now()
@@ -984,8 +1022,11 @@ func (s *streamer) publishOnce(ctx context.Context, attempt int, skipMissing boo
 			s.needSweep = true
 		}
 	}
+	s.ready = append(s.ready[:0], s.ready[len(rows):]...)
+	if len(s.ready) > 0 {
+		return nil
+	}
 	s.confirm(s.readyTo)
-	s.ready = s.ready[:0]
 	r.stream.oldest.Store(0)
 	// The position reaches the server with the next status report, within
 	// StatusInterval: a report per batch would cost the server a wake-up

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"github.com/IBM/sarama"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
@@ -193,5 +195,82 @@ func TestStreamStartChecksTheSetup(t *testing.T) {
 	var se *admin.StreamSetupError
 	if !errors.As(err, &se) || se.Check != admin.CheckPublication || !strings.Contains(err.Error(), "migrations.UpStream") {
 		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.UpStream", err)
+	}
+}
+
+// TestStreamSplitsALargeTransaction: a transaction that wrote more events
+// than a batch may take, published slower than BatchTimeout allows for all
+// of them at once, goes out in batches of at most MaxBatchSize, in order.
+// No sweep runs after the first: only the stream publishes.
+func TestStreamSplitsALargeTransaction(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.streaming(t)
+	topic := testenv.Topic(t, s.kafka(t), 2)
+	cons := testenv.Consume(t, s.kafka(t), topic)
+	pub := s.publisher(t)
+	slow := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+		select { // 10ms a message: 30 events take 300ms, a batch of 4 40ms
+		case <-time.After(time.Duration(len(msgs)) * 10 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return pub.Publish(ctx, msgs)
+	})
+	cfg := streamConfig()
+	cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
+	cfg.BatchSize, cfg.MaxBatchSize, cfg.BatchTimeout = 4, 4, 150*time.Millisecond
+	r := s.relay(t, slow, cfg)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		for i := range 30 {
+			if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%2), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkKeyOrder(t, cons.WaitFor(30, 30*time.Second), 30)
+	waitUntil(t, 10*time.Second, "all rows marked", func() bool { return s.unpublished(t) == 0 })
+}
+
+// TestStreamDecodesWhateverTheDateStyle: pgoutput sends timestamps in the
+// session's DateStyle; a replication connection configured for another
+// style still decodes every row (none is parked as unreadable).
+func TestStreamDecodesWhateverTheDateStyle(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.streaming(t)
+	topic := testenv.Topic(t, s.kafka(t), 2)
+	cons := testenv.Consume(t, s.kafka(t), topic)
+	cc, err := pgconn.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.RuntimeParams["DateStyle"] = "SQL, DMY"
+	cfg := streamConfig()
+	cfg.Stream.ConnConfig = cc
+	cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
+	r := s.relay(t, s.publisher(t), cfg)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	s.write(t, topic, 10, 2)
+	cons.WaitFor(10, 30*time.Second)
+	var parked int
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL").Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 0 {
+		t.Errorf("%d rows parked: the stream could not read them", parked)
 	}
 }
