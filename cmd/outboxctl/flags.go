@@ -76,6 +76,16 @@ func (c *command) bulkFlags() {
 	c.fs.IntVar(&c.chunk, "chunk", 1000, "rows per statement, each committed on its own")
 }
 
+// parseNone parses the flags of a command that takes no arguments; ok is
+// false when the command must end, with code.
+func (c *command) parseNone(args []string) (ok bool, code int) {
+	pos, ok, code := c.parse(args)
+	if ok && len(pos) > 0 {
+		return false, c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
+	}
+	return ok, code
+}
+
 // parse parses flags anywhere among the arguments and returns the
 // positional ones; when ok is false the run ends with code (help was
 // printed, or a usage error).

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -168,12 +167,8 @@ func cmdInboxList(ctx context.Context, args []string, e env) int {
 	c.consumerFlag()
 	c.fs.IntVar(&c.limit, "limit", 0, "at most this many records (default 100)")
 	c.fs.Int64Var(&c.after, "after", 0, "only records with id above this: the next page after the last id shown")
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	if c.limit < 0 || c.after < 0 {
 		return c.usageErr("--limit and --after must not be negative")
@@ -278,8 +273,7 @@ func cmdInboxShow(ctx context.Context, args []string, e env) int {
 	if p.Key != nil {
 		key = printable(string(p.Key), 300)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, kv := range [][2]string{
+	writeRecord(w, [][2]string{
 		{"Row ID", fmt.Sprint(p.ID)},
 		{"Consumer", printable(p.Consumer, 200)},
 		{"Event ID", orDash(printable(p.EventID, 200))},
@@ -291,27 +285,7 @@ func cmdInboxShow(ctx context.Context, args []string, e env) int {
 		{"Parked", stamp(p.ParkedAt) + " after " + fmt.Sprint(p.Attempts) + " attempts"},
 		{"Error type", printable(p.ErrorType, 100)},
 		{"Last error", printable(p.LastError, 2000)},
-	} {
-		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
-	}
-	_ = tw.Flush()
-	if len(p.Headers) > 0 {
-		fmt.Fprintln(w, "Headers:")
-		keys := make([]string, 0, len(p.Headers))
-		for k := range p.Headers {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			fmt.Fprintf(w, "  %s: %s\n", printable(k, 100), printable(p.Headers[k], 500))
-		}
-	}
-	var pretty bytes.Buffer
-	if json.Indent(&pretty, p.Value, "  ", "  ") != nil {
-		pretty.Reset()
-		pretty.WriteString(printable(string(p.Value), 1<<20))
-	}
-	fmt.Fprintf(w, "Value (%s bytes):\n  %s\n", thousands(len(p.Value)), pretty.String())
+	}, p.Headers, "Value", p.Value)
 	fmt.Fprintf(w, "\nTo apply it once the cause is fixed: in the consuming service, Consumer.Retry(ctx, %d): it runs the application's handler.\n", p.ID)
 	fmt.Fprintf(w, "To drop it without applying it:      outboxctl inbox parked delete %d --consumer %s\n", p.ID, shellWord(p.Consumer))
 	return exitOK
@@ -436,12 +410,8 @@ func records(n int) string {
 func cmdInboxStatus(ctx context.Context, args []string, e env) int {
 	c := newInboxCommand("inbox status", e, "[--json]")
 	c.about = "The inbox's parked records, counted by consumer, topic and error type. Changes nothing."
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	conn, table, code := c.connectInbox(ctx)
 	if code != 0 {

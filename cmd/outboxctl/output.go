@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -123,4 +127,27 @@ func explain(err error, table outbox.Table, op string) string {
 		return "name event ids or filters, or pass --all to act on every event"
 	}
 	return cutErr(err)
+}
+
+// writeRecord prints a parked record for people: its fields, aligned; its
+// headers, sorted; and its body (label: payload or value), indented as JSON
+// when it is JSON. Stored values are cut and made printable.
+func writeRecord(w io.Writer, fields [][2]string, headers map[string]string, label string, body []byte) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, kv := range fields {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	_ = tw.Flush()
+	if len(headers) > 0 {
+		fmt.Fprintln(w, "Headers:")
+		for _, k := range slices.Sorted(maps.Keys(headers)) {
+			fmt.Fprintf(w, "  %s: %s\n", printable(k, 100), printable(headers[k], 500))
+		}
+	}
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, body, "  ", "  ") != nil {
+		pretty.Reset()
+		pretty.WriteString(printable(string(body), 1<<20))
+	}
+	fmt.Fprintf(w, "%s (%s bytes):\n  %s\n", label, thousands(len(body)), pretty.String())
 }

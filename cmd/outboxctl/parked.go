@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -115,8 +112,7 @@ func cmdShow(ctx context.Context, args []string, e env) int {
 		return exitOK
 	}
 	w := e.stdout
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, kv := range [][2]string{
+	writeRecord(w, [][2]string{
 		{"Event ID", p.EventID.String()},
 		{"Row ID", fmt.Sprint(p.ID)},
 		{"Type", printable(p.EventType, 200)},
@@ -126,27 +122,7 @@ func cmdShow(ctx context.Context, args []string, e env) int {
 		{"Written", stamp(p.CreatedAt)},
 		{"Parked", stamp(p.ParkedAt) + " after " + fmt.Sprint(p.Attempts) + " attempts"},
 		{"Last error", printable(p.LastError, 2000)},
-	} {
-		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
-	}
-	_ = tw.Flush()
-	if len(p.Headers) > 0 {
-		fmt.Fprintln(w, "Headers:")
-		keys := make([]string, 0, len(p.Headers))
-		for k := range p.Headers {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			fmt.Fprintf(w, "  %s: %s\n", printable(k, 100), printable(p.Headers[k], 500))
-		}
-	}
-	var pretty bytes.Buffer
-	if json.Indent(&pretty, p.Payload, "  ", "  ") != nil {
-		pretty.Reset()
-		pretty.WriteString(printable(string(p.Payload), 1<<20))
-	}
-	fmt.Fprintf(w, "Payload (%s bytes):\n  %s\n", thousands(len(p.Payload)), pretty.String())
+	}, p.Headers, "Payload", p.Payload)
 	fmt.Fprintf(w, "\nOnce the cause is fixed: outboxctl parked requeue %s\nTo drop it for good:     outboxctl parked delete %s\n", p.EventID, p.EventID)
 	return exitOK
 }

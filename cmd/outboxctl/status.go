@@ -12,12 +12,8 @@ import (
 
 func cmdStatus(ctx context.Context, args []string, e env) int {
 	c := newCommand("status", e, "[--json]")
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	conn, table, lanes, code := c.connect(ctx)
 	if code != 0 {

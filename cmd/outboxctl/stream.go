@@ -33,12 +33,8 @@ func cmdStream(ctx context.Context, args []string, e env) int {
 func cmdStreamStatus(ctx context.Context, args []string, e env) int {
 	c := newCommand("stream status", e, "[--json]")
 	c.about = "The streaming relay's replication slot (active, how far behind, the WAL it keeps), its publication,\nthe server's settings, and what `outboxctl stream check` says of them. Changes nothing."
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	conn, table, _, code := c.connect(ctx)
 	if code != 0 {
@@ -145,12 +141,8 @@ func cmdStreamCheck(ctx context.Context, args []string, e env) int {
 	c.about = "Checks what the streaming relay needs of the server, as the relay does when it starts: wal_level, the\n" +
 		"publication, the role's REPLICATION attribute, replication slots and WAL senders, and the slot if it exists.\n" +
 		"Connect as the role the relay uses. Exits 1 with what to change when something is wrong."
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	conn, table, _, code := c.connect(ctx)
 	if code != 0 {
@@ -187,12 +179,8 @@ func cmdDropSlot(ctx context.Context, args []string, e env) int {
 	var force bool
 	c.fs.BoolVar(&force, "force", false, "end the session that streams from the slot, then drop it")
 	c.fs.BoolVar(&c.yes, "yes", false, "do not ask for confirmation")
-	pos, ok, code := c.parse(args)
-	if !ok {
+	if ok, code := c.parseNone(args); !ok {
 		return code
-	}
-	if len(pos) > 0 {
-		return c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
 	}
 	conn, table, _, code := c.connect(ctx)
 	if code != 0 {
