@@ -51,6 +51,18 @@ func (o Ordering) String() string {
 // versions (PostgreSQL 12+).
 const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
 
+// streamTakes is the stream claim's condition on a streamed row e (see
+// streamer.claim): its lane is this transaction's or becomes it (the lanes
+// polling relays try-lock), and its key has no unpublished row below @top
+// outside the batch @batch. The waiting keys are read once per statement:
+// a correlated check per row walked the batch's own rows for each row,
+// quadratic in the batch size.
+func streamTakes(t outbox.Table) string {
+	return "pg_try_advisory_xact_lock(@ns, " + strings.Replace(lane, "partition_key", "e.partition_key", 1) + "::int)" +
+		" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
+		" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))"
+}
+
 type queries struct {
 	claim  string // unordered: lock rows
 	window string // per key: lanes with work among the first rows, in order of their first row
@@ -126,24 +138,14 @@ func newQueries(t outbox.Table) queries {
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
 		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 		streamClaim: "UPDATE " + t.Ident() + " e SET published_at = now()" +
-			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL" +
-			" AND pg_try_advisory_xact_lock(@ns, ((hashtext(e.partition_key) & 2147483647) % @lanes)::int)" +
-			// Keys with an unpublished row below the batch's last id that is
-			// not in the batch wait: read once per statement (a correlated
-			// check per row scanned the batch's own rows for each row,
-			// quadratic in the batch size).
-			" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
-			" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@ids::bigint[])))" +
+			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t) +
 			" RETURNING e.id",
 		streamClaimUnordered: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
 		// streamState: present rows, whether unpublished, and whether the
 		// claim would have taken them (their lane is this transaction's,
 		// their key waits behind nothing): such a row was not visible yet.
-		streamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL," +
-			" pg_try_advisory_xact_lock(@ns, ((hashtext(e.partition_key) & 2147483647) % @lanes)::int)" +
-			" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
-			" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))" +
+		streamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL, " + streamTakes(t) +
 			" FROM " + t.Ident() + " e WHERE e.id = ANY(@ids::bigint[])",
 		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
 		unmark:               "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",

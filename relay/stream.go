@@ -231,11 +231,10 @@ func (r *Relay) streamHealth() error {
 	return nil
 }
 
-// streamRow is a row from the stream with the end of its transaction.
+// streamRow is a row from the stream.
 type streamRow struct {
 	row
-	bad error         // the row could not be decoded: it is parked by id
-	end pglogrepl.LSN // end of the row's transaction; 0 until its commit arrived
+	bad error // the row could not be decoded: it is parked by id
 }
 
 // streamer is one connection's stream. Its reader goroutine owns the
@@ -867,9 +866,6 @@ func (s *streamer) decode(ctx context.Context, data []byte) error {
 			}
 			return nil
 		}
-		for i := range rows {
-			rows[i].end = m.TransactionEndLSN
-		}
 		return s.hand(ctx, streamTx{rows: rows, end: m.TransactionEndLSN, commit: at, received: time.Now()})
 	}
 	return nil
@@ -1075,7 +1071,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 	claimed := make(map[int64]bool, len(ids))
 	b := &pgx.Batch{}
 	b.Queue(r.txSettings, r.idleMillis)
-	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
+	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
 	if r.cfg.Ordering == Unordered {
 		sql, args = r.q.streamClaimUnordered, pgx.NamedArgs{"ids": ids}
 	}
