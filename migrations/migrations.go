@@ -302,12 +302,21 @@ func versions(t outbox.Table) string {
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_migrations"}.Ident()
 }
 
+// lock takes the table's migration lock for the rest of tx: Up, the
+// inbox's and the publication's migrations of one table never run at once.
+func lock(ctx context.Context, tx pgx.Tx, table outbox.Table) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.WithDefaults().String()); err != nil {
+		return fmt.Errorf("migrations: lock: %w", err)
+	}
+	return nil
+}
+
 // prepare takes the migration lock, creates the schema and the versions
 // table if needed, and returns the applied versions.
 func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, error) {
 	table = table.WithDefaults()
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
-		return nil, fmt.Errorf("migrations: lock: %w", err)
+	if err := lock(ctx, tx, table); err != nil {
+		return nil, err
 	}
 	if table.Schema != "" {
 		// Only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the

@@ -80,8 +80,8 @@ func UpStream(ctx context.Context, db DB, table outbox.Table) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
-			return fmt.Errorf("migrations: lock: %w", err)
+		if err := lock(ctx, tx, table); err != nil {
+			return err
 		}
 		if err := outboxSet.exists(ctx, tx, table); err != nil {
 			return fmt.Errorf("migrations: publication of %s: %w", table, err)
@@ -117,8 +117,8 @@ func DownStream(ctx context.Context, db DB, table outbox.Table) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "fxoutbox.migrations:"+table.String()); err != nil {
-			return fmt.Errorf("migrations: lock: %w", err)
+		if err := lock(ctx, tx, table); err != nil {
+			return err
 		}
 		for _, m := range slices.Backward(all) {
 			if _, err := tx.Exec(ctx, m.Down); err != nil {
