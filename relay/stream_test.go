@@ -9,13 +9,11 @@ import (
 	"github.com/IBM/sarama"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
@@ -24,62 +22,11 @@ import (
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-// streaming creates the publication of the test's table and drops its slot
-// when the test ends (a slot left behind pins WAL).
+// streaming sets the test's table up for the streaming relay, its slot
+// created (see testenv.Streaming).
 func (s *setup) streaming(t testing.TB) {
 	t.Helper()
-	_, err := s.pool.Exec(s.ctx, "CREATE PUBLICATION "+pgx.Identifier{s.table.Publication()}.Sanitize()+
-		" FOR TABLE "+s.table.Ident()+" WITH (publish = 'insert')")
-	if err != nil {
-		t.Fatal(err)
-	}
-	slot := testenv.Slot(t, s.pool, s.table)
-	createSlot(t, s.pool, slot)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			_, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
-			if err == nil || time.Now().After(deadline) {
-				if err != nil {
-					t.Errorf("drop slot %s: %v", slot, err)
-				}
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // its walsender is still ending
-		}
-		_, _ = s.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.table.Publication()}.Sanitize())
-	})
-}
-
-// createSlot creates a logical slot as the relay would. Creation waits for a
-// snapshot of running transactions in which those it saw at its start have
-// ended; the server logs one every 15s, or at a checkpoint: with other
-// tests writing, the test asks for checkpoints until the slot is ready.
-func createSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(300 * time.Millisecond):
-				_, _ = pool.Exec(ctx, "CHECKPOINT")
-			}
-		}
-	}()
-	_, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
-	close(done)
-	wg.Wait()
-	if err != nil {
-		t.Fatalf("create slot %s: %v", slot, err)
-	}
+	testenv.Streaming(t, s.pool, s.table, true)
 }
 
 // streamConfig is a Stream relay's configuration with test-sized intervals.

@@ -22,28 +22,11 @@ import (
 	"github.com/fxoutbox/outbox/relay"
 )
 
-// streaming creates the publication of the world's table and drops its
-// replication slot when the test ends (a slot left behind pins WAL).
+// streaming sets the world's table up for the streaming relay, which
+// creates the slot itself (see testenv.Streaming).
 func (w *world) streaming(t *testing.T) {
 	t.Helper()
-	pub := pgx.Identifier{w.table.Publication()}.Sanitize()
-	if _, err := w.pool.Exec(w.ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+w.table.Ident()+" WITH (publish = 'insert')"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			_, err := w.pool.Exec(w.ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", testenv.Slot(t, w.pool, w.table))
-			if err == nil || time.Now().After(deadline) {
-				if err != nil {
-					t.Errorf("drop slot %s: %v", testenv.Slot(t, w.pool, w.table), err)
-				}
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // its walsender is still ending
-		}
-		_, _ = w.pool.Exec(w.ctx, "DROP PUBLICATION IF EXISTS "+pub)
-	})
+	testenv.Streaming(t, w.pool, w.table, false)
 }
 
 // streamRelay is a relay in Stream mode with its own producer, and its log.

@@ -71,6 +71,70 @@ func Slot(t testing.TB, pool *pgxpool.Pool, table outbox.Table) string {
 	return table.Slot(db)
 }
 
+// Streaming sets table up for the streaming relay as an operator would
+// (migrations.UpStream creates its publication) and, when the test ends,
+// drops its replication slot (a slot left behind pins WAL; its walsender
+// may take a moment to end) and the publication. With createSlot it also
+// creates the slot first (see CreateSlot). It returns the slot's name.
+func Streaming(t testing.TB, pool *pgxpool.Pool, table outbox.Table, createSlot bool) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := migrations.UpStream(ctx, pool, table); err != nil {
+		t.Fatal(err)
+	}
+	slot := Slot(t, pool, table)
+	t.Cleanup(func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+			if err == nil || time.Now().After(deadline) {
+				if err != nil {
+					t.Errorf("drop slot %s: %v", slot, err)
+				}
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := migrations.DownStream(ctx, pool, table); err != nil {
+			t.Errorf("drop the publication of %s: %v", table, err)
+		}
+	})
+	if createSlot {
+		CreateSlot(t, pool, slot)
+	}
+	return slot
+}
+
+// CreateSlot creates a pgoutput slot as the relay would. Creation waits for
+// a snapshot of running transactions in which those it saw at its start
+// have ended; the server logs one every 15s, or at a checkpoint: with other
+// tests writing, it asks for checkpoints until the slot is ready.
+func CreateSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(300 * time.Millisecond):
+				_, _ = pool.Exec(ctx, "CHECKPOINT")
+			}
+		}
+	}()
+	_, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	close(done)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("create slot %s: %v", slot, err)
+	}
+}
+
 // Table creates a fresh schema with the migrations applied and drops it when
 // the test ends. Tests that use their own Table never see each other's rows.
 func Table(t testing.TB, pool *pgxpool.Pool) outbox.Table {
