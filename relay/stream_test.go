@@ -39,40 +39,49 @@ func streamConfig() relay.Config {
 }
 
 // TestStreamPublishesWaitingThenStreamed starts a streaming relay on a table
-// that already holds events (written before the slot existed): they go
-// first, then the events written while it streams, each key in order, and
-// every row gets its published_at.
+// that already holds events (written before the slot existed, so only the
+// sweep at the start can publish them): they go first, then the events
+// written while it streams, each key in order (under PerKey; Unordered
+// claims by row locks), and every row gets its published_at.
 func TestStreamPublishesWaitingThenStreamed(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	s.streaming(t)
-	topic := testenv.Topic(t, s.kafka(t), 4)
-	cons := testenv.Consume(t, s.kafka(t), topic)
-	s.write(t, topic, 30, 3) // before the slot exists
+	for _, ordering := range []relay.Ordering{relay.PerKey, relay.Unordered} {
+		t.Run(ordering.String(), func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			topic := testenv.Topic(t, s.kafka(t), 4)
+			cons := testenv.Consume(t, s.kafka(t), topic)
+			s.write(t, topic, 30, 3) // before the slot exists: not in the stream
+			s.streaming(t)
 
-	// No sweep after the first: only the stream can publish what follows.
-	cfg := streamConfig()
-	cfg.Stream.SweepInterval = time.Hour
-	cfg.PollInterval = time.Hour
-	r := s.relay(t, s.publisher(t), cfg)
-	if err := r.Start(s.ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.Stop(s.ctx) }()
-	waitUntil(t, 20*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
-	for i := 30; i < 60; i++ {
-		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-			return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%3), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+			// No sweep after the first: only the stream can publish what follows.
+			cfg := streamConfig()
+			cfg.Stream.SweepInterval = time.Hour
+			cfg.PollInterval = time.Hour
+			cfg.Ordering = ordering
+			r := s.relay(t, s.publisher(t), cfg)
+			if err := r.Start(s.ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = r.Stop(s.ctx) }()
+			waitUntil(t, 20*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+			for i := 30; i < 60; i++ {
+				err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%3), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			msgs := cons.WaitFor(60, 30*time.Second)
+			if ordering == relay.PerKey {
+				checkKeyOrder(t, msgs, 60)
+			}
+			waitUntil(t, 10*time.Second, "all rows marked", func() bool { return s.unpublished(t) == 0 })
+			if st := r.StreamStatus(); st.Confirmed == 0 {
+				t.Errorf("stream status %+v: no position confirmed", st)
+			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	msgs := cons.WaitFor(60, 30*time.Second)
-	checkKeyOrder(t, msgs, 60)
-	waitUntil(t, 10*time.Second, "all rows marked", func() bool { return s.unpublished(t) == 0 })
-	if st := r.StreamStatus(); st.Confirmed == 0 {
-		t.Errorf("stream status %+v: no position confirmed", st)
 	}
 }
 
