@@ -166,8 +166,8 @@ func TestStreamSplitsALargeTransaction(t *testing.T) {
 	cons := testenv.Consume(t, s.kafka(t), topic)
 	pub := s.publisher(t)
 	slow := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
-		select { // 10ms a message: 30 events take 300ms, a batch of 4 40ms
-		case <-time.After(time.Duration(len(msgs)) * 10 * time.Millisecond):
+		select { // 50ms a message: 30 events take 1.5s, a batch of 4 200ms
+		case <-time.After(time.Duration(len(msgs)) * 50 * time.Millisecond):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -175,7 +175,9 @@ func TestStreamSplitsALargeTransaction(t *testing.T) {
 	})
 	cfg := streamConfig()
 	cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
-	cfg.BatchSize, cfg.MaxBatchSize, cfg.BatchTimeout = 4, 4, 150*time.Millisecond
+	// BatchTimeout leaves a batch of 4 800ms for the broker (Apache Kafka
+	// on a loaded machine), and is too short for all 30 at once.
+	cfg.BatchSize, cfg.MaxBatchSize, cfg.BatchTimeout = 4, 4, time.Second
 	r := s.relay(t, slow, cfg)
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
