@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -250,6 +251,7 @@ func saramaConfig() *sarama.Config {
 type Consumer struct {
 	t        testing.TB
 	consumer sarama.Consumer
+	client   sarama.Client
 	mu       sync.Mutex
 	msgs     []*sarama.ConsumerMessage
 	wg       sync.WaitGroup
@@ -259,18 +261,23 @@ type Consumer struct {
 // Consume starts consuming topics; it stops when the test ends.
 func Consume(t testing.TB, brokers []string, topics ...string) *Consumer {
 	t.Helper()
-	cons, err := sarama.NewConsumer(brokers, saramaConfig())
+	client, err := sarama.NewClient(brokers, saramaConfig())
 	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	cons, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		_ = client.Close()
 		t.Fatalf("kafka consumer: %v", err)
 	}
-	c := &Consumer{t: t, consumer: cons}
+	c := &Consumer{t: t, consumer: cons, client: client}
 	for _, topic := range topics {
 		parts, err := cons.Partitions(topic)
 		if err != nil {
 			t.Fatalf("partitions of %s: %v", topic, err)
 		}
 		for _, p := range parts {
-			pc, err := cons.ConsumePartition(topic, p, sarama.OffsetOldest)
+			pc, err := consumePartition(client, cons, topic, p)
 			if err != nil {
 				t.Fatalf("consume %s/%d: %v", topic, p, err)
 			}
@@ -295,6 +302,31 @@ func Consume(t testing.TB, brokers []string, topics ...string) *Consumer {
 	return c
 }
 
+// consumePartition consumes topic/p from the oldest offset. A partition
+// just created may be in the metadata before its leader serves it (Apache
+// Kafka answers NOT_LEADER_OR_FOLLOWER for a moment); that is retried for
+// up to 30s with fresh metadata.
+func consumePartition(client sarama.Client, cons sarama.Consumer, topic string, p int32) (sarama.PartitionConsumer, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pc, err := cons.ConsumePartition(topic, p, sarama.OffsetOldest)
+		var kerr sarama.KError
+		if err == nil || !errors.As(err, &kerr) || !retriableTopicError(kerr) || time.Now().After(deadline) {
+			return pc, err
+		}
+		time.Sleep(100 * time.Millisecond)
+		_ = client.RefreshMetadata(topic)
+	}
+}
+
+func retriableTopicError(err sarama.KError) bool {
+	switch err {
+	case sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition, sarama.ErrReplicaNotAvailable, sarama.ErrOffsetsLoadInProgress:
+		return true
+	}
+	return false
+}
+
 // Close stops consuming and waits for the consumer's goroutines.
 func (c *Consumer) Close() {
 	for _, pc := range c.pcs {
@@ -304,6 +336,7 @@ func (c *Consumer) Close() {
 	c.wg.Wait()
 	if c.consumer != nil {
 		_ = c.consumer.Close()
+		_ = c.client.Close()
 		c.consumer = nil
 	}
 }
