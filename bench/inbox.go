@@ -74,8 +74,18 @@ type Inbox struct {
 	// itself in each transaction (hand-written dedupe), and
 	// InboxVsHandDedupe InboxEPS over it: the inbox's own cost beyond the
 	// row.
-	HandDedupeEPS     float64 `json:"handwritten_dedupe_eps"`
-	InboxVsHandDedupe float64 `json:"inbox_vs_handwritten_dedupe"`
+	// Batch handling (inbox.Config.BatchSize 50): InboxBatchEPS the inbox at
+	// Concurrency 16 applying up to 50 ready records per transaction,
+	// PlainBatchEPS the plain group batching the same way (a statement per
+	// record, one COMMIT). OverheadRatioBatch is their ratio (the inbox's
+	// cost when both batch); InboxBatchVsPlain is InboxBatchEPS over
+	// PlainEPS, the plain group with a transaction per record.
+	InboxBatchEPS      float64 `json:"inbox_batch_eps"`
+	PlainBatchEPS      float64 `json:"plain_batch_eps"`
+	OverheadRatioBatch float64 `json:"overhead_ratio_batch"`
+	InboxBatchVsPlain  float64 `json:"inbox_batch_vs_plain"`
+	HandDedupeEPS      float64 `json:"handwritten_dedupe_eps"`
+	InboxVsHandDedupe  float64 `json:"inbox_vs_handwritten_dedupe"`
 	// Commit-to-applied latency through the whole chain at LatencyRate.
 	LatencyRate     int     `json:"latency_offered_eps"`
 	LatencyAchieved float64 `json:"latency_achieved_eps"`
@@ -111,6 +121,7 @@ type inboxContender struct {
 	concurrency int
 	plain       bool
 	dedupe      bool // plain, with the inbox's row written by hand
+	batch       int  // records per transaction at most (inbox.Config.BatchSize); 0 is 1
 	one         bool // on the topic of one partition
 }
 
@@ -163,6 +174,9 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		{name: "plain c16", concurrency: 16, plain: true},
 		{name: "inbox c1", concurrency: 1},
 		{name: "plain c1", concurrency: 1, plain: true},
+		// Batch handling: up to 50 records of distinct keys per transaction.
+		{name: "inbox c16 b50", concurrency: 16, batch: 50},
+		{name: "plain c16 b50", concurrency: 16, plain: true, batch: 50},
 		// Where the overhead is: the plain group writing the inbox's row
 		// itself (INSERT ... ON CONFLICT DO NOTHING, skip on conflict).
 		{name: "plain+row c16", concurrency: 16, plain: true, dedupe: true},
@@ -230,6 +244,9 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		}
 		res.PGUsPerRecord[name] = round1(median(us))
 	}
+	res.InboxBatchEPS, res.PlainBatchEPS = round1(median(series["inbox c16 b50"])), round1(median(series["plain c16 b50"]))
+	res.OverheadRatioBatch = medianRatio(series["inbox c16 b50"], series["plain c16 b50"])
+	res.InboxBatchVsPlain = medianRatio(series["inbox c16 b50"], series["plain c16"])
 	res.HandDedupeEPS = round1(median(series["plain+row c16"]))
 	res.InboxVsHandDedupe = medianRatio(series["inbox c16"], series["plain+row c16"])
 
@@ -244,7 +261,9 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		"the offset marked after the commit (sarama auto-commit, 1 s). inbox cN: package inbox, Concurrency N (records of one key in order, "+
 		"different keys in parallel), plus its inbox row (dedupe), sent with BEGIN in one round trip. plain cN: the same sarama consumer group and write without dedupe, N workers "+
 		"per partition dispatched as the inbox does (an idle worker takes the next record whose key has nothing in progress), offsets marked up to the lowest record not yet committed; "+
-		"plain+row c16 also inserts the inbox's row itself, in a round trip of its own. The key-parallel speed-up (c16 vs c1) is measured on a second topic of one partition "+
+		"plain+row c16 also inserts the inbox's row itself, in a round trip of its own. "+
+		"inbox c16 b50 / plain c16 b50: the same with BatchSize 50 (a worker applies the records ready at that moment, up to 50 of distinct keys, in one transaction; the inbox's rows in one INSERT sent with BEGIN, "+
+		"the plain group's a statement per record). The key-parallel speed-up (c16 vs c1) is measured on a second topic of one partition "+
 		"(%d events, the same keys), where c1 is partition-serial. Rate: records from the first processed "+
 		"to the last committed, medians of %d round(s), contenders alternated. Latency: %d writers commit one event each at %d/s for %.0f s "+
 		"(unitofwork.Do, relay woken after commit), the inbox applies it (one-row INSERT); from the writer's commit to the end of the inbox's "+
@@ -253,7 +272,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 }
 
 // fillInboxTopic publishes n events over keys keys, with the headers the
-// relay sets.
+// relay sets (x-event-id a UUIDv7, as outbox.Event gets by default).
 func (e *env) fillInboxTopic(ctx context.Context, topic string, n, keys int) error {
 	sp, err := relay.NewSaramaPublisher(e.brokers, producerConfig("fxbench-inbox-fill"))
 	if err != nil {
@@ -263,7 +282,7 @@ func (e *env) fillInboxTopic(ctx context.Context, topic string, n, keys int) err
 	for i := 0; i < n; i += 1000 {
 		batch := make([]relay.Message, 0, 1000)
 		for j := i; j < min(n, i+1000); j++ {
-			id := uuid.New()
+			id := uuid.Must(uuid.NewV7()) // as the unit of work gives events
 			key := orderID(j % keys)
 			batch = append(batch, relay.Message{
 				EventID: id, Topic: topic, Key: []byte(key), Value: payload(j%keys, j),
@@ -306,7 +325,7 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 	group := fmt.Sprintf("fxbench-%s-%d", c.name[:5], time.Now().UnixNano())
 	var stop func() error
 	if c.plain {
-		pg, err := newPlainGroup(e, group, topic, c.concurrency, c.dedupe, note, done)
+		pg, err := newPlainGroup(e, group, topic, c.concurrency, max(1, c.batch), c.dedupe, note, done)
 		if err != nil {
 			return run, err
 		}
@@ -317,7 +336,7 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 			return run, err
 		}
 		ic, err := inbox.New(e.pool, uow, &inbox.Config{
-			Group: group, Brokers: e.brokers, Table: outbox.Table{Schema: schema}, Concurrency: c.concurrency,
+			Group: group, Brokers: e.brokers, Table: outbox.Table{Schema: schema}, Concurrency: c.concurrency, BatchSize: c.batch,
 			CleanupInterval: time.Hour,
 			Routes: []inbox.Route{{Topic: topic, Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 				note()
@@ -403,6 +422,7 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 type plainGroup struct {
 	e       *env
 	workers int
+	batch   int    // records per transaction at most
 	dedupe  string // the inbox's row insert, or ""
 	name    string // the consumer name in it
 	note    func()
@@ -412,7 +432,7 @@ type plainGroup struct {
 	wg      sync.WaitGroup
 }
 
-func newPlainGroup(e *env, group, topic string, workers int, dedupe bool, note, done func()) (*plainGroup, error) {
+func newPlainGroup(e *env, group, topic string, workers, batch int, dedupe bool, note, done func()) (*plainGroup, error) {
 	sc := inbox.DefaultSaramaConfig() // the inbox's settings: oldest, auto-commit 1 s
 	sc.ClientID = "fxbench-plain"
 	g, err := sarama.NewConsumerGroup(e.brokers, group, sc)
@@ -420,7 +440,7 @@ func newPlainGroup(e *env, group, topic string, workers int, dedupe bool, note, 
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	pg := &plainGroup{e: e, workers: workers, note: note, done: done, group: g, cancel: cancel, name: group}
+	pg := &plainGroup{e: e, workers: workers, batch: batch, note: note, done: done, group: g, cancel: cancel, name: group}
 	if dedupe {
 		pg.dedupe = `INSERT INTO ` + migrations.InboxTable(outbox.Table{Schema: schema}).Ident() +
 			` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
@@ -512,14 +532,31 @@ func (pg *plainGroup) ConsumeClaim(sess sarama.ConsumerGroupSession, claim saram
 					return
 				case r := <-ready:
 					pg.note()
-					if err := pg.apply(ctx, r.m); err != nil {
+					// As inbox.Config.BatchSize: the records ready now, up to batch.
+					rs := []*rec{r}
+				more:
+					for len(rs) < pg.batch {
+						select {
+						case next := <-ready:
+							rs = append(rs, next)
+						default:
+							break more
+						}
+					}
+					ms := make([]*sarama.ConsumerMessage, len(rs))
+					for i, r := range rs {
+						ms[i] = r.m
+					}
+					if err := pg.apply(ctx, ms); err != nil {
 						mu.Lock()
 						failed = err
 						mu.Unlock()
 						continue // not marked: left to the next owner
 					}
-					pg.done()
-					finish(r)
+					for _, r := range rs {
+						pg.done()
+						finish(r)
+					}
 				}
 			}
 		})
@@ -569,29 +606,32 @@ func (pg *plainGroup) ConsumeClaim(sess sarama.ConsumerGroupSession, claim saram
 	}
 }
 
-func (pg *plainGroup) apply(ctx context.Context, m *sarama.ConsumerMessage) error {
-	var id string
-	for _, h := range m.Headers {
-		if string(h.Key) == outbox.HeaderEventID {
-			id = string(h.Value)
-		}
-	}
+// apply writes ms in one transaction, a statement per record.
+func (pg *plainGroup) apply(ctx context.Context, ms []*sarama.ConsumerMessage) error {
 	tx, err := pg.e.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if pg.dedupe != "" {
-		tag, err := tx.Exec(ctx, pg.dedupe, pg.name, id, m.Topic, m.Partition, m.Offset)
-		if err != nil {
+	for _, m := range ms {
+		var id string
+		for _, h := range m.Headers {
+			if string(h.Key) == outbox.HeaderEventID {
+				id = string(h.Value)
+			}
+		}
+		if pg.dedupe != "" {
+			tag, err := tx.Exec(ctx, pg.dedupe, pg.name, id, m.Topic, m.Partition, m.Offset)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return errors.New("plain+row: a duplicate in a fresh group")
+			}
+		}
+		if _, err := tx.Exec(ctx, invoiceInsert, string(m.Key), id, m.Offset); err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return errors.New("plain+row: a duplicate in a fresh group")
-		}
-	}
-	if _, err := tx.Exec(ctx, invoiceInsert, string(m.Key), id, m.Offset); err != nil {
-		return err
 	}
 	return tx.Commit(ctx)
 }

@@ -16,7 +16,7 @@ import (
 // about them.
 var inboxVariables = []string{
 	"OUTBOX_INBOX_GROUP", "OUTBOX_INBOX_NAME", "OUTBOX_INBOX_BROKERS", "OUTBOX_INBOX_SCHEMA", "OUTBOX_INBOX_TABLE",
-	"OUTBOX_INBOX_CONCURRENCY", "OUTBOX_INBOX_MAX_ATTEMPTS", "OUTBOX_INBOX_POISON", "OUTBOX_INBOX_IDENTITY",
+	"OUTBOX_INBOX_CONCURRENCY", "OUTBOX_INBOX_BATCH_SIZE", "OUTBOX_INBOX_MAX_ATTEMPTS", "OUTBOX_INBOX_POISON", "OUTBOX_INBOX_IDENTITY",
 	"OUTBOX_INBOX_PARK_UNROUTED", "OUTBOX_INBOX_MIN_BACKOFF", "OUTBOX_INBOX_MAX_BACKOFF", "OUTBOX_INBOX_TRY_TIMEOUT",
 	"OUTBOX_INBOX_DRAIN_TIMEOUT", "OUTBOX_INBOX_RETENTION", "OUTBOX_INBOX_CLEANUP_INTERVAL", "OUTBOX_INBOX_MIGRATE",
 }
@@ -33,6 +33,7 @@ var inboxVariables = []string{
 //	OUTBOX_INBOX_BROKERS          Consumer.Brokers, comma-separated
 //	OUTBOX_INBOX_SCHEMA, _TABLE   Consumer.Table (default outbox_inbox)
 //	OUTBOX_INBOX_CONCURRENCY      Consumer.Concurrency (16)
+//	OUTBOX_INBOX_BATCH_SIZE       Consumer.BatchSize (1: a transaction per record)
 //	OUTBOX_INBOX_MAX_ATTEMPTS     Consumer.MaxAttempts (5)
 //	OUTBOX_INBOX_POISON           park (default) or hold
 //	OUTBOX_INBOX_IDENTITY         event-id (default) or event-id-or-position
@@ -80,6 +81,7 @@ func inboxConfigFrom(lookupEnv func(string) (string, bool), environ ...string) (
 		dst  *int
 	}{
 		{"OUTBOX_INBOX_CONCURRENCY", &c.Concurrency},
+		{"OUTBOX_INBOX_BATCH_SIZE", &c.BatchSize},
 		{"OUTBOX_INBOX_MAX_ATTEMPTS", &c.MaxAttempts},
 	} {
 		if v, ok := get(n.name); ok {

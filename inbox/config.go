@@ -143,6 +143,24 @@ type Config struct {
 	// has nothing earlier in progress, reading up to Concurrency x 64
 	// records ahead of the lowest one not yet done. Default 16.
 	Concurrency int
+	// BatchSize is how many records of a partition one transaction may
+	// apply (default 1: a transaction per record). Above 1, a worker that
+	// takes a record also takes the records ready at that moment (of
+	// distinct keys: a key's records are still applied one after another),
+	// up to BatchSize, and applies them in one transaction: one INSERT of
+	// their inbox rows sent with BEGIN, the handler of each new record in
+	// offset order, one COMMIT. Nothing waits for a batch to fill, so
+	// batches grow only when records queue up, and latency under light load
+	// is unchanged.
+	//
+	// Set it only when the handlers allow it: a handler's writes then
+	// commit or roll back with other records' writes. When any part of a
+	// batch fails (a handler error or panic, a database error), the whole
+	// transaction rolls back and each of its records is applied again
+	// alone, with its own retries, attempts and parking; so a handler's
+	// side effects outside tx, which must be repeatable anyway, may run
+	// once more. TryTimeout bounds the batch's transaction. At most 1000.
+	BatchSize int
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.
 	MaxAttempts int
@@ -261,6 +279,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Concurrency < 1 || c.Concurrency > 1024 {
 		return c, &outbox.ConfigError{Field: "Concurrency", Reason: fmt.Sprintf("%d is out of range 1-1024", c.Concurrency)}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1
+	}
+	if c.BatchSize < 1 || c.BatchSize > 1000 {
+		return c, &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("%d is out of range 1-1000", c.BatchSize)}
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5

@@ -51,6 +51,17 @@
 // Side effects outside the transaction (HTTP calls) are not covered: they
 // repeat when a try rolls back. Record an event with tx.Add instead.
 //
+// Batches: with Config.BatchSize above 1, a worker applies the records
+// that are ready when it takes one (of distinct keys, up to BatchSize) in
+// one transaction: their inbox rows in one INSERT sent with BEGIN, then
+// each new record's handler in offset order on the same tx, with its own
+// ctx and span, then one COMMIT. Nothing waits for a batch to fill. If
+// anything in the batch fails, it all rolls back and each record is
+// applied alone, as without batching; the guarantees above hold either
+// way. Use it when handlers allow their writes to commit with other
+// records' writes, and records queue up: it saves the per-transaction
+// costs (round trips, commits), not the inbox row.
+//
 // Failures: a transient failure (the database unreachable or restarting,
 // serialization failure 40001, deadlock 40P01, timeouts, a try that
 // outlives Config.TryTimeout, an error wrapped with [Transient]) rolls back

@@ -23,49 +23,50 @@ import (
 // effect happens exactly once and each key's effects are in order.
 func TestRebalancesApplyEachEventOnceInKeyOrder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 6)
-	g := group()
-	member := func(name string) *inbox.Consumer {
-		effect := e.effect(name)
-		return e.start(e.config(g, func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
-			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // work in flight at rebalances
-			return effect(ctx, tx, m)
-		}))
-	}
-	var all []ev
-	batch := func(i int) {
-		evs := events(100, 30)
-		for j := range evs {
-			evs[j].Seq += i * 100
+	modes(t, 6, func(t *testing.T, e *env) {
+		g := group()
+		member := func(name string) *inbox.Consumer {
+			effect := e.effect(name)
+			return e.start(e.config(g, func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
+				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // work in flight at rebalances
+				return effect(ctx, tx, m)
+			}))
 		}
-		all = append(all, e.produce(evs...)...)
-	}
-	a := member("a")
-	batch(0)
-	member("b")
-	batch(1)
-	member("c") // three members
-	batch(2)
-	e.waitEffects(150)
-	stop(t, a) // one leaves while records are in progress
-	batch(3)
-	member("d") // another joins
-	batch(4)
-	e.waitEffects(len(all))
-	eventually(t, 90*time.Second, "every offset committed", func() bool {
-		var total int64
-		for _, o := range e.committed(g, 6) {
-			total += o
+		var all []ev
+		batch := func(i int) {
+			evs := events(100, 30)
+			for j := range evs {
+				evs[j].Seq += i * 100
+			}
+			all = append(all, e.produce(evs...)...)
 		}
-		return total == int64(len(all))
+		a := member("a")
+		batch(0)
+		member("b")
+		batch(1)
+		member("c") // three members
+		batch(2)
+		e.waitEffects(150)
+		stop(t, a) // one leaves while records are in progress
+		batch(3)
+		member("d") // another joins
+		batch(4)
+		e.waitEffects(len(all))
+		eventually(t, 90*time.Second, "every offset committed", func() bool {
+			var total int64
+			for _, o := range e.committed(g, 6) {
+				total += o
+			}
+			return total == int64(len(all))
+		})
+		e.checkOnce(all)
+		var members int
+		_ = e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT member) FROM `+e.effects).Scan(&members)
+		t.Logf("%d events applied by %d members", len(all), members)
+		if members < 2 {
+			t.Errorf("only %d member applied events: the group did not rebalance", members)
+		}
 	})
-	e.checkOnce(all)
-	var members int
-	_ = e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT member) FROM `+e.effects).Scan(&members)
-	t.Logf("%d events applied by %d members", len(all), members)
-	if members < 2 {
-		t.Errorf("only %d member applied events: the group did not rebalance", members)
-	}
 }
 
 // PostgreSQL unreachable for a while (a proxy in front of it refuses and

@@ -38,6 +38,23 @@ type env struct {
 	topic   string
 	uow     *unitofwork.UnitOfWork
 	effects string
+	batch   int // Config.BatchSize of the consumers config makes
+}
+
+// modes runs f as parallel subtests on an env of its own: with a
+// transaction per record ("one") and with BatchSize 50 ("batch").
+func modes(t *testing.T, partitions int32, f func(t *testing.T, e *env)) {
+	for _, m := range []struct {
+		name  string
+		batch int
+	}{{"one", 1}, {"batch", 50}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, partitions)
+			e.batch = m.batch
+			f(t, e)
+		})
+	}
 }
 
 func newEnv(t *testing.T, partitions int32) *env {
@@ -50,7 +67,8 @@ func newEnv(t *testing.T, partitions int32) *env {
 		t.Fatal(err)
 	}
 	e.effects = `"` + tbl.Schema + `".effects`
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+e.effects+` (n bigserial PRIMARY KEY, consumer text NOT NULL, event_id text NOT NULL, key text NOT NULL, seq int NOT NULL, member text)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+e.effects+` (n bigserial PRIMARY KEY, consumer text NOT NULL, event_id text NOT NULL, key text NOT NULL, seq int NOT NULL, member text,
+		txid bigint NOT NULL DEFAULT txid_current())`); err != nil {
 		t.Fatal(err)
 	}
 	e.topic = testenv.Topic(t, e.brokers, partitions)
@@ -163,6 +181,7 @@ func (e *env) config(group string, h inbox.Handler) *inbox.Config {
 		Routes:     []inbox.Route{{Topic: e.topic, Handler: h}},
 		MinBackoff: 10 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond,
+		BatchSize:  e.batch,
 		Logger:     testLogger(),
 	}
 }

@@ -18,36 +18,37 @@ import (
 // offsets, same x-event-id) is also applied once.
 func TestOnceAcrossOffsetReset(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
-	want := e.produce(events(300, 20)...)
-	resent := want[7]
-	resent.Seq = 1000 // a re-sent event: same id, new offset (payload ignored: dropped)
-	e.produce(resent)
+	modes(t, 3, func(t *testing.T, e *env) {
+		want := e.produce(events(300, 20)...)
+		resent := want[7]
+		resent.Seq = 1000 // a re-sent event: same id, new offset (payload ignored: dropped)
+		e.produce(resent)
 
-	g := group()
-	c := e.start(e.config(g, e.effect("a")))
-	e.waitEffects(len(want))
-	stop(t, c)
-	offs := e.committed(g, 3)
-	var total int64
-	for _, o := range offs {
-		total += o
-	}
-	if total != int64(len(want)+1) {
-		t.Fatalf("committed offsets %v add up to %d, want every record (%d)", offs, total, len(want)+1)
-	}
-
-	// Offsets reset to the start: a new group, same consumer name.
-	g2 := group()
-	e.start(e.config(g2, e.effect("b")))
-	eventually(t, 60*time.Second, "the second group commits every record", func() bool {
+		g := group()
+		c := e.start(e.config(g, e.effect("a")))
+		e.waitEffects(len(want))
+		stop(t, c)
+		offs := e.committed(g, 3)
 		var total int64
-		for _, o := range e.committed(g2, 3) {
+		for _, o := range offs {
 			total += o
 		}
-		return total == int64(len(want)+1)
+		if total != int64(len(want)+1) {
+			t.Fatalf("committed offsets %v add up to %d, want every record (%d)", offs, total, len(want)+1)
+		}
+
+		// Offsets reset to the start: a new group, same consumer name.
+		g2 := group()
+		e.start(e.config(g2, e.effect("b")))
+		eventually(t, 60*time.Second, "the second group commits every record", func() bool {
+			var total int64
+			for _, o := range e.committed(g2, 3) {
+				total += o
+			}
+			return total == int64(len(want)+1)
+		})
+		e.checkOnce(want)
 	})
-	e.checkOnce(want)
 }
 
 // A consumer that dies between its database commit and its offset commit
@@ -132,86 +133,87 @@ func TestKeyParallelOffsetsStayBelowInProgress(t *testing.T) {
 // are listed, retried (applied once, its parking gone) and deleted.
 func TestPoisonIsParkedAndTheRestFlows(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 2)
-	recs := e.produce(
-		ev{Key: "a", Seq: 0}, ev{Key: "a", Seq: 1, Poison: true}, ev{Key: "a", Seq: 2},
-		ev{Key: "b", Seq: 0}, ev{ID: "-", Key: "b", Seq: 1}, ev{Key: "b", Seq: 2},
-	)
-	var fixed atomic.Bool
-	var tries atomic.Int32
-	effect := e.effect("p")
-	g := group()
-	cfg := e.config(g, func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
-		if fixed.Load() {
-			_, err := tx.Exec(ctx, `INSERT INTO `+e.effects+` (consumer, event_id, key, seq) VALUES ('c', $1, $2, 1)`, m.ID, string(m.Key))
-			return err
+	modes(t, 2, func(t *testing.T, e *env) {
+		recs := e.produce(
+			ev{Key: "a", Seq: 0}, ev{Key: "a", Seq: 1, Poison: true}, ev{Key: "a", Seq: 2},
+			ev{Key: "b", Seq: 0}, ev{ID: "-", Key: "b", Seq: 1}, ev{Key: "b", Seq: 2},
+		)
+		var fixed atomic.Bool
+		var tries atomic.Int32
+		effect := e.effect("p")
+		g := group()
+		cfg := e.config(g, func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
+			if fixed.Load() {
+				_, err := tx.Exec(ctx, `INSERT INTO `+e.effects+` (consumer, event_id, key, seq) VALUES ('c', $1, $2, 1)`, m.ID, string(m.Key))
+				return err
+			}
+			if contains(string(m.Value), "poison") {
+				if tries.Add(1) == 2 {
+					panic("the handler's bug") // a panic counts as an attempt, the process goes on
+				}
+			}
+			return effect(ctx, tx, m)
+		})
+		cfg.MaxAttempts = 3
+		c := e.start(cfg)
+		eventually(t, 60*time.Second, "the good records applied", func() bool { return e.count() == 4 })
+		eventually(t, 60*time.Second, "every offset committed", func() bool {
+			offs := e.committed(g, 2)
+			return offs[0]+offs[1] == 6
+		})
+		parked, err := c.List(context.Background(), inbox.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if contains(string(m.Value), "poison") {
-			if tries.Add(1) == 2 {
-				panic("the handler's bug") // a panic counts as an attempt, the process goes on
+		if len(parked) != 2 {
+			t.Fatalf("parked %d records, want 2: %+v", len(parked), parked)
+		}
+		var poison, noID inbox.Parked
+		for _, p := range parked {
+			if p.EventID == "" {
+				noID = p
+			} else {
+				poison = p
 			}
 		}
-		return effect(ctx, tx, m)
-	})
-	cfg.MaxAttempts = 3
-	c := e.start(cfg)
-	eventually(t, 60*time.Second, "the good records applied", func() bool { return e.count() == 4 })
-	eventually(t, 60*time.Second, "every offset committed", func() bool {
-		offs := e.committed(g, 2)
-		return offs[0]+offs[1] == 6
-	})
-	parked, err := c.List(context.Background(), inbox.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(parked) != 2 {
-		t.Fatalf("parked %d records, want 2: %+v", len(parked), parked)
-	}
-	var poison, noID inbox.Parked
-	for _, p := range parked {
-		if p.EventID == "" {
-			noID = p
-		} else {
-			poison = p
+		if poison.EventID != recs[1].ID || poison.Attempts != 3 || poison.ErrorType != inbox.ErrorTypeHandler ||
+			!contains(poison.LastError, "poison record 1") || string(poison.Key) != "a" || poison.Headers["x-event-id"] != recs[1].ID {
+			t.Errorf("poison parked as %+v", poison)
 		}
-	}
-	if poison.EventID != recs[1].ID || poison.Attempts != 3 || poison.ErrorType != inbox.ErrorTypeHandler ||
-		!contains(poison.LastError, "poison record 1") || string(poison.Key) != "a" || poison.Headers["x-event-id"] != recs[1].ID {
-		t.Errorf("poison parked as %+v", poison)
-	}
-	if tries.Load() != 3 {
-		t.Errorf("handler tried the poison record %d times, want MaxAttempts 3", tries.Load())
-	}
-	if noID.ErrorType != inbox.ErrorTypeNoEventID || !contains(noID.LastError, "x-event-id") || noID.Attempts != 0 {
-		t.Errorf("record without x-event-id parked as %+v", noID)
-	}
-	if err := c.Delete(context.Background(), noID.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Delete(context.Background(), noID.ID); !errors.Is(err, inbox.ErrNotFound) {
-		t.Fatalf("second Delete = %v, want ErrNotFound", err)
-	}
-	fixed.Store(true)
-	if err := c.Retry(context.Background(), poison.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Retry(context.Background(), poison.ID); !errors.Is(err, inbox.ErrNotFound) {
-		t.Fatalf("second Retry = %v, want ErrNotFound", err)
-	}
-	if left, _ := c.List(context.Background(), inbox.ListOptions{}); len(left) != 0 {
-		t.Fatalf("parked after retry and delete: %+v", left)
-	}
-	// A redelivery of the parked-then-retried event is still dropped.
-	e.produce(recs[1])
-	g2 := group()
-	e.start(e.config(g2, e.effect("again")))
-	eventually(t, 60*time.Second, "the second group commits every record", func() bool {
-		offs := e.committed(g2, 2)
-		return offs[0]+offs[1] == 7
+		if tries.Load() != 3 {
+			t.Errorf("handler tried the poison record %d times, want MaxAttempts 3", tries.Load())
+		}
+		if noID.ErrorType != inbox.ErrorTypeNoEventID || !contains(noID.LastError, "x-event-id") || noID.Attempts != 0 {
+			t.Errorf("record without x-event-id parked as %+v", noID)
+		}
+		if err := c.Delete(context.Background(), noID.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(context.Background(), noID.ID); !errors.Is(err, inbox.ErrNotFound) {
+			t.Fatalf("second Delete = %v, want ErrNotFound", err)
+		}
+		fixed.Store(true)
+		if err := c.Retry(context.Background(), poison.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Retry(context.Background(), poison.ID); !errors.Is(err, inbox.ErrNotFound) {
+			t.Fatalf("second Retry = %v, want ErrNotFound", err)
+		}
+		if left, _ := c.List(context.Background(), inbox.ListOptions{}); len(left) != 0 {
+			t.Fatalf("parked after retry and delete: %+v", left)
+		}
+		// A redelivery of the parked-then-retried event is still dropped.
+		e.produce(recs[1])
+		g2 := group()
+		e.start(e.config(g2, e.effect("again")))
+		eventually(t, 60*time.Second, "the second group commits every record", func() bool {
+			offs := e.committed(g2, 2)
+			return offs[0]+offs[1] == 7
+		})
+		if n := e.count(); n != 5 {
+			t.Fatalf("%d effects, want 5 (4 good records and the retried poison, once each)", n)
+		}
 	})
-	if n := e.count(); n != 5 {
-		t.Fatalf("%d effects, want 5 (4 good records and the retried poison, once each)", n)
-	}
 }
 
 // A transient failure of the handler's statements (serialization failure

@@ -26,6 +26,7 @@ const (
 	envHelperGroup  = "INBOX_HELPER_GROUP"
 	envHelperMember = "INBOX_HELPER_MEMBER"
 	envHelperKill   = "INBOX_HELPER_KILL_AFTER" // SIGKILL itself right after this many commits; 0 never
+	envHelperBatch  = "INBOX_HELPER_BATCH_SIZE"
 )
 
 // TestHelperInboxProcess is not a test: it is the consumer process that
@@ -43,8 +44,9 @@ func TestHelperInboxProcess(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a child whose parent vanished
 	defer cancel()
 	killAfter, _ := strconv.Atoi(os.Getenv(envHelperKill))
+	batch, _ := strconv.Atoi(os.Getenv(envHelperBatch))
 	e := &env{t: t, pool: poolFromEnv(t), table: outbox.Table{Schema: schema}, inbox: outbox.Table{Schema: schema},
-		brokers: strings.Split(os.Getenv("KAFKA_BROKERS"), ","), topic: os.Getenv(envHelperTopic), effects: `"` + schema + `".effects`}
+		brokers: strings.Split(os.Getenv("KAFKA_BROKERS"), ","), topic: os.Getenv(envHelperTopic), effects: `"` + schema + `".effects`, batch: batch}
 	var commits atomic.Int64
 	uow, err := unitofwork.New(e.pool, &unitofwork.Config{Table: e.table, OnCommit: func(int) {
 		if n := commits.Add(1); killAfter > 0 && n == int64(killAfter) {
@@ -76,47 +78,48 @@ func TestKilledBetweenCommitAndOffsetCommit(t *testing.T) {
 		t.Skip("starts child processes")
 	}
 	t.Parallel()
-	e := newEnv(t, 3)
-	g := group()
-	all := e.produce(events(400, 20)...)
-	run := func(member string, killAfter int) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperInboxProcess$", "-test.v")
-		cmd.Env = append(os.Environ(), envHelperSchema+"="+e.table.Schema, envHelperTopic+"="+e.topic, envHelperGroup+"="+g,
-			envHelperMember+"="+member, envHelperKill+"="+strconv.Itoa(killAfter))
-		if testing.Verbose() {
-			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	modes(t, 3, func(t *testing.T, e *env) {
+		g := group()
+		all := e.produce(events(400, 20)...)
+		run := func(member string, killAfter int) *exec.Cmd {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperInboxProcess$", "-test.v")
+			cmd.Env = append(os.Environ(), envHelperSchema+"="+e.table.Schema, envHelperTopic+"="+e.topic, envHelperGroup+"="+g,
+				envHelperMember+"="+member, envHelperKill+"="+strconv.Itoa(killAfter), envHelperBatch+"="+strconv.Itoa(e.batch))
+			if testing.Verbose() {
+				cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			return cmd
 		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+		for i, member := range []string{"first", "second"} {
+			cmd := run(member, 120)
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("child %d ended with %v, want killed by SIGKILL", i, err)
+			}
 		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd
-	}
-	for i, member := range []string{"first", "second"} {
-		cmd := run(member, 120)
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("child %d ended with %v, want killed by SIGKILL", i, err)
+		killed := e.count()
+		if killed < 200 {
+			t.Fatalf("%d effects after two children each killed at their 120th commit, want at least 200", killed)
 		}
-	}
-	killed := e.count()
-	if killed < 200 {
-		t.Fatalf("%d effects after two children each killed at their 120th commit, want at least 200", killed)
-	}
-	last := run("last", 0)
-	e.waitEffects(len(all))
-	eventually(t, 90*time.Second, "every offset committed", func() bool {
-		var total int64
-		for _, o := range e.committed(g, 3) {
-			total += o
+		last := run("last", 0)
+		e.waitEffects(len(all))
+		eventually(t, 90*time.Second, "every offset committed", func() bool {
+			var total int64
+			for _, o := range e.committed(g, 3) {
+				total += o
+			}
+			return total == int64(len(all))
+		})
+		_ = last.Process.Signal(syscall.SIGTERM)
+		if err := last.Wait(); err != nil {
+			t.Errorf("last child: %v", err)
 		}
-		return total == int64(len(all))
+		e.checkOnce(all)
+		t.Logf("%d effects before the last child; %d events applied once each", killed, len(all))
 	})
-	_ = last.Process.Signal(syscall.SIGTERM)
-	if err := last.Wait(); err != nil {
-		t.Errorf("last child: %v", err)
-	}
-	e.checkOnce(all)
-	t.Logf("%d effects before the last child; %d events applied once each", killed, len(all))
 }

@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -140,6 +142,10 @@ func (p *partition) work(ctx context.Context) {
 				return
 			default:
 			}
+			if p.c.cfg.BatchSize > 1 {
+				p.batch(ctx, it)
+				continue
+			}
 			if !p.c.process(ctx, it.msg, p.stop) {
 				// Abandoned: its key's later records must not pass it.
 				continue
@@ -147,6 +153,30 @@ func (p *partition) work(ctx context.Context) {
 			p.complete(it)
 		}
 	}
+}
+
+// batch takes, beside it, the records ready now (up to BatchSize in all:
+// one per key, since a key's next record is ready only once the one before
+// it is done) and applies them in one transaction. Nothing waits for a
+// batch to fill: under light load batches are of one record, and latency
+// is that of a transaction per record.
+func (p *partition) batch(ctx context.Context, it *item) {
+	items := []*item{it}
+more:
+	for len(items) < p.c.cfg.BatchSize {
+		select {
+		case next := <-p.ready:
+			items = append(items, next)
+		default:
+			break more
+		}
+	}
+	slices.SortFunc(items, func(a, b *item) int { return cmp.Compare(a.msg.Offset, b.msg.Offset) })
+	msgs := make([]*sarama.ConsumerMessage, len(items))
+	for i, x := range items {
+		msgs[i] = x.msg
+	}
+	p.c.processBatch(ctx, msgs, p.stop, func(i int) { p.complete(items[i]) })
 }
 
 // complete marks it done, the offset up to the lowest record not done, and

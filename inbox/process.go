@@ -71,8 +71,25 @@ func message(m *sarama.ConsumerMessage) *Message {
 // parked) and its offset may be marked; false when it was abandoned
 // (ctx cancelled or stop closed) and must be left to the next owner.
 func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, stop <-chan struct{}) bool {
-	start := time.Now()
-	m := message(msg)
+	r := c.begin(ctx, msg)
+	outcome, err := c.try(r.ctx, msg, r.m, stop)
+	return c.finish(r, outcome, err)
+}
+
+// record is a consumed record being processed: its message, and the ctx
+// that carries its process span.
+type record struct {
+	msg   *sarama.ConsumerMessage
+	m     *Message
+	ctx   context.Context
+	span  trace.Span
+	start time.Time
+}
+
+// begin starts the record's process span (a child of the producer's
+// context in its headers) and counts it as consumed.
+func (c *Consumer) begin(ctx context.Context, msg *sarama.ConsumerMessage) *record {
+	r := &record{msg: msg, m: message(msg), start: time.Now()}
 	ctx = c.cfg.Propagator.Extract(ctx, headerCarrier(msg.Headers))
 	attrs := []attribute.KeyValue{
 		semconv.MessagingSystemKafka,
@@ -86,38 +103,40 @@ func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, sto
 	if msg.Key != nil {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(clip(string(msg.Key), 256))))
 	}
-	ctx, span := c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-	defer span.End()
-	c.ms.consumed(ctx, msg.Topic)
+	r.ctx, r.span = c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	c.ms.consumed(r.ctx, msg.Topic)
+	return r
+}
 
-	outcome, err := c.try(ctx, msg, m, stop)
+// finish ends the record's span with its outcome, or as abandoned when err
+// is set, and reports whether it is done.
+func (c *Consumer) finish(r *record, outcome string, err error) bool {
+	defer r.span.End()
 	if err != nil { // abandoned
-		span.SetStatus(codes.Error, "abandoned: "+err.Error())
-		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorTypeCanceled))
+		r.span.SetStatus(codes.Error, "abandoned: "+err.Error())
+		r.span.SetAttributes(semconv.ErrorTypeKey.String(ErrorTypeCanceled))
 		return false
 	}
-	span.SetAttributes(attribute.String("outbox.inbox.outcome", outcome))
-	if m.ID != "" {
-		span.SetAttributes(semconv.MessagingMessageID(m.ID))
+	r.span.SetAttributes(attribute.String("outbox.inbox.outcome", outcome))
+	if r.m.ID != "" {
+		r.span.SetAttributes(semconv.MessagingMessageID(r.m.ID))
 	}
 	if outcome == OutcomeParked {
-		span.SetStatus(codes.Error, "parked")
+		r.span.SetStatus(codes.Error, "parked")
 	}
-	c.ms.done(ctx, msg, outcome, time.Since(start))
+	c.ms.done(r.ctx, r.msg, outcome, time.Since(r.start))
 	return true
 }
 
-// try runs the record until it is done; an error only when abandoned.
-func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
-	// Built only when a failure is logged: With formats its attributes.
-	log := func() *slog.Logger {
-		return c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
-	}
-	h := c.route(m.Topic, m.Type)
+// resolve finds a record's handler and sets its identity. ignored is true
+// for a record no route takes (unless ParkUnrouted); cause is set when the
+// record cannot be applied and is to be parked (no identity, or no route
+// with ParkUnrouted).
+func (c *Consumer) resolve(msg *sarama.ConsumerMessage, m *Message) (h Handler, cause error, ignored bool) {
+	h = c.route(m.Topic, m.Type)
 	if h == nil && !c.cfg.ParkUnrouted {
-		return OutcomeIgnored, nil
+		return nil, nil, true
 	}
-	var cause error
 	switch id, err := c.cfg.Identity(msg); {
 	case err != nil:
 		cause = err
@@ -126,6 +145,19 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 		cause = fmt.Errorf("%w: topic %q, event type %s", ErrNoRoute, m.Topic, quote(m.Type))
 	default:
 		m.ID = id
+	}
+	return h, cause, false
+}
+
+// try runs the record until it is done; an error only when abandoned.
+func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
+	// Built only when a failure is logged: With formats its attributes.
+	log := func() *slog.Logger {
+		return c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
+	}
+	h, cause, ignored := c.resolve(msg, m)
+	if ignored {
+		return OutcomeIgnored, nil
 	}
 	b := backoff{min: c.cfg.MinBackoff, max: c.cfg.MaxBackoff}
 	attempts := 0
@@ -196,11 +228,6 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 // transaction back and counts as a handler error, so a record that panics
 // is parked instead of crashing the process again at every redelivery.
 func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
-		}
-	}()
 	var inserted int64 = -1
 	b := &pgx.Batch{}
 	b.Queue(c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset).Exec(func(tag pgconn.CommandTag) error {
@@ -211,15 +238,25 @@ func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error)
 		if inserted == 0 {
 			return errDuplicate
 		}
-		if err := h(ctx, tx, m); err != nil {
-			return &handlerError{err: err}
-		}
-		return nil
+		return c.call(ctx, h, tx, m)
 	})
 	if err != nil && inserted < 0 {
 		return fmt.Errorf("inbox: record event %s in %s: %w", quote(m.ID), c.cfg.Table, err)
 	}
 	return err
+}
+
+// call runs the handler; its error, or a panic, is a handlerError.
+func (c *Consumer) call(ctx context.Context, h Handler, tx unitofwork.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
+		}
+	}()
+	if err := h(ctx, tx, m); err != nil {
+		return &handlerError{err: err}
+	}
+	return nil
 }
 
 // park stores the record in the parked table and, when it has an id, its

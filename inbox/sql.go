@@ -7,6 +7,7 @@ import (
 // statements are the consumer's SQL for its configured tables.
 type statements struct {
 	insert, park     string
+	insertMany       string
 	cleanup, counted string
 }
 
@@ -15,6 +16,9 @@ func newStatements(t outbox.Table) statements {
 	parked := outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}.Ident()
 	return statements{
 		insert: `INSERT INTO ` + in + ` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
+		insertMany: `INSERT INTO ` + in + ` (consumer, event_id, topic, "partition", "offset")
+			SELECT $1, e, t, p, o FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[]) AS r(e, t, p, o)
+			ON CONFLICT DO NOTHING RETURNING event_id`,
 		park: `INSERT INTO ` + parked + ` (consumer, event_id, event_type, topic, "partition", "offset", key, value, headers, "timestamp", attempts, error_type, last_error)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 			ON CONFLICT (consumer, topic, "partition", "offset") DO UPDATE

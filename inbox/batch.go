@@ -1,0 +1,145 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// processBatch applies records of distinct keys (or of none), given in
+// offset order, together in one transaction (Config.BatchSize above 1).
+// It calls complete(i) as soon as msgs[i] is done (applied, duplicate,
+// ignored or parked), as process would return true, and returns once every
+// record is done or abandoned.
+//
+// One try is made at the whole batch. If it fails for any reason, nothing
+// of it committed, and each record is then processed alone, concurrently
+// (the records are of distinct keys), with its own retries, attempts and
+// parking: a failing record costs its batch one rolled-back transaction,
+// never the other records' effects, and under Hold it holds its own key
+// only.
+func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMessage, stop <-chan struct{}, complete func(i int)) {
+	finish := func(r *record, i int, outcome string, err error) {
+		if c.finish(r, outcome, err) {
+			complete(i)
+		}
+	}
+	rs := make([]*record, len(msgs))
+	var together, alone []int // records that join the batch's transaction, and the others
+	var hs []Handler
+	for i, msg := range msgs {
+		rs[i] = c.begin(ctx, msg)
+		h, cause, ignored := c.resolve(msg, rs[i].m)
+		switch {
+		case ignored:
+			finish(rs[i], i, OutcomeIgnored, nil)
+		case cause != nil:
+			alone = append(alone, i) // parked by try, which resolves it again
+		default:
+			together = append(together, i)
+			hs = append(hs, h)
+		}
+	}
+	if len(together) == 1 {
+		alone, together = append(alone, together[0]), nil
+	}
+	if len(together) > 1 {
+		outcomes, err := c.applyBatch(ctx, rs, together, hs)
+		switch {
+		case err == nil:
+			for j, i := range together {
+				rs[i].span.SetAttributes(attribute.Int("outbox.inbox.batch_size", len(together)))
+				finish(rs[i], i, outcomes[j], nil)
+			}
+		case ctx.Err() != nil:
+			for _, i := range slices.Concat(together, alone) {
+				finish(rs[i], i, "", ctx.Err())
+			}
+			return
+		default:
+			c.cfg.Logger.Debug("outbox inbox: a batch's transaction failed; applying its records one at a time",
+				"consumer", c.cfg.Name, "topic", msgs[0].Topic, "partition", msgs[0].Partition, "records", len(together),
+				"error.type", errorType(err), "error", err)
+			alone = append(alone, together...)
+			slices.Sort(alone)
+		}
+	}
+	if len(alone) == 1 {
+		i := alone[0]
+		outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, stop)
+		finish(rs[i], i, outcome, err)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, i := range alone {
+		wg.Go(func() {
+			outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, stop)
+			finish(rs[i], i, outcome, err)
+		})
+	}
+	wg.Wait()
+}
+
+// applyBatch is one try at the records rs[idx] in one transaction: their
+// inbox rows in one INSERT sent with BEGIN, then, in offset order, the
+// handler of each record whose row was new, each with its record's ctx
+// (process span and baggage). It returns each record's outcome (applied or
+// duplicate) once the transaction committed.
+func (c *Consumer) applyBatch(ctx context.Context, rs []*record, idx []int, hs []Handler) (outcomes []string, err error) {
+	ids := make([]string, len(idx))
+	topics := make([]string, len(idx))
+	parts := make([]int32, len(idx))
+	offsets := make([]int64, len(idx))
+	for j, i := range idx {
+		m := rs[i].m
+		m.Attempt = 1
+		ids[j], topics[j], parts[j], offsets[j] = m.ID, m.Topic, m.Partition, m.Offset
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.TryTimeout)
+	defer cancel()
+	var inserted map[string]bool
+	b := &pgx.Batch{}
+	b.Queue(c.sql.insertMany, c.cfg.Name, ids, topics, parts, offsets).Query(func(rows pgx.Rows) error {
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		inserted = make(map[string]bool, len(got))
+		for _, id := range got {
+			inserted[id] = true
+		}
+		return err
+	})
+	outcomes = make([]string, len(idx))
+	err = c.uow.DoBatch(tctx, b, func(_ context.Context, tx unitofwork.Tx) error {
+		for j, i := range idx {
+			if !inserted[ids[j]] {
+				// Applied before, or earlier in this batch (an id twice).
+				outcomes[j] = OutcomeDuplicate
+				continue
+			}
+			delete(inserted, ids[j])
+			hctx, stop := context.WithCancel(rs[i].ctx)
+			release := context.AfterFunc(tctx, stop)
+			err := c.call(hctx, hs[j], tx, rs[i].m)
+			release()
+			stop()
+			if err != nil {
+				return err
+			}
+			outcomes[j] = OutcomeApplied
+		}
+		return nil
+	})
+	if err != nil && inserted == nil {
+		return nil, fmt.Errorf("inbox: record %d events in %s: %w", len(idx), c.cfg.Table, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return outcomes, nil
+}
