@@ -849,9 +849,12 @@ func printInbox(w io.Writer, x *Inbox, line string) {
 	fmt.Fprintf(w, "   key-parallel speed-up, one partition (inbox Concurrency 16 vs 1): %.0f vs %.0f -> %.2fx (the plain group's: %.0f vs %.0f -> %.2fx)\n",
 		x.Inbox1EPS, x.InboxSerial1EPS, x.KeyParallelSpeedup, x.Plain1EPS, x.PlainSerial1EPS, x.PlainKeyParallelSpeedup)
 	fmt.Fprintf(w, "   the same on six partitions: inbox %.2fx, plain %.2fx\n", x.KeyParallelSpeedup6, x.PlainKeyParallelSpeedup6)
+	fmt.Fprintf(w, "   BatchSize 50 (c16): inbox %.0f, plain group batching alike %.0f -> inbox keeps %.0f%%; inbox batched vs plain per record %.2fx\n",
+		x.InboxBatchEPS, x.PlainBatchEPS, 100*x.OverheadRatioBatch, x.InboxBatchVsPlain)
 	fmt.Fprintf(w, "   plain group writing the inbox row itself (c16): %.0f -> inbox at %.0f%% of hand-written dedupe\n", x.HandDedupeEPS, 100*x.InboxVsHandDedupe)
 	if pg := x.PGUsPerRecord; pg != nil {
-		fmt.Fprintf(w, "   PostgreSQL backends' CPU per record (c16): inbox %.0f us, plain %.0f us, plain+row %.0f us\n", pg["inbox c16"], pg["plain c16"], pg["plain+row c16"])
+		fmt.Fprintf(w, "   PostgreSQL backends' CPU per record (c16): inbox %.0f us, plain %.0f us, plain+row %.0f us; BatchSize 50: inbox %.0f us, plain %.0f us\n",
+			pg["inbox c16"], pg["plain c16"], pg["plain+row c16"], pg["inbox c16 b50"], pg["plain c16 b50"])
 	}
 	fmt.Fprintf(w, "   writer commit -> relay -> Kafka -> inbox commit at %d/s (achieved %.0f/s): p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, missing %d\n",
 		x.LatencyRate, x.LatencyAchieved, x.LatencyP50, x.LatencyP99, x.LatencyP999, x.LatencyMissing)
