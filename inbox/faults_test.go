@@ -52,13 +52,7 @@ func TestRebalancesApplyEachEventOnceInKeyOrder(t *testing.T) {
 		member("d") // another joins
 		batch(4)
 		e.waitEffects(len(all))
-		eventually(t, 90*time.Second, "every offset committed", func() bool {
-			var total int64
-			for _, o := range e.committed(g, 6) {
-				total += o
-			}
-			return total == int64(len(all))
-		})
+		e.waitCommitted(g, 6, len(all), 90*time.Second)
 		e.checkOnce(all)
 		var members int
 		_ = e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT member) FROM `+e.effects).Scan(&members)

@@ -246,6 +246,19 @@ func (e *env) waitEffects(n int) {
 	})
 }
 
+// waitCommitted waits until group's committed offsets on the env's topic
+// of partitions partitions add up to n records.
+func (e *env) waitCommitted(group string, partitions int32, n int, timeout time.Duration) {
+	e.t.Helper()
+	eventually(e.t, timeout, fmt.Sprintf("group %s commits all %d records", group, n), func() bool {
+		var total int64
+		for _, o := range e.committed(group, partitions) {
+			total += o
+		}
+		return total == int64(n)
+	})
+}
+
 // checkOnce fails unless each of want has exactly one effect, none other,
 // and each key's effects are in seq order.
 func (e *env) checkOnce(want []ev) {

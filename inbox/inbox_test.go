@@ -40,13 +40,7 @@ func TestOnceAcrossOffsetReset(t *testing.T) {
 		// Offsets reset to the start: a new group, same consumer name.
 		g2 := group()
 		e.start(e.config(g2, e.effect("b")))
-		eventually(t, 60*time.Second, "the second group commits every record", func() bool {
-			var total int64
-			for _, o := range e.committed(g2, 3) {
-				total += o
-			}
-			return total == int64(len(want)+1)
-		})
+		e.waitCommitted(g2, 3, len(want)+1, 60*time.Second)
 		e.checkOnce(want)
 	})
 }

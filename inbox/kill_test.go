@@ -108,13 +108,7 @@ func TestKilledBetweenCommitAndOffsetCommit(t *testing.T) {
 		}
 		last := run("last", 0)
 		e.waitEffects(len(all))
-		eventually(t, 90*time.Second, "every offset committed", func() bool {
-			var total int64
-			for _, o := range e.committed(g, 3) {
-				total += o
-			}
-			return total == int64(len(all))
-		})
+		e.waitCommitted(g, 3, len(all), 90*time.Second)
 		_ = last.Process.Signal(syscall.SIGTERM)
 		if err := last.Wait(); err != nil {
 			t.Errorf("last child: %v", err)

@@ -234,7 +234,8 @@ func (r *Relay) streamHealth() error {
 // streamRow is a row from the stream.
 type streamRow struct {
 	row
-	bad error // the row could not be decoded: it is parked by id
+	bad       error     // the row could not be decoded: it is parked by id
+	committed time.Time // its transaction's commit (the server's clock)
 }
 
 // streamer is one connection's stream. Its reader goroutine owns the
@@ -687,6 +688,9 @@ func (s *streamer) take(tx streamTx) {
 		s.readySince = tx.received
 		s.r.stream.oldest.Store(tx.commit.UnixNano())
 	}
+	for i := range tx.rows {
+		tx.rows[i].committed = tx.commit
+	}
 	s.ready = append(s.ready, tx.rows...)
 	s.readyTo = max(s.readyTo, tx.end)
 	for _, x := range tx.rows {
@@ -947,8 +951,21 @@ func (s *streamer) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleDat
 func (s *streamer) publish(ctx context.Context) error {
 	// The server sends a transaction once its commit record is flushed,
 	// which is a moment before the transaction is visible to other
-	// sessions' snapshots: a row the claim cannot see yet is waited for.
+	// sessions' snapshots: a row the claim cannot see yet is waited for,
+	// up to visibleWait after its transaction committed. A row of an older
+	// transaction that is missing was deleted (the stream is replaying what
+	// retention has removed since) and is not waited for, or a batch of
+	// them would wait visibleWait each.
 	deadline := time.Now().Add(visibleWait)
+	var newest time.Time
+	for _, x := range s.ready[:min(len(s.ready), s.r.cfg.MaxBatchSize)] {
+		if x.committed.After(newest) {
+			newest = x.committed
+		}
+	}
+	if !newest.IsZero() && newest.Add(visibleWait).Before(deadline) {
+		deadline = newest.Add(visibleWait)
+	}
 	for attempt, wait := 0, 200*time.Microsecond; ; attempt, wait = attempt+1, min(2*wait, 50*time.Millisecond) {
 		err := s.publishOnce(ctx, attempt, time.Now().After(deadline))
 		if !errors.Is(err, errNotVisible) {
@@ -960,9 +977,12 @@ func (s *streamer) publish(ctx context.Context) error {
 	}
 }
 
-// visibleWait bounds the wait for streamed rows to become visible; rows
-// still missing after it were deleted (by an operator, or by the retention
-// of published rows when the stream is that far behind) and are skipped.
+// visibleWait bounds the wait for streamed rows to become visible, from
+// their transaction's commit; rows still missing after it were deleted (by
+// an operator, or by the retention of published rows when the stream is
+// that far behind) and are skipped. Should the relay's clock run ahead of
+// the server's by more than that, a row not visible yet is skipped too,
+// and the next sweep publishes it.
 const visibleWait = 5 * time.Second
 
 // visibleRetries is how many times an Unordered batch is claimed again
@@ -1105,6 +1125,17 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 		if err != nil {
 			return nil, nil, false, fmt.Errorf("relay: claim streamed rows in %s: %w", r.cfg.Table, err)
 		}
+		var missing []int64
+		defer func() {
+			if len(missing) > 0 && err == nil {
+				// Gone (deleted after another relay published them), or, with
+				// the relay's clock far ahead of the server's, not visible
+				// yet: then the sweep publishes them.
+				r.cfg.Logger.Warn("outbox relay: streamed events are no longer in the table (deleted by retention or by hand?); skipped",
+					"table", r.cfg.Table.String(), "events", len(missing), "first_id", missing[0])
+				deferred = true
+			}
+		}()
 		for _, id := range rest {
 			st, present := states[id]
 			switch {
@@ -1114,8 +1145,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 				// perhaps locked by a polling relay): claim again.
 				return nil, nil, false, errNotVisible
 			case !present:
-				r.cfg.Logger.Warn("outbox relay: a streamed event is no longer in the table (deleted?); skipped",
-					"table", r.cfg.Table.String(), "id", id)
+				missing = append(missing, id)
 			case st.pending:
 				// Another relay holds the lane, or the key waits behind
 				// an older row: the sweep publishes it, in order.
