@@ -17,7 +17,7 @@ import (
 var inboxVariables = []string{
 	"OUTBOX_INBOX_GROUP", "OUTBOX_INBOX_NAME", "OUTBOX_INBOX_BROKERS", "OUTBOX_INBOX_SCHEMA", "OUTBOX_INBOX_TABLE",
 	"OUTBOX_INBOX_CONCURRENCY", "OUTBOX_INBOX_BATCH_SIZE", "OUTBOX_INBOX_MAX_ATTEMPTS", "OUTBOX_INBOX_POISON", "OUTBOX_INBOX_IDENTITY",
-	"OUTBOX_INBOX_PARK_UNROUTED", "OUTBOX_INBOX_MIN_BACKOFF", "OUTBOX_INBOX_MAX_BACKOFF", "OUTBOX_INBOX_TRY_TIMEOUT",
+	"OUTBOX_INBOX_PARK_UNROUTED", "OUTBOX_INBOX_DEAD_LETTER_TOPIC", "OUTBOX_INBOX_MIN_BACKOFF", "OUTBOX_INBOX_MAX_BACKOFF", "OUTBOX_INBOX_TRY_TIMEOUT",
 	"OUTBOX_INBOX_DRAIN_TIMEOUT", "OUTBOX_INBOX_RETENTION", "OUTBOX_INBOX_CLEANUP_INTERVAL", "OUTBOX_INBOX_MIGRATE",
 }
 
@@ -38,6 +38,7 @@ var inboxVariables = []string{
 //	OUTBOX_INBOX_POISON           park (default) or hold
 //	OUTBOX_INBOX_IDENTITY         event-id (default) or event-id-or-position
 //	OUTBOX_INBOX_PARK_UNROUTED    on or off (default off)
+//	OUTBOX_INBOX_DEAD_LETTER_TOPIC Consumer.DeadLetterTopic (default none)
 //	OUTBOX_INBOX_MIN_BACKOFF, _MAX_BACKOFF, _TRY_TIMEOUT, _DRAIN_TIMEOUT,
 //	_CLEANUP_INTERVAL             durations (100ms, 30s, 60s, 5s, 10m)
 //	OUTBOX_INBOX_RETENTION        a duration, or "forever" (720h)
@@ -63,6 +64,12 @@ func inboxConfigFrom(lookupEnv func(string) (string, bool), environ ...string) (
 	c.Name, _ = get("OUTBOX_INBOX_NAME")
 	c.Table.Schema, _ = get("OUTBOX_INBOX_SCHEMA")
 	c.Table.Name, _ = get("OUTBOX_INBOX_TABLE")
+	if v, ok := get("OUTBOX_INBOX_DEAD_LETTER_TOPIC"); ok {
+		if err := outbox.ValidateTopic(v); err != nil {
+			return ic, &outbox.ConfigError{Field: "OUTBOX_INBOX_DEAD_LETTER_TOPIC", Reason: err.Error()}
+		}
+		c.DeadLetterTopic = v
+	}
 	if err := c.Table.Validate(); err != nil {
 		return ic, &outbox.ConfigError{Field: "OUTBOX_INBOX_SCHEMA/OUTBOX_INBOX_TABLE", Reason: err.Error(), Err: err}
 	}

@@ -84,6 +84,17 @@ const (
 	Hold
 )
 
+// String returns "park" or "hold", as OUTBOX_INBOX_POISON spells them.
+func (p PoisonPolicy) String() string {
+	switch p {
+	case Park:
+		return "park"
+	case Hold:
+		return "hold"
+	}
+	return "PoisonPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
 // IdentityFunc returns the identity a record is deduplicated on, or an error
 // saying why it has none (the record is then parked at once with that
 // reason).
@@ -170,6 +181,16 @@ type Config struct {
 	// EventID (records without x-event-id are parked); EventIDOrPosition
 	// accepts them.
 	Identity IdentityFunc
+	// DeadLetterTopic, if set, is where a parked record is also announced:
+	// the transaction that parks it records an outbox event (type
+	// DeadLetterEventType, payload DeadLetter: the record's exact key, value
+	// and headers, and why it was parked) to this topic, keyed by the
+	// record's key, on the record's trace. The event commits with the
+	// parked row and the inbox row or not at all, and the relay publishes
+	// it like any other. One event per parked row: a record parked again
+	// (without identity, redelivered) sends none. It must not be a topic
+	// the consumer routes. Default "" (none).
+	DeadLetterTopic string
 	// ParkUnrouted parks records of a topic whose x-event-type no route
 	// takes, instead of skipping them. Default false: they are skipped
 	// (counted as ignored) and their offsets committed.
@@ -254,6 +275,16 @@ func (c Config) withDefaults() (Config, error) {
 			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d]", i), Reason: fmt.Sprintf("routes topic %q, type %q a second time: one handler per topic and type", r.Topic, r.Type)}
 		}
 		seen[k] = true
+	}
+	if c.DeadLetterTopic != "" {
+		if err := outbox.ValidateTopic(c.DeadLetterTopic); err != nil {
+			return c, &outbox.ConfigError{Field: "DeadLetterTopic", Reason: err.Error()}
+		}
+		for _, r := range c.Routes {
+			if r.Topic == c.DeadLetterTopic {
+				return c, &outbox.ConfigError{Field: "DeadLetterTopic", Reason: fmt.Sprintf("%q is also a routed topic: the consumer would read its own dead letters; use a topic no route reads", c.DeadLetterTopic)}
+			}
+		}
 	}
 	c.Table = migrations.InboxTable(c.Table)
 	if err := c.Table.Validate(); err != nil {

@@ -38,6 +38,9 @@ func TestConfigRefusals(t *testing.T) {
 		{"bad table", "Table.Name", func(c *inbox.Config) { c.Table = outbox.Table{Name: "x; drop"} }},
 		{"concurrency", "Concurrency", func(c *inbox.Config) { c.Concurrency = -1 }},
 		{"poison", "Poison", func(c *inbox.Config) { c.Poison = 7 }},
+		{"batch size", "BatchSize", func(c *inbox.Config) { c.BatchSize = 5000 }},
+		{"bad dead-letter topic", "DeadLetterTopic", func(c *inbox.Config) { c.DeadLetterTopic = "a dlq" }},
+		{"dead letters read back", "DeadLetterTopic", func(c *inbox.Config) { c.DeadLetterTopic = "t" }},
 	} {
 		cfg := valid()
 		tc.edit(&cfg)

@@ -77,6 +77,9 @@
 // once. Attempts are counted in memory: a restart starts them again.
 // Parked records are listed, retried and deleted with [Consumer.List],
 // [Consumer.Retry] and [Consumer.Delete].
+// With Config.DeadLetterTopic, the transaction that parks a record also
+// records an outbox event to that topic ([DeadLetterEventType], payload
+// [DeadLetter]), so a dead letter exists exactly when the parked row does.
 //
 // Records without x-event-id (other producers) are parked with
 // [ErrNoEventID], unless Config.Identity gives them one:

@@ -139,7 +139,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 		wg.Go(func() { c.cleanupLoop(runCtx) })
 	}
 	go func() { wg.Wait(); close(c.done) }()
-	c.cfg.Logger.Info("outbox inbox: started", "consumer", c.cfg.Name, "group", c.cfg.Group, "topics", c.topics, "table", c.cfg.Table.String())
+	c.cfg.Logger.Info("outbox inbox: started", "consumer", c.cfg.Name, "group", c.cfg.Group, "topics", c.topics, "table", c.cfg.Table.String(),
+		"concurrency", c.cfg.Concurrency, "batch_size", c.cfg.BatchSize, "poison", c.cfg.Poison.String())
 	return nil
 }
 

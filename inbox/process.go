@@ -261,9 +261,10 @@ func (c *Consumer) call(ctx context.Context, h Handler, tx unitofwork.Tx, m *Mes
 
 // park stores the record in the parked table and, when it has an id, its
 // inbox row, in one transaction; dup is true when the inbox row existed
-// (another owner applied the event meanwhile).
+// (another owner applied the event meanwhile). With Config.DeadLetterTopic,
+// the same transaction records the dead-letter event, once per parked row.
 func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, attempts int, cause error) (dup bool, err error) {
-	err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+	err = c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 		if m.ID != "" {
 			tag, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, m.ID, m.Topic, m.Partition, m.Offset)
 			if err != nil {
@@ -286,11 +287,80 @@ func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Mes
 		for k, v := range m.Headers {
 			hs[text(k)] = text(v)
 		}
-		_, err := tx.Exec(ctx, c.sql.park, c.cfg.Name, id, nullable(text(m.Type)), m.Topic, m.Partition, m.Offset,
-			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000)))
-		return err
+		var parkedID int64
+		var inserted bool
+		err := tx.QueryRow(ctx, c.sql.park, c.cfg.Name, id, nullable(text(m.Type)), m.Topic, m.Partition, m.Offset,
+			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000))).Scan(&parkedID, &inserted)
+		if err != nil || c.cfg.DeadLetterTopic == "" || !inserted {
+			// Parked again (a record without identity redelivered): its
+			// dead letter went out the first time.
+			return err
+		}
+		return c.deadLetter(ctx, tx, msg, m, hs, parkedID, attempts, cause)
 	})
 	return dup, err
+}
+
+// DeadLetterEventType is the x-event-type of the events a consumer with
+// Config.DeadLetterTopic records for the records it parks.
+const DeadLetterEventType = "inbox.record.parked.v1"
+
+// DeadLetter is the payload of a dead-letter event (JSON): the parked
+// record, exactly (Key and Value are its bytes, base64 in JSON), and why it
+// was parked.
+type DeadLetter struct {
+	Consumer  string            `json:"consumer"`
+	ParkedID  int64             `json:"parked_id"` // its id in the parked table (Consumer.Retry, Delete)
+	Topic     string            `json:"topic"`
+	Partition int32             `json:"partition"`
+	Offset    int64             `json:"offset"`
+	EventID   string            `json:"event_id,omitempty"`
+	EventType string            `json:"event_type,omitempty"`
+	Key       []byte            `json:"key"`
+	Value     []byte            `json:"value"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Timestamp time.Time         `json:"timestamp,omitzero"`
+	Attempts  int               `json:"attempts"`
+	ErrorType string            `json:"error_type"`
+	Error     string            `json:"error"`
+	// ValueOmitted says why Value is empty: the record was too large for
+	// an outbox event (the parked table keeps it whole).
+	ValueOmitted string `json:"value_omitted,omitempty"`
+}
+
+// deadLetter records the parked record's dead-letter event on tx: topic
+// Config.DeadLetterTopic, keyed by the record's key (its position when it
+// has none), on the record's trace (ctx carries its process span).
+func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama.ConsumerMessage, m *Message, hs map[string]string, parkedID int64, attempts int, cause error) error {
+	position := m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10)
+	key := text(string(msg.Key))
+	if key == "" {
+		key = position
+	}
+	dl := DeadLetter{
+		Consumer: c.cfg.Name, ParkedID: parkedID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+		EventID: text(m.ID), EventType: text(m.Type), Key: msg.Key, Value: msg.Value, Headers: hs, Timestamp: msg.Timestamp,
+		Attempts: attempts, ErrorType: errorType(cause), Error: text(clip(cause.Error(), 4000)),
+	}
+	ev := outbox.Event{
+		AggregateType: "inbox", AggregateID: text(clip(key, 200)), Type: DeadLetterEventType, Topic: c.cfg.DeadLetterTopic, Key: key,
+		Headers: map[string]string{"x-original-topic": m.Topic, "x-original-partition": strconv.Itoa(int(m.Partition)),
+			"x-original-offset": strconv.FormatInt(m.Offset, 10), "x-consumer": c.cfg.Name},
+	}
+	if m.ID != "" {
+		ev.Headers["x-original-event-id"] = text(m.ID)
+	}
+	ev.Payload = dl
+	err := tx.Add(ctx, ev)
+	if errors.Is(err, outbox.ErrInvalidEvent) && len(dl.Value) > 0 {
+		dl.Value, dl.ValueOmitted = nil, clip(err.Error(), 1000)
+		ev.Payload = dl
+		err = tx.Add(ctx, ev)
+	}
+	if err != nil {
+		return fmt.Errorf("inbox: dead-letter event for %s to %s: %w", position, c.cfg.DeadLetterTopic, err)
+	}
+	return nil
 }
 
 // text makes s storable as PostgreSQL text and jsonb: valid UTF-8 without

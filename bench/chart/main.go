@@ -1,6 +1,8 @@
 // Command chart draws docs/benchmarks.png from bench/results.json: drain
-// throughput per contender, commit-to-consumer latency per contender, and
-// write throughput per variant. With -md it also writes the results as the
+// throughput per contender, commit-to-consumer latency per contender (the
+// streaming relay's beside polling), write throughput per variant, the
+// inbox's rate against a plain consumer group, and the streaming relay's
+// highest followed rate against polling. With -md it also writes the results as the
 // markdown tables docs/benchmarks.md quotes.
 //
 //	cd bench && go run ./chart [-in results.json] [-out ../docs/benchmarks.png] [-md out/tables.md]
@@ -61,6 +63,29 @@ type results struct {
 			TPS     float64 `json:"tps"`
 		} `json:"series"`
 	} `json:"write"`
+	Inbox *struct {
+		InboxEPS        float64 `json:"inbox_eps"`
+		PlainEPS        float64 `json:"plain_eps"`
+		InboxSerialEPS  float64 `json:"inbox_serial_eps"`
+		PlainSerialEPS  float64 `json:"plain_serial_eps"`
+		Inbox1EPS       float64 `json:"inbox_1p_eps"`
+		InboxSerial1EPS float64 `json:"inbox_serial_1p_eps"`
+		InboxBatchEPS   float64 `json:"inbox_batch_eps"`
+		PlainBatchEPS   float64 `json:"plain_batch_eps"`
+		HandDedupeEPS   float64 `json:"handwritten_dedupe_eps"`
+		Partitions      int     `json:"partitions"`
+	} `json:"inbox"`
+	Wal *struct {
+		P50         float64 `json:"latency_p50_ms"`
+		P99         float64 `json:"latency_p99_ms"`
+		PollP50     float64 `json:"poll_latency_p50_ms"`
+		PollP99     float64 `json:"poll_latency_p99_ms"`
+		Rate        int     `json:"latency_rate_eps"`
+		MaxRate     float64 `json:"max_rate_eps"`
+		PollMaxRate float64 `json:"poll_max_rate_eps"`
+		PGUs        float64 `json:"pg_us_per_event"`
+		PollPGUs    float64 `json:"poll_pg_us_per_event"`
+	} `json:"wal"`
 }
 
 var (
@@ -100,11 +125,17 @@ func main() {
 	if r.Drain != nil {
 		plots = append(plots, drainPlot(&r))
 	}
-	if r.Latency != nil {
+	if r.Latency != nil || r.Wal != nil {
 		plots = append(plots, latencyPlot(&r))
 	}
 	if r.Write != nil {
 		plots = append(plots, writePlot(&r))
+	}
+	if r.Inbox != nil {
+		plots = append(plots, inboxPlot(&r))
+	}
+	if r.Wal != nil && r.Wal.MaxRate > 0 {
+		plots = append(plots, walPlot(&r))
 	}
 	if len(plots) == 0 {
 		log.Fatal("results hold no section to draw")
@@ -173,7 +204,27 @@ func latencyPlot(r *results) *plot.Plot {
 	p.Title.Text = "2. Commit-to-consumer latency: p50 (dark), p99 (light), ms"
 	p.X.Label.Text = "milliseconds (log scale); offered load per row"
 	var bars []bar
-	for _, s := range r.Latency.Series {
+	if w := r.Wal; w != nil && w.P50 > 0 {
+		// Section 6's runs: writers in another process, relays in processes of their own.
+		for _, s := range []struct {
+			name     string
+			p50, p99 float64
+		}{{"fxoutbox stream (WAL)", w.P50, w.P99}, {"fxoutbox poll, same runs", w.PollP50, w.PollP99}} {
+			bars = append(bars, bar{name: fmt.Sprintf("%s @ %dk/s", s.name, w.Rate/1000), v: s.p50, v2: s.p99, col: colFx, col2: colP99,
+				label: fmt.Sprintf("%s / %s", humanMS(s.p50), humanMS(s.p99))})
+		}
+	}
+	var series []struct {
+		Contender string  `json:"contender"`
+		Rate      int     `json:"offered_eps"`
+		P50       float64 `json:"p50_ms"`
+		P99       float64 `json:"p99_ms"`
+		Saturated bool    `json:"saturated"`
+	}
+	if r.Latency != nil {
+		series = r.Latency.Series
+	}
+	for _, s := range series {
 		name := fmt.Sprintf("%s @ %dk/s", s.Contender, s.Rate/1000)
 		if s.Saturated {
 			name += " (fell behind)"
@@ -206,6 +257,53 @@ func writePlot(r *results) *plot.Plot {
 			col = colOther
 		}
 		bars = append(bars, bar{name: s.Variant, v: s.TPS, col: col, label: fmt.Sprintf("%.0f", s.TPS)})
+	}
+	hbar(p, bars, false)
+	return p
+}
+
+func inboxPlot(r *results) *plot.Plot {
+	x := r.Inbox
+	p := plot.New()
+	p.Title.Text = "4. Inbox: records applied/s, a one-row write each (package inbox vs a plain sarama group)"
+	p.X.Label.Text = "records/s, median of rounds"
+	var bars []bar
+	for _, b := range []struct {
+		name  string
+		v     float64
+		plain bool
+	}{
+		{fmt.Sprintf("inbox, 16 in flight per partition (%d partitions)", x.Partitions), x.InboxEPS, false},
+		{"plain group, 16 in flight, no dedupe", x.PlainEPS, true},
+		{"plain group writing the inbox row by hand", x.HandDedupeEPS, true},
+		{"inbox, BatchSize 50", x.InboxBatchEPS, false},
+		{"plain group, batches of 50, no dedupe", x.PlainBatchEPS, true},
+		{"inbox, partition-serial", x.InboxSerialEPS, false},
+		{"plain group, partition-serial", x.PlainSerialEPS, true},
+		{"inbox, one partition, 16 in flight", x.Inbox1EPS, false},
+		{"inbox, one partition, serial", x.InboxSerial1EPS, false},
+	} {
+		if b.v <= 0 {
+			continue
+		}
+		col := colFx
+		if b.plain {
+			col = colLimit
+		}
+		bars = append(bars, bar{name: b.name, v: b.v, col: col, label: fmt.Sprintf("%.0f", b.v)})
+	}
+	hbar(p, bars, false)
+	return p
+}
+
+func walPlot(r *results) *plot.Plot {
+	w := r.Wal
+	p := plot.New()
+	p.Title.Text = "5. Streaming from the WAL vs polling: highest write rate followed with lag under 1 s"
+	p.X.Label.Text = "events/s (writers in another process); PostgreSQL CPU per event at 1k/s in the label"
+	bars := []bar{
+		{name: "fxoutbox stream (WAL)", v: w.MaxRate, col: colFx, label: fmt.Sprintf("%.0f/s, %.0f µs/event", w.MaxRate, w.PGUs)},
+		{name: "fxoutbox poll (default settings)", v: w.PollMaxRate, col: colFx, label: fmt.Sprintf("%.0f/s, %.0f µs/event", w.PollMaxRate, w.PollPGUs)},
 	}
 	hbar(p, bars, false)
 	return p

@@ -12,7 +12,8 @@
 -- it records (consumer, event id) rows, deletes its old ones (retention),
 -- parks records, and lists, retries and deletes parked records. Its
 -- handlers also write the outbox (grant it the writer's privileges of
--- ../roles.example.sql) and its own business tables (yours to grant).
+-- ../roles.example.sql), as does parking with a dead-letter topic
+-- (Config.DeadLetterTopic), and its own business tables (yours to grant).
 -- It cannot rewrite an inbox row (no UPDATE): it cannot make an applied
 -- event look like another one, only forget rows, which is what retention
 -- does.
