@@ -23,7 +23,8 @@ const inboxScriptFile = "inbox/roles.example.sql"
 
 // A consumer connected as the role that migrations/inbox/roles.example.sql
 // grants (and the outbox script's writer grants) runs the whole inbox:
-// applies records whose handlers add outbox events, parks, lists, retries
+// applies records whose handlers add outbox events, parks (with a
+// dead-letter event through the outbox), lists, retries
 // and deletes parked records, and deletes old inbox rows; it cannot
 // rewrite an inbox row. The script first takes back the broad grants the
 // tables had.
@@ -70,7 +71,7 @@ func TestInboxRolesScript(t *testing.T) {
 	var fixed atomic.Bool
 	c, err := inbox.New(app, uow, &inbox.Config{
 		Group: testenv.Name("roles_"), Brokers: brokers, Table: in, MaxAttempts: 1, MinBackoff: 10 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler), Retention: time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler), Retention: time.Millisecond, DeadLetterTopic: "billing.dlq",
 		Routes: []inbox.Route{{Topic: topic, Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 			if string(m.Value) == "bad" && !fixed.Load() {
 				return errors.New("bad record")
@@ -135,10 +136,11 @@ func TestInboxRolesScript(t *testing.T) {
 	if err := c.Stop(stopCtx); err != nil {
 		t.Fatal(err)
 	}
-	var effects, events int
-	_ = r.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ident(tbl.Schema)+".effects), (SELECT count(*) FROM "+tbl.Ident()+")").Scan(&effects, &events)
-	if effects != 2 || events != 2 {
-		t.Fatalf("%d effects and %d outbox events, want 2 of each (the good record and the retried bad one)", effects, events)
+	var effects, events, letters int
+	_ = r.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ident(tbl.Schema)+".effects), (SELECT count(*) FROM "+tbl.Ident()+" WHERE topic <> 'billing.dlq'), "+
+		"(SELECT count(*) FROM "+tbl.Ident()+" WHERE topic = 'billing.dlq')").Scan(&effects, &events, &letters)
+	if effects != 2 || events != 2 || letters != 2 {
+		t.Fatalf("%d effects, %d outbox events and %d dead letters; want 2 of each (the good record and the retried bad one; a letter per parked record)", effects, events, letters)
 	}
 	if n, err := c.Cleanup(ctx); err != nil || n != 2 {
 		t.Fatalf("Cleanup as the consumer role = %d, %v; want the 2 inbox rows", n, err)
