@@ -108,11 +108,14 @@ func (c *Consumer) applyBatch(ctx context.Context, rs []*record, idx []int, hs [
 	b := &pgx.Batch{}
 	b.Queue(c.sql.insertMany, c.cfg.Name, ids, topics, parts, offsets).Query(func(rows pgx.Rows) error {
 		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
 		inserted = make(map[string]bool, len(got))
 		for _, id := range got {
 			inserted[id] = true
 		}
-		return err
+		return nil
 	})
 	outcomes = make([]string, len(idx))
 	err = c.uow.DoBatch(tctx, b, func(_ context.Context, tx unitofwork.Tx) error {
