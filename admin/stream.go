@@ -255,7 +255,7 @@ func checkTable(ctx context.Context, db Querier, table outbox.Table) error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, OUTBOX_MIGRATE=on, or the SQL files in migrations/)", migrations.ErrNoTable, table)
+		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
 	}
 	return nil
 }

@@ -328,10 +328,8 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 			}
 		}
 	}
-	if v, ok := get("OUTBOX_MIGRATE"); ok {
-		if c.Migrate, err = strconv.ParseBool(v); err != nil {
-			return c, bad("OUTBOX_MIGRATE", v, "true or false")
-		}
+	if err := choose(get, "OUTBOX_MIGRATE", "true or false (on or off)", onOff(true), &c.Migrate, strings.ToLower); err != nil {
+		return c, err
 	}
 	if v, ok := get("KAFKA_BROKERS"); ok {
 		for _, b := range strings.Split(v, ",") {

@@ -17,7 +17,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_SCHEMA":               "app",
 		"OUTBOX_TABLE":                "events",
 		"OUTBOX_TOPIC_NAMING":         "per-aggregate",
-		"OUTBOX_MIGRATE":              "true",
+		"OUTBOX_MIGRATE":              "on", // as OUTBOX_NOTIFY=off: on/off and true/false both
 		"KAFKA_BROKERS":               "a:9092, b:9092,",
 		"KAFKA_CLIENT_ID":             "orders",
 		"KAFKA_VERSION":               "3.7.0",

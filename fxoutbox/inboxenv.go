@@ -131,7 +131,7 @@ func inboxConfigFrom(lookupEnv func(string) (string, bool), environ ...string) (
 		choose(get, "OUTBOX_INBOX_IDENTITY", `"event-id" or "event-id-or-position"`,
 			map[string]inbox.IdentityFunc{"event-id": inbox.EventID, "event-id-or-position": inbox.EventIDOrPosition}, &c.Identity, strings.ToLower),
 		choose(get, "OUTBOX_INBOX_PARK_UNROUTED", "on or off", onOff(true), &c.ParkUnrouted, strings.ToLower),
-		choose(get, "OUTBOX_INBOX_MIGRATE", "true or false", onOff(true), &ic.Migrate, strings.ToLower),
+		choose(get, "OUTBOX_INBOX_MIGRATE", "true or false (on or off)", onOff(true), &ic.Migrate, strings.ToLower),
 	} {
 		if e != nil {
 			return ic, e

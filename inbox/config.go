@@ -189,7 +189,10 @@ type Config struct {
 	// parked row and the inbox row or not at all, and the relay publishes
 	// it like any other. One event per parked row: a record parked again
 	// (without identity, redelivered) sends none. It must not be a topic
-	// the consumer routes. Default "" (none).
+	// the consumer routes. Create the topic as you create the others: the
+	// relay parks events whose topic does not exist (with fxoutbox, list it
+	// in Config.EventTypes as fxoutbox.EventType{Topic: ...} for
+	// OUTBOX_TOPICS=check or create to cover it). Default "" (none).
 	DeadLetterTopic string
 	// ParkUnrouted parks records of a topic whose x-event-type no route
 	// takes, instead of skipping them. Default false: they are skipped

@@ -140,7 +140,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	}
 	go func() { wg.Wait(); close(c.done) }()
 	c.cfg.Logger.Info("outbox inbox: started", "consumer", c.cfg.Name, "group", c.cfg.Group, "topics", c.topics, "table", c.cfg.Table.String(),
-		"concurrency", c.cfg.Concurrency, "batch_size", c.cfg.BatchSize, "poison", c.cfg.Poison.String())
+		"concurrency", c.cfg.Concurrency, "batch_size", c.cfg.BatchSize, "poison", c.cfg.Poison.String(), "dead_letter_topic", c.cfg.DeadLetterTopic)
 	return nil
 }
 

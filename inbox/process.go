@@ -206,7 +206,8 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 			if dup {
 				return OutcomeDuplicate, nil
 			}
-			log().Error("outbox inbox: record parked; its partition moves on (list, retry or delete it with the consumer's parked-record API)",
+			log().Error("outbox inbox: record parked; its partition moves on (list it with outboxctl inbox parked list, "+
+				"retry it with Consumer.Retry in this service once the cause is fixed, or delete it)",
 				"event_id", m.ID, "attempts", attempts, "error.type", errorType(cause), "error", cause)
 			return OutcomeParked, nil
 		}

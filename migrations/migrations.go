@@ -104,9 +104,9 @@ type set struct {
 
 var (
 	outboxSet = set{fsys: FS, dir: ".", defaults: outbox.Table.WithDefaults, render: Render,
-		hint: "apply the migrations (migrations.Up, OUTBOX_MIGRATE=on, or the SQL files in migrations/)"}
+		hint: "apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)"}
 	inboxSet = set{fsys: InboxFS, dir: "inbox", defaults: InboxTable, render: RenderInbox,
-		hint: "apply the inbox migrations (migrations.UpInbox, or the SQL files in migrations/inbox/)"}
+		hint: "apply the inbox migrations (migrations.UpInbox, OUTBOX_INBOX_MIGRATE=true or InboxConfig.Migrate with fxoutbox, or the SQL files in migrations/inbox/)"}
 )
 
 // DB begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -353,7 +353,7 @@ func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, 
 
 // ErrNoTable is returned by CheckTable (and CheckInbox) when the table does
 // not exist.
-var ErrNoTable = errors.New("outbox table does not exist")
+var ErrNoTable = errors.New("table does not exist")
 
 // CheckTable reports whether table exists and has the columns every
 // migration adds, with an error (ErrNoTable, ErrOutdatedTable) that says to
