@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
@@ -17,15 +18,17 @@ import (
 // offset order, together in one transaction (Config.BatchSize above 1).
 // It calls complete(i) as soon as msgs[i] is done (applied, duplicate,
 // ignored or parked), as process would return true, and returns once every
-// record is done or abandoned.
+// record is done or abandoned; failed reports that the batch's
+// transaction failed and its records were applied alone.
 //
 // One try is made at the whole batch. If it fails for any reason, nothing
 // of it committed, and each record is then processed alone, concurrently
 // (the records are of distinct keys), with its own retries, attempts and
 // parking: a failing record costs its batch one rolled-back transaction,
 // never the other records' effects, and under Hold it holds its own key
-// only.
-func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMessage, stop <-chan struct{}, complete func(i int)) {
+// only. Records not yet started when the claim ends (stop closed) are
+// abandoned to the next owner.
+func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMessage, stop <-chan struct{}, complete func(i int)) (failed bool) {
 	finish := func(r *record, i int, outcome string, err error) {
 		if c.finish(r, outcome, err) {
 			complete(i)
@@ -62,8 +65,9 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 			for _, i := range slices.Concat(together, alone) {
 				finish(rs[i], i, "", ctx.Err())
 			}
-			return
+			return false
 		default:
+			failed = true
 			c.cfg.Logger.Debug("outbox inbox: a batch's transaction failed; applying its records one at a time",
 				"consumer", c.cfg.Name, "topic", msgs[0].Topic, "partition", msgs[0].Partition, "records", len(together),
 				"error.type", errorType(err), "error", err)
@@ -71,20 +75,26 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 			slices.Sort(alone)
 		}
 	}
-	if len(alone) == 1 {
-		i := alone[0]
+	alone1 := func(i int) {
+		select {
+		case <-stop:
+			finish(rs[i], i, "", context.Canceled) // the claim ended: left to the next owner
+			return
+		default:
+		}
 		outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, stop)
 		finish(rs[i], i, outcome, err)
-		return
+	}
+	if len(alone) == 1 {
+		alone1(alone[0])
+		return failed
 	}
 	var wg sync.WaitGroup
 	for _, i := range alone {
-		wg.Go(func() {
-			outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, stop)
-			finish(rs[i], i, outcome, err)
-		})
+		wg.Go(func() { alone1(i) })
 	}
 	wg.Wait()
+	return failed
 }
 
 // applyBatch is one try at the records rs[idx] in one transaction: their
@@ -102,7 +112,8 @@ func (c *Consumer) applyBatch(ctx context.Context, rs []*record, idx []int, hs [
 		m.Attempt = 1
 		ids[j], topics[j], parts[j], offsets[j] = m.ID, m.Topic, m.Partition, m.Offset
 	}
-	tctx, cancel := context.WithTimeout(ctx, c.cfg.TryTimeout)
+	deadline := time.Now().Add(c.cfg.TryTimeout)
+	tctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var inserted map[string]bool
 	b := &pgx.Batch{}
@@ -126,11 +137,10 @@ func (c *Consumer) applyBatch(ctx context.Context, rs []*record, idx []int, hs [
 				continue
 			}
 			delete(inserted, ids[j])
-			hctx, stop := context.WithCancel(rs[i].ctx)
-			release := context.AfterFunc(tctx, stop)
+			// The record's own ctx (span, baggage), with the batch's deadline.
+			hctx, cancel := context.WithDeadline(rs[i].ctx, deadline)
 			err := c.call(hctx, hs[j], tx, rs[i].m)
-			release()
-			stop()
+			cancel()
 			if err != nil {
 				return err
 			}

@@ -170,7 +170,13 @@ type Config struct {
 	// transaction rolls back and each of its records is applied again
 	// alone, with its own retries, attempts and parking; so a handler's
 	// side effects outside tx, which must be repeatable anyway, may run
-	// once more. TryTimeout bounds the batch's transaction. At most 1000.
+	// once more. What a handler leaves in the transaction is seen by the
+	// handlers after it: SET LOCAL and set_config(..., true) settings (a
+	// row-level security tenant, a role, statement_timeout), transaction
+	// advisory locks, temporary tables; a deferred constraint one handler
+	// breaks fails the whole batch at COMMIT. TryTimeout bounds the batch's
+	// transaction; a partition's batches halve after one failed and grow
+	// again as they commit. At most 1000.
 	BatchSize int
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.

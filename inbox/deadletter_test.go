@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,26 +19,27 @@ import (
 func TestDeadLetterTopicGetsEachParkedRecordOnce(t *testing.T) {
 	t.Parallel()
 	modes(t, 1, func(t *testing.T, e *env) {
-		recs := e.produce(ev{Key: "a", Seq: 0}, ev{Key: "a", Seq: 1, Poison: true}, ev{ID: "-", Key: "b", Seq: 0})
+		long := strings.Repeat("k", 2000) // over the outbox's MaxKeyBytes (1024)
+		recs := e.produce(ev{Key: "a", Seq: 0}, ev{Key: "a", Seq: 1, Poison: true}, ev{ID: "-", Key: "b", Seq: 0}, ev{Key: long, Poison: true})
 		dlq := e.topic + ".dlq"
 		g := group()
 		cfg := e.config(g, e.effect("d"))
 		cfg.MaxAttempts, cfg.DeadLetterTopic = 2, dlq
 		c := e.start(cfg)
-		e.waitCommitted(g, 1, 3, 60*time.Second)
+		e.waitCommitted(g, 1, 4, 60*time.Second)
 		parked, err := c.List(context.Background(), inbox.ListOptions{})
-		if err != nil || len(parked) != 2 {
-			t.Fatalf("parked %+v, %v; want 2", parked, err)
+		if err != nil || len(parked) != 3 {
+			t.Fatalf("parked %+v, %v; want 3", parked, err)
 		}
 		letters := e.deadLetters(dlq)
-		if len(letters) != 2 {
-			t.Fatalf("%d dead letters, want one per parked record (2)", len(letters))
+		if len(letters) != 3 {
+			t.Fatalf("%d dead letters, want one per parked record (3)", len(letters))
 		}
 		byOffset := map[int64]inbox.DeadLetter{}
 		for _, l := range letters {
 			byOffset[l.Offset] = l
 		}
-		poison, noID := byOffset[1], byOffset[2]
+		poison, noID, longKey := byOffset[1], byOffset[2], byOffset[3]
 		want, _ := json.Marshal(payload{Seq: 1, Poison: true}) // as produced
 		if poison.EventID != recs[1].ID || string(poison.Value) != string(want) || string(poison.Key) != "a" ||
 			poison.ErrorType != inbox.ErrorTypeHandler || poison.Attempts != 2 || poison.Consumer != "c" || poison.Topic != e.topic {
@@ -44,6 +47,12 @@ func TestDeadLetterTopicGetsEachParkedRecordOnce(t *testing.T) {
 		}
 		if noID.EventID != "" || noID.ErrorType != inbox.ErrorTypeNoEventID || string(noID.Key) != "b" {
 			t.Errorf("the record without x-event-id's dead letter: %+v", noID)
+		}
+		// Its key breaks the outbox's limits: the letter keeps the position
+		// and the reason, and the parking went through.
+		if longKey.EventID != recs[3].ID || longKey.Key != nil || longKey.Value != nil || !strings.Contains(longKey.ValueOmitted, "MaxKeyBytes") ||
+			longKey.ErrorType != inbox.ErrorTypeHandler {
+			t.Errorf("the long-keyed record's dead letter: %+v", longKey)
 		}
 		for _, p := range parked {
 			if l := byOffset[p.Offset]; l.ParkedID != p.ID {
@@ -58,9 +67,9 @@ func TestDeadLetterTopicGetsEachParkedRecordOnce(t *testing.T) {
 		cfg2 := e.config(g2, e.effect("d2"))
 		cfg2.MaxAttempts, cfg2.DeadLetterTopic = 2, dlq
 		e.start(cfg2)
-		e.waitCommitted(g2, 1, 3, 60*time.Second)
-		if n := len(e.deadLetters(dlq)); n != 2 {
-			t.Errorf("%d dead letters after the offsets were reset, want still 2", n)
+		e.waitCommitted(g2, 1, 4, 60*time.Second)
+		if n := len(e.deadLetters(dlq)); n != 3 {
+			t.Errorf("%d dead letters after the offsets were reset, want still 3", n)
 		}
 	})
 }
@@ -86,7 +95,11 @@ func (e *env) deadLetters(topic string) []inbox.DeadLetter {
 		if err := json.Unmarshal(payload, &l); err != nil {
 			e.t.Fatalf("dead letter payload %s: %v", payload, err)
 		}
-		if typ != inbox.DeadLetterEventType || headers["x-original-topic"] != l.Topic || key != string(l.Key) {
+		wantKey := string(l.Key)
+		if wantKey == "" {
+			wantKey = fmt.Sprintf("%s/%d/%d", l.Topic, l.Partition, l.Offset)
+		}
+		if typ != inbox.DeadLetterEventType || headers["x-original-topic"] != l.Topic || key != wantKey {
 			e.t.Errorf("dead letter of %s/%d: type %q, headers %v, key %q", l.Topic, l.Offset, typ, headers, key)
 		}
 		out = append(out, l)

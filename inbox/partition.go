@@ -33,6 +33,10 @@ type partition struct {
 	space    chan struct{} // a record left the window
 	limit    int
 	wg       sync.WaitGroup
+	// batchCap bounds the next batch (BatchSize at most): halved after a
+	// batch failed, doubled after one that committed, so that batches too
+	// large to finish within TryTimeout shrink instead of failing again.
+	batchCap atomic.Int64
 
 	mu     sync.Mutex
 	window []*item            // read, in offset order, not yet marked
@@ -48,8 +52,10 @@ func newPartition(c *Consumer, s sarama.ConsumerGroupSession, claim sarama.Consu
 	key := claim.Topic() + "/" + strconv.Itoa(int(claim.Partition()))
 	lag, _ := c.lag.LoadOrStore(key, new(atomic.Int64))
 	limit := c.cfg.Concurrency * 64
-	return &partition{c: c, s: s, claim: claim, lag: lag.(*atomic.Int64), stop: make(chan struct{}),
+	p := &partition{c: c, s: s, claim: claim, lag: lag.(*atomic.Int64), stop: make(chan struct{}),
 		ready: make(chan *item, limit), space: make(chan struct{}, 1), limit: limit, keys: map[string][]*item{}}
+	p.batchCap.Store(int64(c.cfg.BatchSize))
+	return p
 }
 
 // run is ConsumeClaim: it returns once the claim ends (session over, the
@@ -162,8 +168,9 @@ func (p *partition) work(ctx context.Context) {
 // is that of a transaction per record.
 func (p *partition) batch(ctx context.Context, it *item) {
 	items := []*item{it}
+	limit := max(1, int(p.batchCap.Load()))
 more:
-	for len(items) < p.c.cfg.BatchSize {
+	for len(items) < limit {
 		select {
 		case next := <-p.ready:
 			items = append(items, next)
@@ -176,7 +183,13 @@ more:
 	for i, x := range items {
 		msgs[i] = x.msg
 	}
-	p.c.processBatch(ctx, msgs, p.stop, func(i int) { p.complete(items[i]) })
+	failed := p.c.processBatch(ctx, msgs, p.stop, func(i int) { p.complete(items[i]) })
+	switch {
+	case failed:
+		p.batchCap.Store(int64(max(1, len(items)/2)))
+	case len(items) > 1 || limit < p.c.cfg.BatchSize:
+		p.batchCap.Store(int64(min(p.c.cfg.BatchSize, 2*limit)))
+	}
 }
 
 // complete marks it done, the offset up to the lowest record not done, and

@@ -349,19 +349,38 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 			"x-original-offset": strconv.FormatInt(m.Offset, 10), "x-consumer": c.cfg.Name},
 	}
 	if m.ID != "" {
-		ev.Headers["x-original-event-id"] = text(m.ID)
+		ev.Headers["x-original-event-id"] = text(clip(m.ID, 200))
 	}
-	ev.Payload = dl
-	err := tx.Add(ctx, ev)
-	if errors.Is(err, outbox.ErrInvalidEvent) && len(dl.Value) > 0 {
-		dl.Value, dl.ValueOmitted = nil, clip(err.Error(), 1000)
+	// A record that broke a handler may break the outbox's limits too (a
+	// key, value or headers too large): the letter then loses its value,
+	// then everything but the record's position and the reason. Parking
+	// must not fail for the letter's sake, or the record's partition would
+	// stop.
+	steps := []func(reason string){
+		func(reason string) { dl.Value, dl.ValueOmitted = nil, reason },
+		func(reason string) {
+			dl.Key, dl.Value, dl.Headers, dl.EventID = nil, nil, nil, text(clip(m.ID, 200))
+			dl.Error, dl.ValueOmitted = text(clip(cause.Error(), 1000)), "key, value and headers left out: "+reason
+			ev.Key, ev.AggregateID = position, position
+			delete(ev.Headers, "x-original-event-id")
+		},
+	}
+	for i := 0; ; i++ {
 		ev.Payload = dl
-		err = tx.Add(ctx, ev)
+		err := tx.Add(ctx, ev)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, outbox.ErrInvalidEvent) {
+			return fmt.Errorf("inbox: dead-letter event for %s to %s: %w", position, c.cfg.DeadLetterTopic, err)
+		}
+		if i == len(steps) {
+			c.cfg.Logger.Error("outbox inbox: the parked record's dead-letter event is invalid even without its key, value and headers; parked without it",
+				"consumer", c.cfg.Name, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "error", err)
+			return nil
+		}
+		steps[i](clip(err.Error(), 1000))
 	}
-	if err != nil {
-		return fmt.Errorf("inbox: dead-letter event for %s to %s: %w", position, c.cfg.DeadLetterTopic, err)
-	}
-	return nil
 }
 
 // text makes s storable as PostgreSQL text and jsonb: valid UTF-8 without

@@ -234,8 +234,12 @@ func (r *Relay) streamHealth() error {
 // streamRow is a row from the stream.
 type streamRow struct {
 	row
-	bad       error     // the row could not be decoded: it is parked by id
-	committed time.Time // its transaction's commit (the server's clock)
+	bad error // the row could not be decoded: it is parked by id
+	// visibleBy is when (the relay's clock) the row must be visible:
+	// visibleWait after its transaction committed, measured on the
+	// server's clock (commit to send) and carried over to the relay's
+	// from the moment it arrived, so that clock skew does not count.
+	visibleBy time.Time
 }
 
 // streamer is one connection's stream. Its reader goroutine owns the
@@ -257,6 +261,7 @@ type streamer struct {
 	types      *pgtype.Map
 	open       []streamRow // rows of the transaction being received
 	openAt     time.Time   // its commit time
+	sentAt     time.Time   // the server's clock when it sent the last data message
 	inTx       bool
 	pushed     pglogrepl.LSN // end of the last transaction handed over
 	lastStatus time.Time
@@ -688,9 +693,6 @@ func (s *streamer) take(tx streamTx) {
 		s.readySince = tx.received
 		s.r.stream.oldest.Store(tx.commit.UnixNano())
 	}
-	for i := range tx.rows {
-		tx.rows[i].committed = tx.commit
-	}
 	s.ready = append(s.ready, tx.rows...)
 	s.readyTo = max(s.readyTo, tx.end)
 	for _, x := range tx.rows {
@@ -810,6 +812,7 @@ func (s *streamer) receive(ctx context.Context, wait time.Duration) error {
 				return fmt.Errorf("relay: replication data: %w", err)
 			}
 			s.walEnd(x.ServerWALEnd, false)
+			s.sentAt = x.ServerTime
 			return s.decode(ctx, x.WALData)
 		}
 		return nil
@@ -870,7 +873,15 @@ func (s *streamer) decode(ctx context.Context, data []byte) error {
 			}
 			return nil
 		}
-		return s.hand(ctx, streamTx{rows: rows, end: m.TransactionEndLSN, commit: at, received: time.Now()})
+		now := time.Now()
+		age := time.Duration(0) // from the commit to the server's send, on its clock
+		if !s.sentAt.IsZero() && s.sentAt.After(at) {
+			age = s.sentAt.Sub(at)
+		}
+		for i := range rows {
+			rows[i].visibleBy = now.Add(visibleWait - age)
+		}
+		return s.hand(ctx, streamTx{rows: rows, end: m.TransactionEndLSN, commit: at, received: now})
 	}
 	return nil
 }
@@ -956,15 +967,11 @@ func (s *streamer) publish(ctx context.Context) error {
 	// transaction that is missing was deleted (the stream is replaying what
 	// retention has removed since) and is not waited for, or a batch of
 	// them would wait visibleWait each.
-	deadline := time.Now().Add(visibleWait)
-	var newest time.Time
+	var deadline time.Time
 	for _, x := range s.ready[:min(len(s.ready), s.r.cfg.MaxBatchSize)] {
-		if x.committed.After(newest) {
-			newest = x.committed
+		if x.visibleBy.After(deadline) {
+			deadline = x.visibleBy
 		}
-	}
-	if !newest.IsZero() && newest.Add(visibleWait).Before(deadline) {
-		deadline = newest.Add(visibleWait)
 	}
 	for attempt, wait := 0, 200*time.Microsecond; ; attempt, wait = attempt+1, min(2*wait, 50*time.Millisecond) {
 		err := s.publishOnce(ctx, attempt, time.Now().After(deadline))
@@ -978,11 +985,10 @@ func (s *streamer) publish(ctx context.Context) error {
 }
 
 // visibleWait bounds the wait for streamed rows to become visible, from
-// their transaction's commit; rows still missing after it were deleted (by
-// an operator, or by the retention of published rows when the stream is
-// that far behind) and are skipped. Should the relay's clock run ahead of
-// the server's by more than that, a row not visible yet is skipped too,
-// and the next sweep publishes it.
+// their transaction's commit (server's clock); rows still missing after it
+// were deleted (by an operator, or by the retention of published rows when
+// the stream is that far behind) and are skipped, and a sweep follows for
+// any that was merely slow to become visible.
 const visibleWait = 5 * time.Second
 
 // visibleRetries is how many times an Unordered batch is claimed again
@@ -1131,7 +1137,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 				// Gone (deleted after another relay published them), or, with
 				// the relay's clock far ahead of the server's, not visible
 				// yet: then the sweep publishes them.
-				r.cfg.Logger.Warn("outbox relay: streamed events are no longer in the table (deleted by retention or by hand?); skipped",
+				r.cfg.Logger.Warn("outbox relay: streamed events are missing from the table (deleted by retention or by hand, or not visible yet); skipped, a sweep follows",
 					"table", r.cfg.Table.String(), "events", len(missing), "first_id", missing[0])
 				deferred = true
 			}

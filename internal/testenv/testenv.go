@@ -271,6 +271,7 @@ func Consume(t testing.TB, brokers []string, topics ...string) *Consumer {
 		t.Fatalf("kafka consumer: %v", err)
 	}
 	c := &Consumer{t: t, consumer: cons, client: client}
+	t.Cleanup(c.Close) // also after a Fatalf below
 	for _, topic := range topics {
 		parts, err := cons.Partitions(topic)
 		if err != nil {
@@ -298,7 +299,6 @@ func Consume(t testing.TB, brokers []string, topics ...string) *Consumer {
 			}()
 		}
 	}
-	t.Cleanup(c.Close)
 	return c
 }
 
