@@ -55,8 +55,8 @@ func TestDeadLetterTopicGetsEachParkedRecordOnce(t *testing.T) {
 			t.Errorf("the long-keyed record's dead letter: %+v", longKey)
 		}
 		for _, p := range parked {
-			if l := byOffset[p.Offset]; l.ParkedID != p.ID {
-				t.Errorf("dead letter of offset %d names parked id %d, the parked table %d", p.Offset, l.ParkedID, p.ID)
+			if l := byOffset[p.Offset]; l.ID != p.ID || !l.ParkedAt.Equal(p.ParkedAt) {
+				t.Errorf("dead letter of offset %d names parked id %d at %v, the parked table %d at %v", p.Offset, l.ID, l.ParkedAt, p.ID, p.ParkedAt)
 			}
 		}
 		stop(t, c)

@@ -289,15 +289,16 @@ func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Mes
 			hs[text(k)] = text(v)
 		}
 		var parkedID int64
+		var parkedAt time.Time
 		var inserted bool
 		err := tx.QueryRow(ctx, c.sql.park, c.cfg.Name, id, nullable(text(m.Type)), m.Topic, m.Partition, m.Offset,
-			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000))).Scan(&parkedID, &inserted)
+			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000))).Scan(&parkedID, &parkedAt, &inserted)
 		if err != nil || c.cfg.DeadLetterTopic == "" || !inserted {
 			// Parked again (a record without identity redelivered): its
 			// dead letter went out the first time.
 			return err
 		}
-		return c.deadLetter(ctx, tx, msg, m, hs, parkedID, attempts, cause)
+		return c.deadLetter(ctx, tx, msg, m, hs, parkedID, parkedAt, attempts, cause)
 	})
 	return dup, err
 }
@@ -307,42 +308,31 @@ func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Mes
 const DeadLetterEventType = "inbox.record.parked.v1"
 
 // DeadLetter is the payload of a dead-letter event (JSON): the parked
-// record, exactly (Key and Value are its bytes, base64 in JSON), and why it
-// was parked.
+// record as the parked table holds it (Key and Value are its exact bytes,
+// base64 in JSON; ID is its parked id, for Consumer.Retry and Delete), and
+// ValueOmitted when the record did not fit in an outbox event.
 type DeadLetter struct {
-	Consumer  string            `json:"consumer"`
-	ParkedID  int64             `json:"parked_id"` // its id in the parked table (Consumer.Retry, Delete)
-	Topic     string            `json:"topic"`
-	Partition int32             `json:"partition"`
-	Offset    int64             `json:"offset"`
-	EventID   string            `json:"event_id,omitempty"`
-	EventType string            `json:"event_type,omitempty"`
-	Key       []byte            `json:"key"`
-	Value     []byte            `json:"value"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	Timestamp time.Time         `json:"timestamp,omitzero"`
-	Attempts  int               `json:"attempts"`
-	ErrorType string            `json:"error_type"`
-	Error     string            `json:"error"`
-	// ValueOmitted says why Value is empty: the record was too large for
-	// an outbox event (the parked table keeps it whole).
+	Parked
+	// ValueOmitted says why Value (and perhaps Key and Headers) is empty:
+	// the record broke the outbox's limits (the parked table keeps it
+	// whole).
 	ValueOmitted string `json:"value_omitted,omitempty"`
 }
 
 // deadLetter records the parked record's dead-letter event on tx: topic
 // Config.DeadLetterTopic, keyed by the record's key (its position when it
 // has none), on the record's trace (ctx carries its process span).
-func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama.ConsumerMessage, m *Message, hs map[string]string, parkedID int64, attempts int, cause error) error {
+func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama.ConsumerMessage, m *Message, hs map[string]string, parkedID int64, parkedAt time.Time, attempts int, cause error) error {
 	position := m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10)
 	key := text(string(msg.Key))
 	if key == "" {
 		key = position
 	}
-	dl := DeadLetter{
-		Consumer: c.cfg.Name, ParkedID: parkedID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
-		EventID: text(m.ID), EventType: text(m.Type), Key: msg.Key, Value: msg.Value, Headers: hs, Timestamp: msg.Timestamp,
-		Attempts: attempts, ErrorType: errorType(cause), Error: text(clip(cause.Error(), 4000)),
-	}
+	dl := DeadLetter{Parked: Parked{
+		ID: parkedID, Consumer: c.cfg.Name, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+		EventID: text(m.ID), Type: text(m.Type), Key: msg.Key, Value: msg.Value, Headers: hs, Timestamp: msg.Timestamp,
+		Attempts: attempts, ErrorType: errorType(cause), LastError: text(clip(cause.Error(), 4000)), ParkedAt: parkedAt,
+	}}
 	ev := outbox.Event{
 		AggregateType: "inbox", AggregateID: text(clip(key, 200)), Type: DeadLetterEventType, Topic: c.cfg.DeadLetterTopic, Key: key,
 		Headers: map[string]string{"x-original-topic": m.Topic, "x-original-partition": strconv.Itoa(int(m.Partition)),
@@ -360,7 +350,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 		func(reason string) { dl.Value, dl.ValueOmitted = nil, reason },
 		func(reason string) {
 			dl.Key, dl.Value, dl.Headers, dl.EventID = nil, nil, nil, text(clip(m.ID, 200))
-			dl.Error, dl.ValueOmitted = text(clip(cause.Error(), 1000)), "key, value and headers left out: "+reason
+			dl.LastError, dl.ValueOmitted = text(clip(cause.Error(), 1000)), "key, value and headers left out: "+reason
 			ev.Key, ev.AggregateID = position, position
 			delete(ev.Headers, "x-original-event-id")
 		},

@@ -23,7 +23,7 @@ func newStatements(t outbox.Table) statements {
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 			ON CONFLICT (consumer, topic, "partition", "offset") DO UPDATE
 			SET attempts = EXCLUDED.attempts, error_type = EXCLUDED.error_type, last_error = EXCLUDED.last_error, parked_at = now()
-			RETURNING id, xmax = 0`,
+			RETURNING id, parked_at, xmax = 0`,
 		cleanup: `DELETE FROM ` + in + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + in +
 			` WHERE consumer = $1 AND processed_at < now() - $2::interval LIMIT $3))`,
 		counted: `SELECT count(*) FROM (SELECT 1 FROM ` + parked + ` WHERE consumer = $1 LIMIT 1000000) p`,
