@@ -55,6 +55,9 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 	}
 	if len(together) > 1 {
 		outcomes, err := c.applyBatch(ctx, rs, together, hs)
+		if ctx.Err() == nil {
+			c.ms.batched(ctx, msgs[0].Topic, len(together), err == nil)
+		}
 		switch {
 		case err == nil:
 			for j, i := range together {

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -51,6 +54,10 @@ func TestBatchesShareATransactionAndFailAlone(t *testing.T) {
 	})
 	// Two workers, 40 keys: most records wait, and batches are large.
 	cfg.Concurrency = 2
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	cfg.MeterProvider = mp
 	e.start(cfg)
 	e.waitEffects(len(want))
 	time.Sleep(300 * time.Millisecond) // a late duplicate would show now
@@ -66,6 +73,25 @@ func TestBatchesShareATransactionAndFailAlone(t *testing.T) {
 	}
 	if failed.Load() != 2 || failedAttempt.Load() != 1 {
 		t.Errorf("the failing record was called %d times, last as attempt %d; want twice, the retry alone as attempt 1", failed.Load(), failedAttempt.Load())
+	}
+	// The batch metric: the batches that committed, and the one that failed.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	batches := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == inbox.MetricBatchSize {
+				for _, dp := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+					o, _ := dp.Attributes.Value("outbox.inbox.batch.outcome")
+					batches[o.AsString()] += dp.Count
+				}
+			}
+		}
+	}
+	if batches["committed"] == 0 || (mates.Load() > 0) != (batches["failed"] == 1) {
+		t.Errorf("%s by outcome: %v; want committed batches, and one failed (the failing record had %d batch-mates)", inbox.MetricBatchSize, batches, mates.Load())
 	}
 	switch {
 	case mates.Load() == 0:

@@ -32,6 +32,10 @@ const (
 	MetricLag = "outbox.inbox.lag"
 	// MetricParked is the number of parked records of this consumer name.
 	MetricParked = "outbox.inbox.parked"
+	// MetricBatchSize is, with Config.BatchSize above 1, the records of
+	// each batch transaction, by outbox.inbox.batch.outcome (committed, or
+	// failed: its records were then applied alone).
+	MetricBatchSize = "outbox.inbox.batch.size"
 	// MetricConsumedMessages and MetricProcessDuration are the messaging
 	// semantic conventions' consumer metrics.
 	MetricConsumedMessages = "messaging.client.consumed.messages"
@@ -45,6 +49,7 @@ type metrics struct {
 	processed metric.Int64Counter
 	errors    metric.Int64Counter
 	age       metric.Float64Histogram
+	batch     metric.Int64Histogram
 	consumedM messagingconv.ClientConsumedMessages
 	duration  messagingconv.ProcessDuration
 }
@@ -63,6 +68,11 @@ func newMetrics(meter metric.Meter, c *Consumer) (*metrics, error) {
 	if ms.age, err = meter.Float64Histogram(MetricAge, metric.WithUnit("s"),
 		metric.WithDescription("Time from the record's timestamp to the end of its processing."),
 		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)); err != nil {
+		return nil, err
+	}
+	if ms.batch, err = meter.Int64Histogram(MetricBatchSize, metric.WithUnit("{record}"),
+		metric.WithDescription("Records per batch transaction (Config.BatchSize above 1), by outcome: committed, or failed (its records then applied alone)."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)); err != nil {
 		return nil, err
 	}
 	if ms.consumedM, err = messagingconv.NewClientConsumedMessages(meter); err != nil {
@@ -100,6 +110,16 @@ func newMetrics(meter metric.Meter, c *Consumer) (*metrics, error) {
 		return nil
 	}, lag, parked)
 	return ms, err
+}
+
+// batched records a batch transaction of n records on topic.
+func (m *metrics) batched(ctx context.Context, topic string, n int, committed bool) {
+	outcome := "committed"
+	if !committed {
+		outcome = "failed"
+	}
+	m.batch.Record(ctx, int64(n), metric.WithAttributes(m.group, semconv.MessagingDestinationName(topic),
+		attribute.String("outbox.inbox.batch.outcome", outcome)))
 }
 
 func (m *metrics) consumed(ctx context.Context, topic string) {
