@@ -106,18 +106,8 @@ func TestInboxModuleConfigErrors(t *testing.T) {
 
 func produce(t *testing.T, brokers []string, topic, id, typ string) {
 	t.Helper()
-	sc := sarama.NewConfig()
-	sc.Producer.Return.Successes = true
-	p, err := sarama.NewSyncProducer(brokers, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	_, _, err = p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder("o-1"), Value: sarama.StringEncoder(`{}`),
+	testenv.Produce(t, brokers, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder("o-1"), Value: sarama.StringEncoder(`{}`),
 		Headers: []sarama.RecordHeader{{Key: []byte(outbox.HeaderEventID), Value: []byte(id)}, {Key: []byte(outbox.HeaderEventType), Value: []byte(typ)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func waitFor(t *testing.T, cond func() bool) {

@@ -98,16 +98,6 @@ type payload struct {
 // headers the relay sets.
 func (e *env) produce(events ...ev) []ev {
 	e.t.Helper()
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V2_1_0_0
-	sc.Producer.Return.Successes = true
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Partitioner = sarama.NewHashPartitioner
-	p, err := sarama.NewSyncProducer(e.brokers, sc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer p.Close()
 	var msgs []*sarama.ProducerMessage
 	for i := range events {
 		v := &events[i]
@@ -128,13 +118,7 @@ func (e *env) produce(events ...ev) []ev {
 		}
 		msgs = append(msgs, m)
 	}
-	// One at a time keeps each key's order (SendMessages may retry
-	// out of order on some brokers).
-	for _, m := range msgs {
-		if _, _, err := p.SendMessage(m); err != nil {
-			e.t.Fatal(err)
-		}
-	}
+	testenv.Produce(e.t, e.brokers, msgs...)
 	return events
 }
 

@@ -57,25 +57,16 @@ func newInboxWorld(t *testing.T, pool *pgxpool.Pool, brokers []string, partition
 // sent before), with the headers the relay sets.
 func (w *inboxWorld) produce(t *testing.T, n, keys int) {
 	t.Helper()
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V2_1_0_0
-	sc.Producer.Return.Successes = true
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	p, err := sarama.NewSyncProducer(w.brokers, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	first := len(w.sent)
+	var msgs []*sarama.ProducerMessage
 	for i := first; i < first+n; i++ {
 		e := sentEvent{id: uuid.Must(uuid.NewV7()).String(), key: fmt.Sprintf("k%02d", i%keys), seq: i / keys}
 		v, _ := json.Marshal(map[string]int{"seq": e.seq})
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: w.topic, Key: sarama.StringEncoder(e.key), Value: sarama.ByteEncoder(v),
-			Headers: []sarama.RecordHeader{{Key: []byte(outbox.HeaderEventID), Value: []byte(e.id)}, {Key: []byte(outbox.HeaderEventType), Value: []byte("thing.happened.v1")}}}); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: w.topic, Key: sarama.StringEncoder(e.key), Value: sarama.ByteEncoder(v),
+			Headers: []sarama.RecordHeader{{Key: []byte(outbox.HeaderEventID), Value: []byte(e.id)}, {Key: []byte(outbox.HeaderEventType), Value: []byte("thing.happened.v1")}}})
 		w.sent = append(w.sent, e)
 	}
+	testenv.Produce(t, w.brokers, msgs...)
 }
 
 // start starts a consumer whose handler takes delay per record, then

@@ -85,22 +85,15 @@ func TestInboxRolesScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := sarama.NewConfig()
-	sc.Producer.Return.Successes = true
-	p, err := sarama.NewSyncProducer(brokers, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var msgs []*sarama.ProducerMessage
 	for _, v := range []string{"good", "bad", "no id"} {
 		m := &sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(v)}
 		if v != "no id" {
 			m.Headers = []sarama.RecordHeader{{Key: []byte(outbox.HeaderEventID), Value: []byte(uuid.NewString())}}
 		}
-		if _, _, err := p.SendMessage(m); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, m)
 	}
-	_ = p.Close()
+	testenv.Produce(t, brokers, msgs...)
 	if err := c.Start(ctx); err != nil {
 		t.Fatalf("Start as the consumer role: %v", err)
 	}

@@ -247,6 +247,27 @@ func saramaConfig() *sarama.Config {
 	return c
 }
 
+// Produce sends msgs, one at a time and in order (so each key keeps its
+// order), each acknowledged by all in-sync replicas, as a producer other
+// than the relay would (consumers' tests).
+func Produce(t testing.TB, brokers []string, msgs ...*sarama.ProducerMessage) {
+	t.Helper()
+	sc := saramaConfig()
+	sc.Producer.Return.Successes = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	p, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		t.Fatalf("kafka producer: %v", err)
+	}
+	defer p.Close()
+	for _, m := range msgs {
+		if _, _, err := p.SendMessage(m); err != nil {
+			t.Fatalf("produce to %s: %v", m.Topic, err)
+		}
+	}
+}
+
 // Consumer reads every partition of topics from the oldest offset.
 type Consumer struct {
 	t        testing.TB
