@@ -36,18 +36,19 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 	}
 	rs := make([]*record, len(msgs))
 	var together, alone []int // records that join the batch's transaction, and the others
-	var hs []Handler
+	hs := make([]Handler, len(msgs))
+	causes := make([]error, len(msgs))
 	for i, msg := range msgs {
 		rs[i] = c.begin(ctx, msg)
-		h, cause, ignored := c.resolve(msg, rs[i].m)
+		var ignored bool
+		hs[i], causes[i], ignored = c.resolve(msg, rs[i].m)
 		switch {
 		case ignored:
 			finish(rs[i], i, OutcomeIgnored, nil)
-		case cause != nil:
-			alone = append(alone, i) // parked by try, which resolves it again
+		case causes[i] != nil:
+			alone = append(alone, i) // parked by try
 		default:
 			together = append(together, i)
-			hs = append(hs, h)
 		}
 	}
 	if len(together) == 1 {
@@ -85,7 +86,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 			return
 		default:
 		}
-		outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, stop)
+		outcome, err := c.try(rs[i].ctx, rs[i].msg, rs[i].m, hs[i], causes[i], stop)
 		finish(rs[i], i, outcome, err)
 	}
 	if len(alone) == 1 {
@@ -100,7 +101,8 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*sarama.ConsumerMess
 	return failed
 }
 
-// applyBatch is one try at the records rs[idx] in one transaction: their
+// applyBatch is one try at the records rs[idx], with their handlers
+// hs[idx], in one transaction: their
 // inbox rows in one INSERT sent with BEGIN, then, in offset order, the
 // handler of each record whose row was new, each with its record's ctx
 // (process span and baggage). It returns each record's outcome (applied or
@@ -142,7 +144,7 @@ func (c *Consumer) applyBatch(ctx context.Context, rs []*record, idx []int, hs [
 			delete(inserted, ids[j])
 			// The record's own ctx (span, baggage), with the batch's deadline.
 			hctx, cancel := context.WithDeadline(rs[i].ctx, deadline)
-			err := c.call(hctx, hs[j], tx, rs[i].m)
+			err := c.call(hctx, hs[i], tx, rs[i].m)
 			cancel()
 			if err != nil {
 				return err

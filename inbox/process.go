@@ -72,7 +72,11 @@ func message(m *sarama.ConsumerMessage) *Message {
 // (ctx cancelled or stop closed) and must be left to the next owner.
 func (c *Consumer) process(ctx context.Context, msg *sarama.ConsumerMessage, stop <-chan struct{}) bool {
 	r := c.begin(ctx, msg)
-	outcome, err := c.try(r.ctx, msg, r.m, stop)
+	h, cause, ignored := c.resolve(msg, r.m)
+	if ignored {
+		return c.finish(r, OutcomeIgnored, nil)
+	}
+	outcome, err := c.try(r.ctx, msg, r.m, h, cause, stop)
 	return c.finish(r, outcome, err)
 }
 
@@ -149,15 +153,12 @@ func (c *Consumer) resolve(msg *sarama.ConsumerMessage, m *Message) (h Handler, 
 	return h, cause, false
 }
 
-// try runs the record until it is done; an error only when abandoned.
-func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, stop <-chan struct{}) (string, error) {
+// try runs the record, resolved (h, or the cause that parks it), until it
+// is done; an error only when abandoned.
+func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Message, h Handler, cause error, stop <-chan struct{}) (string, error) {
 	// Built only when a failure is logged: With formats its attributes.
 	log := func() *slog.Logger {
 		return c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
-	}
-	h, cause, ignored := c.resolve(msg, m)
-	if ignored {
-		return OutcomeIgnored, nil
 	}
 	b := backoff{min: c.cfg.MinBackoff, max: c.cfg.MaxBackoff}
 	attempts := 0
