@@ -27,6 +27,13 @@ func TestTraceAndMetrics(t *testing.T) {
 	t.Parallel()
 	modes(t, 1, func(t *testing.T, e *env) {
 		const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+		// Under BatchSize: one worker, and a slow first record, so that the
+		// two below are applied in a batch (with it or after it), each on
+		// its own trace.
+		var lead []ev
+		if e.batch > 1 {
+			lead = e.produce(ev{Key: "slow"})
+		}
 		recs := e.produce(
 			ev{Key: "a", Traceparent: "00-" + traceID + "-" + parentID + "-01"},
 			ev{Key: "b"},
@@ -42,6 +49,9 @@ func TestTraceAndMetrics(t *testing.T) {
 		effect := e.effect("t")
 		g := group()
 		cfg := e.config(g, func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
+			if string(m.Key) == "slow" {
+				time.Sleep(300 * time.Millisecond)
+			}
 			if err := effect(ctx, tx, m); err != nil {
 				return err
 			}
@@ -49,9 +59,12 @@ func TestTraceAndMetrics(t *testing.T) {
 				Type: "invoice.created.v1", Payload: map[string]string{"for": m.ID}})
 		})
 		cfg.TracerProvider, cfg.MeterProvider = tp, mp
+		if e.batch > 1 {
+			cfg.Concurrency = 1
+		}
 		e.start(cfg)
-		eventually(t, 60*time.Second, "every record committed", func() bool { return e.committed(g, 1)[0] == 3 })
-		e.checkOnce(recs)
+		eventually(t, 60*time.Second, "every record committed", func() bool { return e.committed(g, 1)[0] == int64(3+len(lead)) })
+		e.checkOnce(append(lead, recs...))
 
 		var withParent, root sdktrace.ReadOnlySpan
 		for _, s := range spans.Ended() {
@@ -92,6 +105,19 @@ func TestTraceAndMetrics(t *testing.T) {
 		if root.Parent().IsValid() {
 			t.Errorf("a record without traceparent got parent %v", root.Parent())
 		}
+		if e.batch > 1 {
+			for _, sp := range []sdktrace.ReadOnlySpan{withParent, root} {
+				var n int64
+				for _, a := range sp.Attributes() {
+					if a.Key == "outbox.inbox.batch_size" {
+						n = a.Value.AsInt64()
+					}
+				}
+				if n < 2 {
+					t.Errorf("span of %s: outbox.inbox.batch_size %d, want it applied in a batch with the other", sp.SpanContext().SpanID(), n)
+				}
+			}
+		}
 
 		// The event the handler added continues the trace.
 		var headers []byte
@@ -123,8 +149,8 @@ func TestTraceAndMetrics(t *testing.T) {
 				}
 			}
 		}
-		if outcomes["applied"] != 2 || outcomes["duplicate"] != 1 {
-			t.Errorf("processed by outcome %v, want 2 applied and 1 duplicate", outcomes)
+		if outcomes["applied"] != int64(2+len(lead)) || outcomes["duplicate"] != 1 {
+			t.Errorf("processed by outcome %v, want %d applied and 1 duplicate", outcomes, 2+len(lead))
 		}
 		for _, n := range []string{inbox.MetricConsumedMessages, inbox.MetricProcessDuration, inbox.MetricAge, inbox.MetricLag, inbox.MetricParked} {
 			if !names[n] {
