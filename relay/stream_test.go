@@ -29,6 +29,19 @@ func (s *setup) streaming(t testing.TB) {
 	testenv.Streaming(t, s.pool, s.table, true)
 }
 
+// streamRelay starts a relay with cfg on the setup's table, waits until
+// it streams, and stops it when the test ends.
+func (s *setup) streamRelay(t *testing.T, pub relay.Publisher, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	r := s.relay(t, pub, cfg)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(s.ctx) })
+	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	return r
+}
+
 // streamConfig is a Stream relay's configuration with test-sized intervals.
 func streamConfig() relay.Config {
 	return relay.Config{
@@ -59,12 +72,7 @@ func TestStreamPublishesWaitingThenStreamed(t *testing.T) {
 			cfg.Stream.SweepInterval = time.Hour
 			cfg.PollInterval = time.Hour
 			cfg.Ordering = ordering
-			r := s.relay(t, s.publisher(t), cfg)
-			if err := r.Start(s.ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = r.Stop(s.ctx) }()
-			waitUntil(t, 20*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+			r := s.streamRelay(t, s.publisher(t), cfg)
 			for i := 30; i < 60; i++ {
 				err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 					return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%3), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
@@ -178,12 +186,7 @@ func TestStreamSplitsALargeTransaction(t *testing.T) {
 	// BatchTimeout leaves a batch of 4 800ms for the broker (Apache Kafka
 	// on a loaded machine), and is too short for all 30 at once.
 	cfg.BatchSize, cfg.MaxBatchSize, cfg.BatchTimeout = 4, 4, time.Second
-	r := s.relay(t, slow, cfg)
-	if err := r.Start(s.ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.Stop(s.ctx) }()
-	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	s.streamRelay(t, slow, cfg)
 	err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 		for i := range 30 {
 			if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%2), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}}); err != nil {
@@ -216,12 +219,7 @@ func TestStreamDecodesWhateverTheDateStyle(t *testing.T) {
 	cfg := streamConfig()
 	cfg.Stream.ConnConfig = cc
 	cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
-	r := s.relay(t, s.publisher(t), cfg)
-	if err := r.Start(s.ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.Stop(s.ctx) }()
-	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	s.streamRelay(t, s.publisher(t), cfg)
 	s.write(t, topic, 10, 2)
 	cons.WaitFor(10, 30*time.Second)
 	var parked int
@@ -255,12 +253,7 @@ func TestStreamSkipsRowsDeletedBeforeTheReplay(t *testing.T) {
 	// Only the stream publishes, 4 rows a batch: 10 batches of deleted rows.
 	cfg.Stream.SweepInterval, cfg.PollInterval = time.Hour, time.Hour
 	cfg.BatchSize, cfg.MaxBatchSize = 4, 4
-	r := s.relay(t, s.publisher(t), cfg)
-	if err := r.Start(s.ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.Stop(s.ctx) }()
-	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	s.streamRelay(t, s.publisher(t), cfg)
 	s.write(t, topic, 1, 1)
 	// Waiting 5s for each batch of the replay would take 50s.
 	msgs := cons.WaitFor(1, 20*time.Second)
