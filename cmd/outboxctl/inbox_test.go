@@ -172,6 +172,9 @@ func TestInboxParkedCommands(t *testing.T) {
 	if noID["value_base64"] != "/wA=" || noID["value"] != nil || noID["timestamp"] != nil || noID["event_id"] != "" {
 		t.Fatalf("show --json of a record without identity and a binary value: %v", noID)
 	}
+	w.want(r, exitOK, "\nHeaders:\n  traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n  x-event-id: ev-1\nValue (8 bytes):")
+	// A record stored without headers still has the section.
+	w.want(w.run("", false, "inbox", "parked", "show", w.id("shipping", 1)), exitOK, "\nHeaders: (none)\nValue (0 bytes):")
 	w.want(w.run("", false, "inbox", "parked", "show", first, "--consumer", "shipping"), exitNoMatch, "no parked record "+first, `of consumer "shipping"`)
 	w.want(w.run("", false, "inbox", "parked", "show", "x1"), exitUsage, `"x1" is not a record id`)
 

@@ -107,6 +107,26 @@ func decode[T any](t *testing.T, s string) T {
 	return v
 }
 
+// parked show always has a headers section: the headers, one a line, or
+// "(none)" for an event stored without any (NULL or an empty object).
+func TestParkedShowHeadersSection(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.exec("INSERT INTO $T (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, parked_at, last_error, attempts)" +
+		" VALUES ('00000000-0000-7000-8000-000000000001', 'Order', 'o-1', 'order.created.v1', '{}', 'shop.order.created', 'o-1', NULL, now(), 'x', 5)," +
+		" ('00000000-0000-7000-8000-000000000002', 'Order', 'o-2', 'order.created.v1', '{}', 'shop.order.created', 'o-2', '{}', now(), 'x', 5)," +
+		` ('00000000-0000-7000-8000-000000000003', 'Order', 'o-3', 'order.created.v1', '{}', 'shop.order.created', 'o-3', '{"tenant": "t-9", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', now(), 'x', 5)`)
+	for _, id := range []string{"00000000-0000-7000-8000-000000000001", "00000000-0000-7000-8000-000000000002"} {
+		r := w.run("", false, "parked", "show", id)
+		w.want(r, exitOK, "\nHeaders: (none)\nPayload (2 bytes):")
+	}
+	r := w.run("", false, "parked", "show", "00000000-0000-7000-8000-000000000003")
+	w.want(r, exitOK, "\nHeaders:\n  tenant: t-9\n  traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\nPayload (2 bytes):")
+	if strings.Contains(r.stdout, "(none)") {
+		t.Fatalf("an event with headers shown as having none:\n%s", r.stdout)
+	}
+}
+
 // An operator's session on a table with thousands of published, waiting
 // and parked events: status, list with filters and pages, show with the
 // payload, requeue and delete with and without confirmation, --json parsed

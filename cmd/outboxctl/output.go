@@ -130,15 +130,20 @@ func explain(err error, table outbox.Table, op string) string {
 }
 
 // writeRecord prints a parked record for people: its fields, aligned; its
-// headers, sorted; and its body (label: payload or value), indented as JSON
-// when it is JSON. Stored values are cut and made printable.
+// headers, sorted, or "Headers: (none)"; and its body (label: payload or
+// value), indented as JSON when it is JSON. Stored values are cut and made
+// printable.
 func writeRecord(w io.Writer, fields [][2]string, headers map[string]string, label string, body []byte) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, kv := range fields {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
 	_ = tw.Flush()
-	if len(headers) > 0 {
+	// The section is always there, so that "no headers" is said, not left
+	// to be guessed from a missing line.
+	if len(headers) == 0 {
+		fmt.Fprintln(w, "Headers: (none)")
+	} else {
 		fmt.Fprintln(w, "Headers:")
 		for _, k := range slices.Sorted(maps.Keys(headers)) {
 			fmt.Fprintf(w, "  %s: %s\n", printable(k, 100), printable(headers[k], 500))
