@@ -59,6 +59,7 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -471,9 +472,20 @@ func (in *instance) summary(h *relayHooks) []any {
 	if h.owned != nil {
 		brokers = strings.Join(cfg.Brokers, ",")
 	}
-	mode := fmt.Sprintf("poll %v, wake-ups in process", rc.PollInterval)
-	if rc.Listen {
-		mode += " and by LISTEN " + cfg.Table.Channel()
+	var mode string
+	var stream []any // the stream's keys, after mode
+	if rc.Mode == relay.Stream {
+		// The relay follows the slot, not a ticker or LISTEN; it claims only
+		// what the stream is behind (requeued events, retries) every sweep.
+		slot := cfg.Table.Slot(in.streamDatabase(rc.Stream))
+		mode = fmt.Sprintf("stream, lag limits %v and %s, sweep %v",
+			rc.Stream.MaxLag, lagBytes(rc.Stream.MaxLagBytes), rc.Stream.SweepInterval)
+		stream = []any{"slot", slot, "publication", cfg.Table.Publication()}
+	} else {
+		mode = fmt.Sprintf("poll %v, wake-ups in process", rc.PollInterval)
+		if rc.Listen {
+			mode += " and by LISTEN " + cfg.Table.Channel()
+		}
 	}
 	mode += fmt.Sprintf(", %d worker(s), batch %d-%d", rc.Workers, rc.BatchSize, rc.MaxBatchSize)
 	ordering := "per-key"
@@ -488,8 +500,43 @@ func (in *instance) summary(h *relayHooks) []any {
 	if len(h.topics) > 0 {
 		topics = fmt.Sprintf("%s, %d topic(s)", cfg.TopicCheck, len(h.topics))
 	}
-	return []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers,
-		"mode", mode, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom}
+	attrs := []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers, "mode", mode}
+	attrs = append(attrs, stream...)
+	return append(attrs, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom)
+}
+
+// streamDatabase is the database the streaming relay's replication
+// connection opens (its slot's name includes it): that of
+// StreamConfig.ConnConfig, else the pool's; PostgreSQL's default, the
+// user's name, when the configuration names none.
+func (in *instance) streamDatabase(sc relay.StreamConfig) string {
+	var cc *pgconn.Config
+	switch {
+	case sc.ConnConfig != nil:
+		cc = sc.ConnConfig
+	case in.pool != nil:
+		cc = &in.pool.Config().ConnConfig.Config
+	default:
+		return ""
+	}
+	if cc.Database != "" {
+		return cc.Database
+	}
+	return cc.User
+}
+
+// lagBytes prints a byte count in the largest binary unit that divides it
+// (1 GiB, 512 MiB), else in bytes.
+func lagBytes(n int64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // warnings logs, once per start, what ConfigFromEnv found doubtful but not
