@@ -89,6 +89,6 @@ devkafka-down:
 	@scripts/devkafka.sh down
 
 clean:
-	-scripts/devkafka.sh down
+	-scripts/devkafka.sh down --all
 	-scripts/kafka.sh destroy
 	-scripts/pg.sh destroy
