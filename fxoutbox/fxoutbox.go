@@ -28,7 +28,9 @@
 //
 // Several outboxes in one application (two tables, each with its own
 // service name, topics and relay): [Named] provides each instance's unit of
-// work and relay under its name, beside the unnamed Module or without it.
+// work and relay under its name, beside the unnamed Module or without it;
+// [NamedFromEnv] reads its Config from variables with a prefix of its own
+// ([ConfigFromEnvPrefix]).
 //
 // The application supplies the *pgxpool.Pool and a [Config]. It may also
 // supply a *slog.Logger, a trace.TracerProvider or *sdktrace.TracerProvider,
