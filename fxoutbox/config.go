@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 )
 
 // Config configures both sides of the outbox. Zero fields take the defaults
@@ -160,6 +162,9 @@ type Config struct {
 	// warnings are what ConfigFromEnv found doubtful but not wrong enough
 	// to fail on; the start hooks log them.
 	warnings []string
+	// env names the variables the Config was read from (ConfigFromEnvPrefix),
+	// for the errors found at start.
+	env envNames
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -257,15 +262,103 @@ func quote(v string) string {
 // of other tools) are logged as warnings when the outbox starts.
 func ConfigFromEnv() (Config, error) { return configFrom(os.LookupEnv, os.Environ()...) }
 
+// ConfigFromEnvPrefix reads the Config of one more outbox in the same
+// process (see Named and NamedFromEnv) from the variables of ConfigFromEnv
+// with prefix in front of their names: with prefix "AUDIT_",
+// AUDIT_OUTBOX_SERVICE, AUDIT_OUTBOX_TABLE, AUDIT_OUTBOX_POLL_INTERVAL, and
+// so on. Each outbox has its own OUTBOX_ settings: an unset prefixed one
+// takes the default, never the value of the unprefixed variable. The Kafka
+// settings (KAFKA_BROKERS, KAFKA_TLS*, KAFKA_SASL*, KAFKA_CLIENT_ID,
+// KAFKA_VERSION) are shared: they are read from the unprefixed variables
+// unless a variable starting with prefix+"KAFKA_" is set, and then all of
+// them from the prefixed ones (another cluster). Validation, typo detection
+// (AUDIT_OUTBOX_BATCHSIZE) and warnings are those of ConfigFromEnv; every
+// error names the variable as it is set. The prefix is upper-case letters,
+// digits and underscores ending with '_', not starting with OUTBOX_ or
+// KAFKA_ (ConfigFromEnv would take its variables for its own); "" is
+// ConfigFromEnv.
+func ConfigFromEnvPrefix(prefix string) (Config, error) {
+	return configFromPrefix(prefix, os.LookupEnv, os.Environ()...)
+}
+
+// envNames maps a setting's variable name to the one a Config is read
+// from.
+type envNames struct {
+	prefix string
+	kafka  bool // the KAFKA_ variables are prefixed too
+}
+
+var envPrefixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]*_$`)
+
+func newEnvNames(prefix string, environ []string) (envNames, error) {
+	if prefix == "" {
+		return envNames{}, nil
+	}
+	if !envPrefixRE.MatchString(prefix) || strings.HasPrefix(prefix, "OUTBOX_") || strings.HasPrefix(prefix, "KAFKA_") {
+		return envNames{}, &outbox.ConfigError{Field: "prefix", Reason: fmt.Sprintf("%s is not usable: use upper-case letters, digits and underscores "+
+			"ending with '_' and not starting with OUTBOX_ or KAFKA_, e.g. AUDIT_", quote(prefix))}
+	}
+	n := envNames{prefix: prefix}
+	n.kafka = slices.ContainsFunc(environ, func(kv string) bool { return strings.HasPrefix(kv, prefix+"KAFKA_") })
+	return n, nil
+}
+
+// name is the variable that holds the setting named v in ConfigFromEnv.
+func (n envNames) name(v string) string {
+	if n.prefix != "" && (strings.HasPrefix(v, "OUTBOX_") || (n.kafka && strings.HasPrefix(v, "KAFKA_"))) {
+		return n.prefix + v
+	}
+	return v
+}
+
+var envVarRE = regexp.MustCompile(`\b(OUTBOX|KAFKA)_[A-Z0-9_]*[A-Z0-9]\b`)
+
+// rename makes a ConfigError name the variables as they are set.
+func (n envNames) rename(err error) error {
+	ce, ok := err.(*outbox.ConfigError)
+	if !ok || n.prefix == "" {
+		return err
+	}
+	return &outbox.ConfigError{Field: envVarRE.ReplaceAllStringFunc(ce.Field, n.name), Reason: envVarRE.ReplaceAllStringFunc(ce.Reason, n.name), Err: ce.Err}
+}
+
+// UnitOfWork returns the configuration of the unit of work the writer
+// builds from c: the same service, table, topic naming and limits, with
+// the defaults applied, and the error the writer would fail with. Build a
+// unit of work without fx from it, or a test's recorder with the outbox's
+// own rules (outboxtest.RecorderConfig{UnitOfWork: uc}). OnCommit,
+// Propagator and Logger are left for the caller.
+func (c Config) UnitOfWork() (unitofwork.Config, error) {
+	cfg, err := c.withDefaults()
+	if err == nil {
+		err = cfg.validateWriter()
+	}
+	if err != nil {
+		return unitofwork.Config{}, c.env.rename(err)
+	}
+	return unitofwork.Config{Service: cfg.Service, Table: cfg.Table, Topics: cfg.Topics, Limits: cfg.Limits}, nil
+}
+
 // configFrom reads the variables through lookup; environ, when given, is
 // scanned for unknown OUTBOX_ and KAFKA_ variables.
 func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Config, error) {
-	var c Config
-	var err error
+	return configFromPrefix("", lookupEnv, environ...)
+}
+
+// configFromPrefix is configFrom for the variables named with prefix (see
+// ConfigFromEnvPrefix): it reads each setting's unprefixed name through
+// env.name, and its errors name the variables as set.
+func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), environ ...string) (c Config, err error) {
+	env, err := newEnvNames(prefix, environ)
+	if err != nil {
+		return c, err
+	}
+	defer func() { err = env.rename(err) }()
+	c.env = env
 	known := map[string]bool{}
 	lookup := func(name string) (string, bool) {
-		known[name] = true
-		return lookupEnv(name)
+		known[env.name(name)] = true
+		return lookupEnv(env.name(name))
 	}
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
@@ -415,10 +508,12 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 		}
 		return c, err
 	}
-	for _, n := range inboxVariables {
-		known[n] = true // read by InboxConfigFromEnv
+	if prefix == "" {
+		for _, n := range inboxVariables {
+			known[n] = true // read by InboxConfigFromEnv
+		}
 	}
-	if c.warnings, err = unknownVariables(environ, known); err != nil {
+	if c.warnings, err = unknownVariablesOf(environ, known, prefix+"OUTBOX_", prefix+"KAFKA_"); err != nil {
 		return c, err
 	}
 	return c, nil
@@ -428,10 +523,16 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 // against the settings read (known): one close to a setting's name is an
 // error naming both, any other one a warning.
 func unknownVariables(environ []string, known map[string]bool) ([]string, error) {
+	return unknownVariablesOf(environ, known, "OUTBOX_", "KAFKA_")
+}
+
+// unknownVariablesOf is unknownVariables for the variables whose names
+// start with one of prefixes.
+func unknownVariablesOf(environ []string, known map[string]bool, prefixes ...string) ([]string, error) {
 	var warnings []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if known[name] || (!strings.HasPrefix(name, "OUTBOX_") && !strings.HasPrefix(name, "KAFKA_")) {
+		if known[name] || !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
 			continue
 		}
 		best, dist := "", 1<<30

@@ -28,7 +28,9 @@
 //
 // Several outboxes in one application (two tables, each with its own
 // service name, topics and relay): [Named] provides each instance's unit of
-// work and relay under its name, beside the unnamed Module or without it.
+// work and relay under its name, beside the unnamed Module or without it;
+// [NamedFromEnv] reads its Config from variables with a prefix of its own
+// ([ConfigFromEnvPrefix]).
 //
 // The application supplies the *pgxpool.Pool and a [Config]. It may also
 // supply a *slog.Logger, a trace.TracerProvider or *sdktrace.TracerProvider,
@@ -195,6 +197,21 @@ func Named(name string, cfg Config) fx.Option {
 	)
 }
 
+// NamedFromEnv is Named with the Config read by ConfigFromEnvPrefix(prefix):
+// each outbox of a service configured from its own variables, the Kafka
+// ones shared unless set with the prefix. A configuration error fails the
+// application's start, naming the outbox and the variable.
+//
+//	fxoutbox.NamedFromEnv("payments", ""),      // OUTBOX_SERVICE=payment-service KAFKA_BROKERS=kafka:9092
+//	fxoutbox.NamedFromEnv("audit", "AUDIT_"),   // AUDIT_OUTBOX_SERVICE=audit AUDIT_OUTBOX_TABLE=audit_outbox
+func NamedFromEnv(name, prefix string) fx.Option {
+	cfg, err := ConfigFromEnvPrefix(prefix)
+	if err != nil {
+		return fx.Error(fmt.Errorf("fxoutbox %q: %w", name, err))
+	}
+	return Named(name, cfg)
+}
+
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
 type named struct {
@@ -218,11 +235,11 @@ func (n *named) provide(lc fx.Lifecycle, pool, ownPool *pgxpool.Pool, log *slog.
 	}
 	r, err := in.relay(lc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
 	}
 	u, err := in.writer(lc, r, true)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
 	}
 	return u, r, nil
 }
@@ -280,7 +297,7 @@ func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerPro
 func (in *instance) configure(c Config) error {
 	cfg, err := c.withDefaults()
 	if err != nil {
-		return err
+		return c.env.rename(err)
 	}
 	in.cfg = cfg
 	return nil
@@ -290,26 +307,19 @@ func (in *instance) configure(c Config) error {
 // relayChecks says r's start hook checks the table, so this one need not.
 func (in *instance) writer(lc fx.Lifecycle, r *relay.Relay, relayChecks bool) (*unitofwork.UnitOfWork, error) {
 	cfg := in.cfg
-	if err := cfg.validateWriter(); err != nil {
+	uc, err := cfg.UnitOfWork()
+	if err != nil {
 		return nil, err
 	}
 	var notifier *unitofwork.Notifier
-	var err error
 	if !cfg.DisableNotify {
 		if notifier, err = unitofwork.NewNotifier(in.pool, cfg.Table, 0, in.log); err != nil {
 			return nil, err
 		}
 	}
 	w := &writerHooks{in: in, relay: r, notifier: notifier, relayChecks: relayChecks}
-	u, err := unitofwork.New(in.pool, &unitofwork.Config{
-		Service:    cfg.Service,
-		Table:      cfg.Table,
-		Topics:     cfg.Topics,
-		Limits:     cfg.Limits,
-		Propagator: in.prop,
-		OnCommit:   w.onCommit,
-		Logger:     in.log,
-	})
+	uc.Propagator, uc.OnCommit, uc.Logger = in.prop, w.onCommit, in.log
+	u, err := unitofwork.New(in.pool, &uc)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -193,8 +194,11 @@ type DB interface {
 
 // Table creates a schema of its own (named outboxtest_ and random
 // characters) holding an outbox table with every migration applied, and
-// drops the schema when the test ends. Tests that each use their own Table
-// never see each other's events.
+// drops the schema when the test ends, through db: db must stay open until
+// then, so close a pool with t.Cleanup(pool.Close) registered before Table
+// (cleanups run last registered first), not with defer, which runs before
+// any cleanup. Tests that each use their own Table never see each other's
+// events; a test of several outboxes calls Table once for each.
 func Table(t TB, db DB) outbox.Table {
 	t.Helper()
 	b := make([]byte, 6)
@@ -203,7 +207,11 @@ func Table(t TB, db DB) outbox.Table {
 	ctx := context.Background()
 	t.Cleanup(func() {
 		if _, err := db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{table.Schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("outboxtest: drop the test schema %s: %v", table.Schema, err)
+			hint := ""
+			if strings.Contains(err.Error(), "closed pool") {
+				hint = " (the pool was closed before the test ended: close it with t.Cleanup(pool.Close) registered before outboxtest.Table, not with defer)"
+			}
+			t.Errorf("outboxtest: drop the test schema %s: %v%s", table.Schema, err, hint)
 		}
 	})
 	if err := migrations.Up(ctx, db, table); err != nil {

@@ -21,6 +21,27 @@
 //	ev := outboxtest.RequireEvent(t, rec, outboxtest.Want{Type: "payment.captured.v1", Key: "p-1"})
 //	got := outboxtest.Payload[payments.Captured](t, ev)
 //
+// # Several outboxes, AddTx and transactions of your own
+//
+// A [Recorder] is also a [unitofwork.TxAdder] (AddTx) and starts
+// transactions (Begin, so pgx.BeginFunc takes it). Give each outbox its own
+// recorder, built from that outbox's configuration. Inside a recorder's Do,
+// unitofwork.PgxTx(tx) returns the recorder's transaction as a pgx.Tx, and
+// another recorder's AddTx on it validates the events with its own
+// configuration (service, topic naming, limits) and records them in that
+// recorder when the transaction commits, as the README's pattern does with
+// two real outboxes:
+//
+//	payments := outboxtest.NewRecorder(t, &outboxtest.RecorderConfig{UnitOfWork: unitofwork.Config{Service: "payment-service"}})
+//	audit := outboxtest.NewRecorder(t, &outboxtest.RecorderConfig{UnitOfWork: unitofwork.Config{Service: "audit"}})
+//	h := &Handler{Payments: payments, Audit: audit} // a unitofwork.Doer and a unitofwork.TxAdder
+//	...
+//	outboxtest.RequireEvent(t, payments, outboxtest.Want{Type: "payment.created.v1"})
+//	outboxtest.RequireEvent(t, audit, outboxtest.Want{Type: "entry.recorded.v1", Topic: "audit.entry.recorded"})
+//
+// AddTx refuses a pgx.Tx no recorder created ([ErrForeignTx]): test such
+// code against PostgreSQL, below.
+//
 // The recorder's Tx has no database: its Exec, Query, QueryRow, CopyFrom
 // and SendBatch fail with [ErrNoDB] unless [RecorderConfig.DB] names one to
 // delegate to (a pgx.Tx, a pool, or a mock such as pgxmock). The recorder

@@ -2,6 +2,7 @@ package outboxtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -16,14 +17,13 @@ import (
 // A test of the same handler against PostgreSQL (DATABASE_URL): the events
 // UnitOfWork.Do inserted are in the table once Do has returned.
 func ExampleRequireInserted() {
-	t := &exampleT{} // in a test: func TestCaptureDB(t *testing.T)
+	t := newExampleT() // in a test: func TestCaptureDB(t *testing.T)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	defer pool.Close()
-	defer t.runCleanups() // a test does not need this line
+	t.Cleanup(pool.Close) // before outboxtest.Table: its cleanup drops the schema through the pool
 
 	table := outboxtest.Table(t, pool) // a migrated outbox table in a schema of its own
 	payments := pgx.Identifier{table.Schema, "payments"}
@@ -58,14 +58,13 @@ func ExampleRequireInserted() {
 // transaction helpers write events with UnitOfWork.AddTx would: the rows are
 // visible in that transaction only, and its rollback leaves nothing behind.
 func ExampleRequireManyInserted() {
-	t := &exampleT{} // in a test: func TestRefundDB(t *testing.T)
+	t := newExampleT() // in a test: func TestRefundDB(t *testing.T)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	defer pool.Close()
-	defer t.runCleanups() // a test does not need this line
+	t.Cleanup(pool.Close) // before outboxtest.Table: its cleanup drops the schema through the pool
 
 	table := outboxtest.Table(t, pool)
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: table})
@@ -95,4 +94,45 @@ func ExampleRequireManyInserted() {
 	// Output:
 	// payment.captured.v1 payment-service.payment.captured
 	// payment.refunded.v1 payment-service.payment.refunded
+}
+
+// The two-outbox handler against PostgreSQL: one migrated outbox table per
+// outbox (each in a schema of its own), real units of work, one
+// transaction. Both rows are committed together; an event the audit outbox
+// refuses leaves neither.
+func ExampleRequireInserted_twoOutboxes() {
+	t := newExampleT() // in a test: func TestCreatePaymentDB(t *testing.T)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(pool.Close) // before outboxtest.Table: its cleanup drops the schema through the pool
+
+	paymentsTable, auditTable := outboxtest.Table(t, pool), outboxtest.Table(t, pool)
+	payments, err := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: paymentsTable})
+	if err != nil {
+		t.Fatalf("payments: %v", err)
+	}
+	audit, err := unitofwork.New(pool, &unitofwork.Config{Service: "audit", Table: auditTable,
+		Topics: outbox.TopicPerAggregate, Limits: outbox.Limits{MaxAggregateIDBytes: 16}})
+	if err != nil {
+		t.Fatalf("audit: %v", err)
+	}
+	checkout := &Checkout{Payments: payments, Audit: audit}
+
+	if err := checkout.CreatePayment(ctx, "p-1", 1250); err != nil {
+		t.Fatalf("CreatePayment: %v", err)
+	}
+	payment := outboxtest.RequireInserted(ctx, t, pool, paymentsTable, outboxtest.Want{Type: "payment.created.v1", Key: "p-1"})
+	entry := outboxtest.RequireInserted(ctx, t, pool, auditTable, outboxtest.Want{Type: "entry.recorded.v1", Key: "p-1"})
+	fmt.Println(payment.Topic, entry.Topic)
+
+	err = checkout.CreatePayment(ctx, "p-with-a-longer-id", 990)
+	fmt.Println(errors.Is(err, outbox.ErrInvalidEvent))
+	outboxtest.RequireNotInserted(ctx, t, pool, paymentsTable, outboxtest.Want{Key: "p-with-a-longer-id"})
+	outboxtest.RequireNotInserted(ctx, t, pool, auditTable, outboxtest.Want{Key: "p-with-a-longer-id"})
+	// Output:
+	// payment-service.payment.created audit.entry
+	// true
 }

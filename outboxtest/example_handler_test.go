@@ -11,8 +11,9 @@ import (
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-// The handler the examples test: it captures a payment and records
-// payment.captured.v1 in the same transaction.
+// The handlers the examples test, as an application would write them. The
+// examples' bodies, pasted into test functions beside this file, are run
+// as tests by TestExamplesPastedIntoTests.
 
 // PaymentCaptured is the payload of payment.captured.v1.
 type PaymentCaptured struct {
@@ -77,17 +78,32 @@ func (s fakeStore) Capture(_ context.Context, _ unitofwork.Tx, id string, _ int6
 	return nil
 }
 
-// exampleT stands in for the t *testing.T of a test function, which an
-// example does not have: copy the body of an example into a test and drop
-// it.
-type exampleT struct{ cleanups []func() }
+// PaymentCreated is the payload of payment.created.v1.
+type PaymentCreated struct {
+	PaymentID   string `json:"paymentId"`
+	AmountCents int64  `json:"amountCents"`
+}
 
-func (*exampleT) Helper()                           {}
-func (*exampleT) Errorf(format string, args ...any) { fmt.Printf("FAIL: "+format+"\n", args...) }
-func (*exampleT) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (t *exampleT) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
-func (t *exampleT) runCleanups() {
-	for i := len(t.cleanups) - 1; i >= 0; i-- {
-		t.cleanups[i]()
-	}
+// Checkout writes to two outboxes in one transaction: the payment's event
+// to the payments outbox (Do) and an audit entry to the audit outbox
+// (AddTx on the same transaction). With fx, both are the
+// *unitofwork.UnitOfWork of fxoutbox.Named (or NamedFromEnv) "payments" and
+// "audit"; in unit tests, two outboxtest.Recorders.
+type Checkout struct {
+	Payments unitofwork.Doer    // *unitofwork.UnitOfWork `name:"payments"`, or a recorder
+	Audit    unitofwork.TxAdder // *unitofwork.UnitOfWork `name:"audit"`, or a recorder
+}
+
+// CreatePayment records payment.created.v1 and its audit entry, both or
+// neither.
+func (c *Checkout) CreatePayment(ctx context.Context, id string, cents int64) error {
+	return c.Payments.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		err := tx.Add(ctx, outbox.Event{AggregateType: "payment", AggregateID: id, Type: "payment.created.v1",
+			Payload: PaymentCreated{PaymentID: id, AmountCents: cents}})
+		if err != nil {
+			return err
+		}
+		return c.Audit.AddTx(ctx, unitofwork.PgxTx(tx), outbox.Event{AggregateType: "entry", AggregateID: id, Type: "entry.recorded.v1",
+			Payload: map[string]string{"action": "payment.created", "paymentId": id}})
+	})
 }

@@ -48,9 +48,26 @@ type RecorderConfig struct {
 	DB DBTX
 }
 
-// Recorder is a [unitofwork.Doer] for unit tests: it records the events of
-// the transactions that succeed instead of writing them. It is safe for
-// concurrent use.
+// ErrForeignTx is returned by [Recorder.AddTx] for a transaction that no
+// recorder created: the recorder can keep events only with a transaction
+// whose commit or rollback it sees.
+var ErrForeignTx = errors.New("the recorder's AddTx takes the transaction of a Recorder: unitofwork.PgxTx(tx) inside a Recorder's Do, " +
+	"or one from Recorder.Begin; to test AddTx on a real pgx.Tx, use a real UnitOfWork with outboxtest.Table and RequireInserted")
+
+// ErrDoOwnsTx is returned by Commit and Rollback on the transaction of a
+// Recorder's Do (through unitofwork.PgxTx): Do owns it, as with a real
+// UnitOfWork, and fails with this error too.
+var ErrDoOwnsTx = errors.New("the transaction belongs to Do: return from the function to commit it, return an error to roll it back")
+
+// Recorder stands in for a [unitofwork.UnitOfWork] in unit tests: it is a
+// [unitofwork.Doer], a [unitofwork.TxAdder] and a transaction starter
+// (Begin, as pgx.BeginFunc takes), and records the events of the
+// transactions that commit instead of writing them. Give each outbox of a
+// service a recorder of its own, built from that outbox's configuration:
+// the events another recorder adds with AddTx in a recorder's transaction
+// (the README's two outboxes in one transaction) are validated by, and
+// recorded in, the recorder whose AddTx was called, and are kept only if
+// that transaction commits. It is safe for concurrent use.
 type Recorder struct {
 	uow *unitofwork.UnitOfWork // prepares events; never begins a transaction
 	db  DBTX
@@ -59,7 +76,11 @@ type Recorder struct {
 	events []outbox.Record
 }
 
-var _ unitofwork.Doer = (*Recorder)(nil)
+var (
+	_ unitofwork.Doer     = (*Recorder)(nil)
+	_ unitofwork.TxAdder  = (*Recorder)(nil)
+	_ unitofwork.Beginner = (*Recorder)(nil)
+)
 
 // NewRecorder returns an empty Recorder. A nil cfg means the defaults; an
 // invalid configuration fails the test, with the error New would return.
@@ -80,20 +101,48 @@ func NewRecorder(t T, cfg *RecorderConfig) *Recorder {
 }
 
 // Do runs fn with a Tx that records the events fn adds. When fn returns nil
-// they are appended to the recorder's events; when fn returns an error, Do
-// returns it unchanged and records nothing; when fn panics, Do records
-// nothing and panics again.
+// they are appended to the recorder's events, and the events other
+// recorders added to the same transaction with AddTx to theirs; when fn
+// returns an error, Do returns it unchanged and records nothing; when fn
+// panics, Do records nothing and panics again. unitofwork.PgxTx(tx) is the
+// transaction as a pgx.Tx, for AddTx; Do owns it: its Commit and Rollback
+// fail with ErrDoOwnsTx, and so does Do.
 func (r *Recorder) Do(ctx context.Context, fn func(ctx context.Context, tx unitofwork.Tx) error) error {
-	tx := &recTx{r: r}
-	defer tx.finish() // also on a panic: a late Add fails with ErrTxDone
+	tx := &recTx{owner: r, ofDo: true}
+	defer tx.end() // also on a panic: a late Add fails with ErrTxDone
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	pending := tx.finish()
-	r.mu.Lock()
-	r.events = append(r.events, pending...)
-	r.mu.Unlock()
+	pending, misuse := tx.end()
+	if misuse != nil {
+		return fmt.Errorf("outboxtest: Do: %w", misuse)
+	}
+	keep(pending)
 	return nil
+}
+
+// AddTx validates events as the writer's AddTx does and adds them to tx,
+// which must be a recorder's transaction: that of a Do (unitofwork.PgxTx of
+// its Tx, this or another recorder's) or one from Begin. They are recorded
+// by r when that transaction commits, and dropped when it rolls back. Any
+// other pgx.Tx gets ErrForeignTx; a transaction that has ended,
+// unitofwork.ErrTxDone.
+func (r *Recorder) AddTx(ctx context.Context, tx pgx.Tx, events ...outbox.Event) error {
+	x, ok := tx.(*recTx)
+	if !ok {
+		return fmt.Errorf("outboxtest: AddTx on a %T: %w", tx, ErrForeignTx)
+	}
+	return x.add(ctx, r, events)
+}
+
+// Begin starts a transaction for code that runs its own (pgx.BeginFunc, or
+// Begin, AddTx and Commit): the events added to it with AddTx, of any
+// recorder, are recorded when it commits and dropped when it rolls back.
+// Its SQL methods use RecorderConfig.DB as the Tx of Do does; Begin on it
+// starts a nested transaction (a savepoint) whose events join it on
+// Commit.
+func (r *Recorder) Begin(context.Context) (pgx.Tx, error) {
+	return &recTx{owner: r}, nil
 }
 
 // Events returns the events of the transactions that succeeded, in the order
@@ -112,32 +161,132 @@ func (r *Recorder) Reset() {
 	r.mu.Unlock()
 }
 
-type recTx struct {
-	r       *Recorder
-	mu      sync.Mutex
-	pending []outbox.Record
-	done    bool
+// pending is an event added to a transaction, with the recorder it goes to.
+type pending struct {
+	to  *Recorder
+	rec outbox.Record
 }
 
-func (x *recTx) finish() []outbox.Record {
+// keep records committed events, each in its recorder.
+func keep(ps []pending) {
+	for _, p := range ps {
+		p.to.mu.Lock()
+		p.to.events = append(p.to.events, p.rec)
+		p.to.mu.Unlock()
+	}
+}
+
+// recTx is a recorder's transaction: the Tx of Do, or a pgx.Tx from Begin
+// (parent set when it is a savepoint). It is a unitofwork.Tx and a pgx.Tx.
+type recTx struct {
+	owner  *Recorder // its Add validates with owner's configuration; owner.db runs its SQL
+	ofDo   bool      // Do owns it: Commit and Rollback are refused
+	parent *recTx    // for a savepoint: where its events go on Commit
+
+	mu      sync.Mutex
+	pending []pending
+	done    bool
+	misuse  error // Commit or Rollback called on Do's transaction
+}
+
+var (
+	_ unitofwork.Tx = (*recTx)(nil)
+	_ pgx.Tx        = (*recTx)(nil)
+)
+
+// end ends the transaction and returns its events, and the misuse that
+// makes Do fail, if any.
+func (x *recTx) end() ([]pending, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.done = true
-	return x.pending
+	return x.pending, x.misuse
 }
 
-func (x *recTx) Add(ctx context.Context, events ...outbox.Event) error {
+func (x *recTx) add(ctx context.Context, to *Recorder, events []outbox.Event) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.done {
 		return unitofwork.ErrTxDone
 	}
-	recs, err := x.r.uow.Prepare(ctx, events...)
+	recs, err := to.uow.Prepare(ctx, events...)
 	if err != nil {
 		return err
 	}
-	x.pending = append(x.pending, recs...)
+	for _, rec := range recs {
+		x.pending = append(x.pending, pending{to: to, rec: rec})
+	}
 	return nil
+}
+
+// Add validates events with the configuration of the recorder whose Do or
+// Begin created the transaction, and adds them to it.
+func (x *recTx) Add(ctx context.Context, events ...outbox.Event) error {
+	return x.add(ctx, x.owner, events)
+}
+
+// Begin starts a savepoint: its events join x when it commits.
+func (x *recTx) Begin(context.Context) (pgx.Tx, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.done {
+		return nil, pgx.ErrTxClosed
+	}
+	return &recTx{owner: x.owner, parent: x}, nil
+}
+
+// Commit records the transaction's events (a savepoint's join its parent).
+// On the transaction of a Do it fails with ErrDoOwnsTx, and so does Do.
+func (x *recTx) Commit(context.Context) error {
+	if x.ofDo {
+		return x.refuse("Commit")
+	}
+	x.mu.Lock()
+	if x.done {
+		x.mu.Unlock()
+		return pgx.ErrTxClosed
+	}
+	x.done = true
+	ps := x.pending
+	x.mu.Unlock()
+	if x.parent == nil {
+		keep(ps)
+		return nil
+	}
+	p := x.parent
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return pgx.ErrTxClosed
+	}
+	p.pending = append(p.pending, ps...)
+	return nil
+}
+
+// Rollback drops the transaction's events; after Commit it returns
+// pgx.ErrTxClosed, as pgx does, so that a deferred Rollback is harmless. On
+// the transaction of a Do it fails with ErrDoOwnsTx, and so does Do.
+func (x *recTx) Rollback(context.Context) error {
+	if x.ofDo {
+		return x.refuse("Rollback")
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.done {
+		return pgx.ErrTxClosed
+	}
+	x.done = true
+	return nil
+}
+
+func (x *recTx) refuse(method string) error {
+	err := fmt.Errorf("%s on the transaction of a Recorder's Do: %w", method, ErrDoOwnsTx)
+	x.mu.Lock()
+	if x.misuse == nil {
+		x.misuse = err
+	}
+	x.mu.Unlock()
+	return fmt.Errorf("outboxtest: %w", err)
 }
 
 func noDB(method string) error {
@@ -145,41 +294,71 @@ func noDB(method string) error {
 }
 
 func (x *recTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if x.r.db == nil {
+	if x.owner.db == nil {
 		return pgconn.CommandTag{}, noDB("Exec")
 	}
-	return x.r.db.Exec(ctx, sql, args...)
+	return x.owner.db.Exec(ctx, sql, args...)
 }
 
 func (x *recTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if x.r.db == nil {
+	if x.owner.db == nil {
 		return nil, noDB("Query")
 	}
-	return x.r.db.Query(ctx, sql, args...)
+	return x.owner.db.Query(ctx, sql, args...)
 }
 
 func (x *recTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if x.r.db == nil {
+	if x.owner.db == nil {
 		return errRow{noDB("QueryRow")}
 	}
-	return x.r.db.QueryRow(ctx, sql, args...)
+	return x.owner.db.QueryRow(ctx, sql, args...)
 }
 
 func (x *recTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if x.r.db == nil {
+	if x.owner.db == nil {
 		return 0, noDB("CopyFrom")
 	}
-	return x.r.db.CopyFrom(ctx, table, columns, src)
+	return x.owner.db.CopyFrom(ctx, table, columns, src)
 }
 
 func (x *recTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if x.r.db == nil {
+	if x.owner.db == nil {
 		return errBatch{noDB("SendBatch")}
 	}
-	return x.r.db.SendBatch(ctx, b)
+	return x.owner.db.SendBatch(ctx, b)
 }
 
-var _ unitofwork.Tx = (*recTx)(nil)
+// Prepare delegates to RecorderConfig.DB when it can prepare statements (a
+// pgx.Tx or a *pgx.Conn).
+func (x *recTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if p, ok := x.owner.db.(interface {
+		Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
+	}); ok {
+		return p.Prepare(ctx, name, sql)
+	}
+	return nil, noDB("Prepare")
+}
+
+// LargeObjects is that of RecorderConfig.DB when it is a pgx.Tx; otherwise
+// the zero value, whose methods must not be called.
+func (x *recTx) LargeObjects() pgx.LargeObjects {
+	if t, ok := x.owner.db.(pgx.Tx); ok {
+		return t.LargeObjects()
+	}
+	return pgx.LargeObjects{}
+}
+
+// Conn is that of RecorderConfig.DB when it has one (a pgx.Tx or a
+// *pgx.Conn); otherwise nil.
+func (x *recTx) Conn() *pgx.Conn {
+	if c, ok := x.owner.db.(interface{ Conn() *pgx.Conn }); ok {
+		return c.Conn()
+	}
+	if c, ok := x.owner.db.(*pgx.Conn); ok {
+		return c
+	}
+	return nil
+}
 
 type errRow struct{ err error }
 

@@ -52,9 +52,11 @@
 // Both tables' events commit or roll back together, and each UnitOfWork's
 // OnCommit runs after the commit.
 //
-// Handlers that depend on the [Doer] interface rather than on *UnitOfWork
-// can be unit tested without a database: package outboxtest provides a
-// recorder that implements it and assertions on the events recorded.
+// Handlers that depend on the [Doer] and [TxAdder] interfaces rather than
+// on *UnitOfWork can be unit tested without a database: package outboxtest
+// provides a recorder that implements both (one per outbox, the second's
+// AddTx joining the first one's transaction through PgxTx) and assertions
+// on the events recorded.
 package unitofwork
 
 import (
@@ -96,7 +98,20 @@ type Doer interface {
 	Do(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error
 }
 
-var _ Doer = (*UnitOfWork)(nil)
+// TxAdder adds events to a transaction the caller runs: what a handler
+// needs of a second outbox that writes in the first one's transaction
+// (AddTx with [PgxTx]), or of an outbox written from a transaction helper
+// of the application's own. *UnitOfWork implements it, and so does the
+// recorder of package outboxtest, so a handler that depends on a TxAdder
+// can be unit tested without a database.
+type TxAdder interface {
+	AddTx(ctx context.Context, tx pgx.Tx, events ...outbox.Event) error
+}
+
+var (
+	_ Doer    = (*UnitOfWork)(nil)
+	_ TxAdder = (*UnitOfWork)(nil)
+)
 
 // Beginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
 type Beginner interface {
@@ -367,10 +382,12 @@ func (u *UnitOfWork) addToDo(ctx context.Context, t *tx, events []outbox.Event) 
 // PgxTx returns the pgx.Tx behind a Tx that Do passed to its function, for
 // code that takes a pgx.Tx: another UnitOfWork's AddTx (a second outbox
 // table in the same transaction), or a library of your own. Do still owns
-// it: do not Commit or Roll it back. It returns nil for a Tx that Do did
-// not create.
+// it: do not Commit or Roll it back. A Tx that is itself a pgx.Tx, such as
+// the transaction of outboxtest's recorder, is returned as it is, so the
+// same handler code runs on recorders in unit tests. It returns nil for any
+// other Tx.
 func PgxTx(t Tx) pgx.Tx {
-	if x, ok := t.(*tx); ok {
+	if x, ok := t.(pgx.Tx); ok {
 		return x
 	}
 	return nil

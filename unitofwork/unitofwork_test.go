@@ -463,3 +463,21 @@ func TestPgxTxWritesASecondTableInTheSameTransaction(t *testing.T) {
 		t.Errorf("AddTx after Do returned = %v, want ErrTxDone", err)
 	}
 }
+
+// PgxTx gives the pgx.Tx of a Tx that is one (a test double's transaction,
+// such as outboxtest's recorder's), and nil for a Tx that is not.
+func TestPgxTxOfATestDouble(t *testing.T) {
+	double := &pgxTxDouble{}
+	if got := unitofwork.PgxTx(double); got != double {
+		t.Errorf("PgxTx(a Tx that is a pgx.Tx) = %v, want it as it is", got)
+	}
+	if got := unitofwork.PgxTx(txOnly{}); got != nil {
+		t.Errorf("PgxTx(a Tx that is no pgx.Tx) = %v, want nil", got)
+	}
+}
+
+type pgxTxDouble struct{ pgx.Tx }
+
+func (*pgxTxDouble) Add(context.Context, ...outbox.Event) error { return nil }
+
+type txOnly struct{ unitofwork.Tx }

@@ -1,0 +1,5 @@
+//go:build race
+
+package outboxtest_test
+
+func init() { raceEnabled = true }
