@@ -75,6 +75,19 @@ type Config struct {
 	// KAFKA_SASL_USER, KAFKA_SASL_PASSWORD, KAFKA_SASL_ALLOW_PLAINTEXT].
 	// Default: no SASL.
 	KafkaSASL KafkaSASL
+	// Partitioner is the hash that maps an event's key to a partition
+	// [OUTBOX_PARTITIONER=murmur2|fnv1a|crc32]: relay.Murmur2 (Apache Kafka's
+	// Java client's and kafkajs's), relay.FNV1a (sarama's; fxoutbox's
+	// before murmur2 became the default, for topics that must keep their
+	// placement) or relay.CRC32 (librdkafka's). Set, it replaces
+	// Sarama.Producer.Partitioner when that is one of these three, and is
+	// an error next to a partitioner of your own there (choose in one
+	// place) or with a relay.Publisher from fx (which partitions itself).
+	// Changing it on a live topic moves keys to other partitions: see the
+	// README's "Changing the partitioner". Default (zero): relay.Murmur2,
+	// or Sarama.Producer.Partitioner as it is when Sarama is given
+	// (relay.DefaultSaramaConfig's is murmur2).
+	Partitioner relay.Partitioner
 
 	// PollInterval is the relay's ticker period [OUTBOX_POLL_INTERVAL]. Default 500ms.
 	PollInterval time.Duration
@@ -476,6 +489,8 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
 		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]relay.PoisonPolicy{"park": relay.Park, "hold": relay.Hold}, &c.Poison, nil),
 		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
+		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,
+			map[string]relay.Partitioner{"murmur2": relay.Murmur2, "fnv1a": relay.FNV1a, "crc32": relay.CRC32}, &c.Partitioner, strings.ToLower),
 	} {
 		if e != nil {
 			return c, e

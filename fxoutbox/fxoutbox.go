@@ -368,6 +368,10 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 	cfg := in.cfg
 	h := &relayHooks{in: in}
 	pub := in.pub
+	if pub != nil && cfg.Partitioner != 0 {
+		return nil, &outbox.ConfigError{Field: "Partitioner [OUTBOX_PARTITIONER]", Reason: "is " + cfg.Partitioner.String() +
+			", but the relay publishes through a relay.Publisher from fx, which chooses partitions itself: configure the partitioner there, or unset this"}
+	}
 	if pub == nil {
 		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
 			return nil, err
@@ -456,8 +460,16 @@ func (h *relayHooks) start(ctx context.Context) error {
 			return err
 		}
 	}
-	in.log.Info("outbox relay starting", in.summary(h)...)
+	in.log.Info("outbox relay starting", append(in.summary(h), "partitioner", h.partitioner())...)
 	return h.relay.Start(ctx)
+}
+
+// partitioner names how the relay's producer maps keys to partitions.
+func (h *relayHooks) partitioner() string {
+	if h.sarama == nil {
+		return "relay.Publisher from fx"
+	}
+	return partitionerName(h.sarama)
 }
 
 func (h *relayHooks) stop(ctx context.Context) error {

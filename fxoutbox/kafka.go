@@ -236,8 +236,8 @@ func (c *scramClient) Step(challenge string) (string, error) { return c.conv.Ste
 func (c *scramClient) Done() bool { return c.conv.Done() }
 
 // saramaConfig returns the producer configuration for the relay: a copy of
-// Config.Sarama (default relay.DefaultSaramaConfig()) with KafkaTLS and
-// KafkaSASL applied.
+// Config.Sarama (default relay.DefaultSaramaConfig()) with KafkaTLS,
+// KafkaSASL and Partitioner applied.
 func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc := relay.DefaultSaramaConfig()
 	if c.Sarama != nil {
@@ -247,7 +247,37 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	if err := ApplyKafkaSecurity(sc, c.KafkaTLS, c.KafkaSASL); err != nil {
 		return nil, err
 	}
+	if err := applyPartitioner(sc, c.Partitioner); err != nil {
+		return nil, err
+	}
 	return sc, nil
+}
+
+// applyPartitioner sets sc's Producer.Partitioner to p, unless p is zero
+// (sc's stays; sarama refuses a nil one). sc's may be replaced only when it
+// is one of the hashes a relay.Partitioner names.
+func applyPartitioner(sc *sarama.Config, p relay.Partitioner) error {
+	const field = "Partitioner [OUTBOX_PARTITIONER]"
+	if !p.Valid() {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: use relay.Murmur2, relay.FNV1a or relay.CRC32 (%s)", p, relay.PartitionerNames)}
+	}
+	if p == 0 {
+		return nil
+	}
+	if _, ok := relay.PartitionerOf(sc.Producer.Partitioner); !ok && sc.Producer.Partitioner != nil {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v, and Sarama.Producer.Partitioner is a partitioner of your own: "+
+			"choose the partitioner in one place (unset OUTBOX_PARTITIONER, or leave Sarama.Producer.Partitioner as relay.DefaultSaramaConfig sets it)", p)}
+	}
+	sc.Producer.Partitioner = p.Sarama()
+	return nil
+}
+
+// partitionerName names sc's partitioner for the start-up line.
+func partitionerName(sc *sarama.Config) string {
+	if p, ok := relay.PartitionerOf(sc.Producer.Partitioner); ok {
+		return p.String()
+	}
+	return "custom (Sarama.Producer.Partitioner)"
 }
 
 // kafkaSecurityFrom reads KafkaTLS and KafkaSASL from the environment.

@@ -130,7 +130,7 @@ func TestPoisonIsParkedAndTheRestFlows(t *testing.T) {
 	modes(t, 2, func(t *testing.T, e *env) {
 		recs := e.produce(
 			ev{Key: "a", Seq: 0}, ev{Key: "a", Seq: 1, Poison: true}, ev{Key: "a", Seq: 2},
-			ev{Key: "b", Seq: 0}, ev{ID: "-", Key: "b", Seq: 1}, ev{Key: "b", Seq: 2},
+			ev{Key: "d", Seq: 0}, ev{ID: "-", Key: "d", Seq: 1}, ev{Key: "d", Seq: 2},
 		)
 		var fixed atomic.Bool
 		var tries atomic.Int32

@@ -26,10 +26,14 @@ import (
 //	Metadata.Retry.Max       = 3, Metadata.Timeout = 15s (bounds connecting)
 //	Version                  = sarama.V2_8_0_0 (any broker 2.8 or newer, Kafka 4.x included)
 //	ClientID                 = "fxoutbox"
+//	Producer.Partitioner     = sarama.NewMurmur2Partitioner (Murmur2: a key goes to the
+//	                           partition Apache Kafka's Java client and kafkajs choose)
 //
 // Change what you need (TLS, SASL, Version, Producer.Compression,
-// Producer.MaxMessageBytes, Producer.Partitioner) and pass it to
-// NewSaramaPublisher, which rejects changes that break the guarantees.
+// Producer.MaxMessageBytes, Producer.Partitioner, e.g. FNV1a.Sarama() to
+// keep the placement of fxoutbox before Murmur2 became its default) and
+// pass it to NewSaramaPublisher, which rejects changes that break the
+// guarantees. (sarama.NewConfig's own partitioner is FNV1a's.)
 func DefaultSaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
 	c.ClientID = "fxoutbox"
@@ -45,6 +49,7 @@ func DefaultSaramaConfig() *sarama.Config {
 	c.Net.WriteTimeout = 10 * time.Second
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Timeout = 15 * time.Second
+	c.Producer.Partitioner = Murmur2.Sarama()
 	return c
 }
 
@@ -125,8 +130,10 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 
 // Publish sends msgs and waits for every acknowledgement or ctx.
 //
-// Each message goes to the partition the configured partitioner chooses
-// (by default a hash of the key, as with sarama's own producer). Each
+// Each message goes to the partition the configuration's
+// Producer.Partitioner chooses, as with sarama's own producer: with
+// DefaultSaramaConfig the murmur2 hash of the key, as Apache Kafka's Java
+// client does (see Partitioner). Each
 // partition's messages are cut, in order, into record batches of at most
 // Producer.MaxMessageBytes, and sent as an idempotent producer: one
 // ProduceRequest per leader broker carries the next batch of every

@@ -249,13 +249,14 @@ func saramaConfig() *sarama.Config {
 
 // Produce sends msgs, one at a time and in order (so each key keeps its
 // order), each acknowledged by all in-sync replicas, as a producer other
-// than the relay would (consumers' tests).
+// than the relay would (consumers' tests): keys go to the partitions Apache
+// Kafka's Java client chooses (murmur2), as the relay's do by default.
 func Produce(t testing.TB, brokers []string, msgs ...*sarama.ProducerMessage) {
 	t.Helper()
 	sc := saramaConfig()
 	sc.Producer.Return.Successes = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
 	p, err := sarama.NewSyncProducer(brokers, sc)
 	if err != nil {
 		t.Fatalf("kafka producer: %v", err)
