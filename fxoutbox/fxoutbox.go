@@ -406,6 +406,7 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 		MaxAttempts:       cfg.MaxAttempts,
 		Poison:            cfg.Poison,
 		MaxMessageBytes:   cfg.Limits.MaxRecordBytes, // what the writers accept
+		CloudEvents:       cfg.CloudEvents,
 		Logger:            in.log,
 		TracerProvider:    in.tp,
 		MeterProvider:     in.mp,
@@ -488,8 +489,12 @@ func (in *instance) summary(h *relayHooks) []any {
 	if len(h.topics) > 0 {
 		topics = fmt.Sprintf("%s, %d topic(s)", cfg.TopicCheck, len(h.topics))
 	}
+	cloudEvents := rc.CloudEvents.Mode.String()
+	if rc.CloudEvents.Mode == outbox.CloudEventsBinary {
+		cloudEvents += ", source " + rc.CloudEvents.Source
+	}
 	return []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers,
-		"mode", mode, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom}
+		"mode", mode, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom, "cloudevents", cloudEvents}
 }
 
 // warnings logs, once per start, what ConfigFromEnv found doubtful but not
