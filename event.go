@@ -52,7 +52,10 @@ type Event struct {
 	Topic string
 	// Key is the Kafka record key (the partition key). Default: AggregateID.
 	Key string
-	// Headers are extra Kafka record headers. Reserved names are refused.
+	// Headers are extra Kafka record headers. Reserved names are refused,
+	// and with CloudEvents binary mode (Limits.CloudEvents) also the six
+	// the relay then sets (ce_id, ce_source, ...); other ce_ headers, e.g.
+	// ce_subject, become CloudEvents attributes or extensions.
 	Headers map[string]string
 }
 
