@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -51,7 +52,10 @@ type Event struct {
 	Topic string
 	// Key is the Kafka record key (the partition key). Default: AggregateID.
 	Key string
-	// Headers are extra Kafka record headers. Reserved names are refused.
+	// Headers are extra Kafka record headers. Reserved names are refused,
+	// and with CloudEvents binary mode (Limits.CloudEvents) also the six
+	// the relay then sets (ce_id, ce_source, ...); other ce_ headers, e.g.
+	// ce_subject, become CloudEvents attributes or extensions.
 	Headers map[string]string
 }
 
@@ -63,8 +67,9 @@ type Limits struct {
 	// MaxRecordBytes is the largest Kafka record an event may become, as
 	// RecordBytes counts it: the payload as PostgreSQL stores and prints it,
 	// the key, the event's headers, the headers the relay adds (x-event-id,
-	// x-event-type, traceparent, and the stored tracestate and baggage) and
-	// Kafka's record and batch overhead. It is the one size setting of the
+	// x-event-type, traceparent, and the stored tracestate and baggage; with
+	// CloudEvents binary mode also its six ce_ headers) and Kafka's record
+	// and batch overhead. It is the one size setting of the
 	// outbox: give the relay the same number as its MaxMessageBytes (the
 	// fxoutbox module does), and keep it at most the topics'
 	// max.message.bytes (the broker's message.max.bytes by default). With
@@ -93,6 +98,13 @@ type Limits struct {
 	MaxAggregateIDBytes int
 	// MaxKeyBytes caps Key, the Kafka record key. Default 1024.
 	MaxKeyBytes int
+	// CloudEvents is the relay's CloudEvents setting
+	// (relay.Config.CloudEvents). With CloudEventsBinary, MaxRecordBytes
+	// counts the six headers the relay adds (ce_specversion, ce_id,
+	// ce_source, ce_type, ce_time at its widest, content-type), and an
+	// event's own header of one of those names is refused. The fxoutbox
+	// module sets it from its Config.CloudEvents. Default: off.
+	CloudEvents CloudEvents
 }
 
 // WithDefaults returns l with zero fields set to their defaults.
@@ -125,6 +137,13 @@ func (l Limits) Validate() error {
 			"is %d, above MaxRecordBytes %d: no such payload fits a Kafka record; to send larger events raise MaxRecordBytes "+
 				"(OUTBOX_MAX_RECORD_BYTES) together with the topics' max.message.bytes, and leave MaxPayloadBytes unset",
 			l.MaxPayloadBytes, l.MaxRecordBytes)}
+	}
+	if err := l.CloudEvents.Validate(); err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return &ConfigError{Field: "Limits." + ce.Field, Reason: ce.Reason, Err: ce.Err}
+		}
+		return err
 	}
 	return nil
 }
@@ -241,12 +260,17 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 	// trace context it extracts from the stored one and injects anew: a
 	// traceparent of its own span and the stored tracestate and baggage.
 	headers, headerBytes := 3, eventIDHeaderBytes+len(HeaderEventType)+len(r.Type)+traceparentHeaderBytes
+	// With CloudEvents, also its headers.
+	ceHeaders, ceBytes := limits.CloudEvents.recordHeaders(r.Type)
+	headers, headerBytes = headers+ceHeaders, headerBytes+ceBytes
 	for k, v := range e.Headers {
 		switch {
 		case k == "":
 			return fail("Headers", "has an empty header name")
 		case IsReservedHeader(k):
 			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", quote(k)))
+		case limits.CloudEvents.Mode == CloudEventsBinary && IsCloudEventsHeader(k):
+			return fail("Headers", fmt.Sprintf("uses the name %s, which the relay sets itself in CloudEvents binary mode", quote(k)))
 		case len(k)+len(v) > limits.MaxHeaderBytes:
 			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", quote(k), len(k)+len(v), limits.MaxHeaderBytes))
 		case !validText(k) || !validText(v):

@@ -155,6 +155,15 @@ type Config struct {
 	// flows on) or relay.Hold (retry it forever, blocking its key)
 	// [OUTBOX_POISON=park|hold].
 	Poison relay.PoisonPolicy
+	// CloudEvents makes the relay also send each record in the binary
+	// content mode of the CloudEvents Kafka protocol binding (ce_specversion,
+	// ce_id, ce_source, ce_type, ce_time and content-type headers, next to
+	// x-event-id, x-event-type and the trace context; see
+	// relay.Config.CloudEvents), and the writers count those headers in
+	// Limits.MaxRecordBytes (Limits.CloudEvents is set from it)
+	// [OUTBOX_CLOUDEVENTS=off|binary, OUTBOX_CLOUDEVENTS_SOURCE]. Default
+	// off; Source defaults to "/" + Service.
+	CloudEvents outbox.CloudEvents
 
 	// EventTypes declares the events this service writes, for TopicNames
 	// and TopicCheck. Default none.
@@ -217,8 +226,33 @@ func (c Config) withDefaults() (Config, error) {
 			}
 		}
 	}
+	if err := c.cloudEvents(); err != nil {
+		return c, err
+	}
 	c.Limits = c.Limits.WithDefaults()
 	return c, c.Limits.Validate()
+}
+
+// cloudEvents applies CloudEvents' default source, checks it, and gives it
+// to the writers' limits, which count the headers the relay adds with it.
+func (c *Config) cloudEvents() error {
+	if c.CloudEvents.Mode == outbox.CloudEventsBinary && c.CloudEvents.Source == "" {
+		if c.Service == "" {
+			return &outbox.ConfigError{Field: "CloudEvents.Source [OUTBOX_CLOUDEVENTS_SOURCE]", Reason: "is empty, and so is Service " +
+				"(OUTBOX_SERVICE), from which its default /<service> comes: set one of them, e.g. OUTBOX_CLOUDEVENTS_SOURCE=/order-service"}
+		}
+		c.CloudEvents.Source = "/" + c.Service
+	}
+	if err := c.CloudEvents.Validate(); err != nil {
+		return err
+	}
+	switch c.Limits.CloudEvents {
+	case outbox.CloudEvents{}, c.CloudEvents:
+		c.Limits.CloudEvents = c.CloudEvents
+		return nil
+	}
+	return &outbox.ConfigError{Field: "Limits.CloudEvents", Reason: fmt.Sprintf("is %+v but CloudEvents is %+v: set only CloudEvents "+
+		"(OUTBOX_CLOUDEVENTS); fxoutbox gives the writers and the relay that one setting", c.Limits.CloudEvents, c.CloudEvents)}
 }
 
 // validateWriter checks what only the writer needs: a service name when
@@ -496,6 +530,11 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 			return c, e
 		}
 	}
+	if err := choose(get, "OUTBOX_CLOUDEVENTS", `"off" or "binary"`,
+		map[string]outbox.CloudEventsMode{"off": outbox.CloudEventsOff, "binary": outbox.CloudEventsBinary}, &c.CloudEvents.Mode, strings.ToLower); err != nil {
+		return c, err
+	}
+	c.CloudEvents.Source, _ = get("OUTBOX_CLOUDEVENTS_SOURCE")
 	if v, ok := get("OUTBOX_STREAM_MAX_LAG"); ok {
 		if c.Stream.MaxLag, err = time.ParseDuration(v); err != nil || c.Stream.MaxLag <= 0 {
 			return c, bad("OUTBOX_STREAM_MAX_LAG", v, "a positive duration such as 30s")

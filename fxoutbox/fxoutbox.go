@@ -421,6 +421,7 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 		MaxAttempts:       cfg.MaxAttempts,
 		Poison:            cfg.Poison,
 		MaxMessageBytes:   cfg.Limits.MaxRecordBytes, // what the writers accept
+		CloudEvents:       cfg.CloudEvents,
 		Logger:            in.log,
 		TracerProvider:    in.tp,
 		MeterProvider:     in.mp,
@@ -524,7 +525,11 @@ func (in *instance) summary(h *relayHooks) []any {
 	}
 	attrs := []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers, "mode", mode}
 	attrs = append(attrs, stream...)
-	return append(attrs, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom)
+	cloudEvents := rc.CloudEvents.Mode.String()
+	if rc.CloudEvents.Mode == outbox.CloudEventsBinary {
+		cloudEvents += ", source " + rc.CloudEvents.Source
+	}
+	return append(attrs, "topic_check", topics, "tracer", in.tpFrom, "meter", in.mpFrom, "cloudevents", cloudEvents)
 }
 
 // streamDatabase is the database the streaming relay's replication

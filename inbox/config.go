@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -41,7 +42,8 @@ type Route struct {
 	// Topic is the Kafka topic. Required.
 	Topic string
 	// Type, if set, limits the route to records whose x-event-type header
-	// equals it; a route without Type takes the topic's other records.
+	// (or, without one, ce_type header) equals it; a route without Type
+	// takes the topic's other records.
 	// Default "" (every type).
 	Type string
 	// Handler applies the records. Required.
@@ -51,9 +53,11 @@ type Route struct {
 // Message is a consumed record as a handler sees it.
 type Message struct {
 	// ID is the identity the inbox deduplicates on: the x-event-id header,
-	// or what Config.Identity gives a record without one.
+	// or what Config.Identity gives a record without one (by default, for a
+	// CloudEvent, CloudEventID of its ce_source and ce_id).
 	ID string
-	// Type is the x-event-type header ("" if absent).
+	// Type is the x-event-type header, or without one the ce_type header
+	// of a CloudEvent ("" if both are absent).
 	Type      string
 	Topic     string
 	Partition int32
@@ -101,21 +105,56 @@ func (p PoisonPolicy) String() string {
 type IdentityFunc func(m *sarama.ConsumerMessage) (string, error)
 
 // EventID is the default identity: the x-event-id header the relay sets.
-// Records without it (other producers) are parked with ErrNoEventID.
+// A record without it whose ce_id and ce_source headers say it is a
+// CloudEvent in the binary content mode of the Kafka protocol binding
+// (another CloudEvents producer) is identified by its CloudEvents identity,
+// source and id, as [CloudEventID] renders it. Other records are parked
+// with ErrNoEventID.
 func EventID(m *sarama.ConsumerMessage) (string, error) {
+	var ceID, ceSource []byte
 	for _, h := range m.Headers {
-		if h != nil && string(h.Key) == outbox.HeaderEventID && len(h.Value) > 0 {
+		if h == nil || len(h.Value) == 0 {
+			continue
+		}
+		switch string(h.Key) {
+		case outbox.HeaderEventID:
 			if len(h.Value) > 200 {
 				return "", fmt.Errorf("%w: the %s header is %d bytes long (at most 200)", ErrNoEventID, outbox.HeaderEventID, len(h.Value))
 			}
 			return string(h.Value), nil
+		case outbox.HeaderCloudEventsID:
+			ceID = h.Value
+		case outbox.HeaderCloudEventsSource:
+			ceSource = h.Value
 		}
+	}
+	if ceID != nil && ceSource != nil {
+		return CloudEventID(string(ceSource), string(ceID)), nil
 	}
 	return "", ErrNoEventID
 }
 
-// EventIDOrPosition identifies a record by its x-event-id header, and one
-// without it by its position, "<topic>/<partition>/<offset>". A position
+// cloudEventsNamespace is the UUID namespace of CloudEventID: the name-based
+// (SHA-1) UUID of the URL "https://github.com/fxoutbox/outbox/inbox#cloudevents".
+const cloudEventsNamespace = "75f11d54-d63f-5f58-8311-6b1a90d9cdc5"
+
+// CloudEventID returns the identity under which the inbox deduplicates a
+// CloudEvent that has no x-event-id header: the name-based (SHA-1, version
+// 5) UUID, in the namespace 75f11d54-d63f-5f58-8311-6b1a90d9cdc5, of the
+// name made of the source's length in bytes (decimal), a colon, the source
+// and the id. CloudEvents identifies an event by source and id together
+// (two producers may both send an id "1"), and the id may be any string;
+// the UUID fits the inbox table whatever their length, and differs from
+// the outbox's own event ids (version 7 UUIDs). Look a record up in the inbox table
+// with it; handlers find the ce_id itself in Message.Headers.
+func CloudEventID(source, id string) string {
+	name := strconv.Itoa(len(source)) + ":" + source + id
+	return uuid.NewSHA1(uuid.MustParse(cloudEventsNamespace), []byte(name)).String()
+}
+
+// EventIDOrPosition identifies a record as EventID does (x-event-id, or a
+// CloudEvent's source and id), and any other record by its position,
+// "<topic>/<partition>/<offset>". A position
 // is stable across redeliveries of the same record (offset resets,
 // rebalances), but the same payload sent twice by its producer gets two
 // positions and is applied twice.
@@ -184,8 +223,8 @@ type Config struct {
 	// Poison is Park (default) or Hold.
 	Poison PoisonPolicy
 	// Identity gives each record the id it is deduplicated on. Default
-	// EventID (records without x-event-id are parked); EventIDOrPosition
-	// accepts them.
+	// EventID (x-event-id, or a CloudEvent's ce_source and ce_id; other
+	// records are parked); EventIDOrPosition accepts the others too.
 	Identity IdentityFunc
 	// DeadLetterTopic, if set, is where a parked record is also announced:
 	// the transaction that parks it records an outbox event (type

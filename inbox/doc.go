@@ -81,10 +81,14 @@
 // records an outbox event to that topic ([DeadLetterEventType], payload
 // [DeadLetter]), so a dead letter exists exactly when the parked row does.
 //
-// Records without x-event-id (other producers) are parked with
-// [ErrNoEventID], unless Config.Identity gives them one:
-// [EventIDOrPosition] uses "<topic>/<partition>/<offset>". Records whose
-// x-event-type no route takes are skipped (Config.ParkUnrouted parks them).
+// Records of other producers that are CloudEvents in the binary content
+// mode of the Kafka protocol binding (headers ce_id and ce_source, no
+// x-event-id) are deduplicated on their CloudEvents identity, source and id
+// ([CloudEventID]), and routed by ce_type when they have no x-event-type.
+// Other records without x-event-id are parked with [ErrNoEventID], unless
+// Config.Identity gives them one: [EventIDOrPosition] uses
+// "<topic>/<partition>/<offset>". Records whose x-event-type no route takes
+// are skipped (Config.ParkUnrouted parks them).
 //
 // Rebalances and stopping: when a partition is revoked, its session ends,
 // or Stop is called, the consumer starts no new record of it; records in

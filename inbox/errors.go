@@ -11,9 +11,10 @@ import (
 
 var (
 	// ErrNoEventID is the reason a record without an identity is parked: it
-	// has no x-event-id header (another producer wrote it). Configure
-	// Config.Identity (e.g. EventIDOrPosition) to accept such records.
-	ErrNoEventID = errors.New("inbox: the record has no x-event-id header, so it cannot be deduplicated: set Config.Identity (e.g. inbox.EventIDOrPosition) to accept records of other producers")
+	// has no x-event-id header, nor the ce_id and ce_source headers of a
+	// CloudEvent (another producer wrote it). Configure Config.Identity
+	// (e.g. EventIDOrPosition) to accept such records.
+	ErrNoEventID = errors.New("inbox: the record has no x-event-id header (nor CloudEvents ce_id and ce_source headers), so it cannot be deduplicated: set Config.Identity (e.g. inbox.EventIDOrPosition) to accept records of other producers")
 	// ErrNoRoute is the reason a record is parked when Config.ParkUnrouted
 	// is set and no route takes its topic and event type.
 	ErrNoRoute = errors.New("inbox: no route takes the record's topic and event type")

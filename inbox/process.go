@@ -60,8 +60,12 @@ func message(m *sarama.ConsumerMessage) *Message {
 			hs[string(h.Key)] = string(h.Value)
 		}
 	}
+	typ, ok := hs[outbox.HeaderEventType]
+	if !ok {
+		typ = hs[outbox.HeaderCloudEventsType] // another CloudEvents producer's
+	}
 	return &Message{
-		Type: hs[outbox.HeaderEventType], Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+		Type: typ, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
 		Key: m.Key, Value: m.Value, Headers: hs, Timestamp: m.Timestamp,
 	}
 }

@@ -613,15 +613,19 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 				semconv.MessagingKafkaMessageKey(x.key),
 			))
 		spans[i] = span
-		hs := make([]Header, 0, len(stored)+4)
+		ce := r.cfg.CloudEvents.Mode == outbox.CloudEventsBinary
+		hs := make([]Header, 0, len(stored)+10)
 		for k, v := range stored {
-			if !outbox.IsReservedHeader(k) {
+			if !outbox.IsReservedHeader(k) && (!ce || !outbox.IsCloudEventsHeader(k)) {
 				hs = append(hs, Header{Key: k, Value: []byte(v)})
 			}
 		}
 		hs = append(hs,
 			Header{Key: outbox.HeaderEventID, Value: []byte(eventID)},
 			Header{Key: outbox.HeaderEventType, Value: []byte(x.eventType)})
+		if ce {
+			hs = append(hs, r.cloudEventsHeaders(x, eventID)...)
+		}
 		tc := propagation.MapCarrier{}
 		r.cfg.Propagator.Inject(trace.ContextWithSpan(parent, span), tc)
 		for k, v := range tc {
@@ -630,6 +634,21 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		msgs[i] = Message{EventID: x.eventID, Topic: x.topic, Key: []byte(x.key), Value: x.payload, Headers: hs}
 	}
 	return msgs, spans, encErrs
+}
+
+// cloudEventsHeaders returns the headers of the CloudEvents Kafka protocol
+// binding's binary content mode for row x, whose id is eventID: the
+// required attributes, time, and the payload's content type. Key and value
+// are the record's own.
+func (r *Relay) cloudEventsHeaders(x row, eventID string) []Header {
+	return []Header{
+		{Key: outbox.HeaderCloudEventsSpecVersion, Value: []byte(outbox.CloudEventsSpecVersion)},
+		{Key: outbox.HeaderCloudEventsID, Value: []byte(eventID)},
+		{Key: outbox.HeaderCloudEventsSource, Value: []byte(r.cfg.CloudEvents.Source)},
+		{Key: outbox.HeaderCloudEventsType, Value: []byte(x.eventType)},
+		{Key: outbox.HeaderCloudEventsTime, Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
+		{Key: outbox.HeaderContentType, Value: []byte(outbox.CloudEventsContentType)},
+	}
 }
 
 // storedHeaders decodes a row's headers column: a JSON object of strings,

@@ -330,6 +330,18 @@ type Config struct {
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
+	// CloudEvents makes the relay also send each record in the binary
+	// content mode of the CloudEvents Kafka protocol binding (Mode
+	// outbox.CloudEventsBinary): headers ce_specversion "1.0", ce_id (the
+	// event id), ce_source (CloudEvents.Source, required then), ce_type (the
+	// event type), ce_time (the row's created_at, RFC 3339 in UTC) and
+	// content-type "application/json", besides x-event-id, x-event-type and
+	// the trace context; key and value stay the same. A stored header of one
+	// of those six names is replaced by the relay's. Give the writers the
+	// same value (outbox.Limits.CloudEvents) so that they count these
+	// headers in MaxRecordBytes. Both modes, Poll and Stream, send them.
+	// Default: off [OUTBOX_CLOUDEVENTS, OUTBOX_CLOUDEVENTS_SOURCE].
+	CloudEvents outbox.CloudEvents
 }
 
 func (c Config) withDefaults() Config {
@@ -422,6 +434,9 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
 	case c.MaxBackoff < c.PollInterval:
 		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
+	}
+	if err := c.CloudEvents.Validate(); err != nil {
+		return err
 	}
 	if c.Mode == Stream {
 		return c.Stream.validate()

@@ -28,10 +28,16 @@ import (
 // relay reads back is byte for byte the one written.
 func largestPayload(t *testing.T, e outbox.Event, trace map[string]string) []byte {
 	t.Helper()
+	return largestPayloadWithin(t, e, trace, outbox.Limits{})
+}
+
+// largestPayloadWithin is largestPayload under limits (with their defaults).
+func largestPayloadWithin(t *testing.T, e outbox.Event, trace map[string]string, limits outbox.Limits) []byte {
+	t.Helper()
 	payload := func(n int) []byte { return []byte(`{"blob": "` + strings.Repeat("x", n) + `"}`) }
 	fits := func(n int) bool {
 		e.Payload = payload(n)
-		_, err := outbox.Prepare(e, "svc", nil, outbox.Limits{}.WithDefaults(), trace)
+		_, err := outbox.Prepare(e, "svc", nil, limits.WithDefaults(), trace)
 		if err != nil && !errors.Is(err, outbox.ErrInvalidEvent) {
 			t.Fatal(err)
 		}
