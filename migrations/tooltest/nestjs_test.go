@@ -3,11 +3,13 @@ package tooltest_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"testing"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -105,4 +107,62 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 			nestjs.RequireAdopted(t, pool, nest, tbl, before, node)
 		})
 	}
+}
+
+// The streaming relay's publication, with goose and tern, on an adopted
+// table: it is what the relay reads. (The file golang-migrate reads names
+// the default table's publication, one per database, so it is not run
+// here beside the other tests; migrations.UpStream on an adopted table is
+// exercised in internal/nestjs.)
+func TestStreamOnAdoptedNestJSTable(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	tbl := outbox.Table{Schema: testenv.Name("nest_")}
+	nestjs.Create(t, pool, tbl.Schema)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{tbl.Publication()}.Sanitize())
+	})
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	var stream *goose.Provider
+	for _, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Goose, migrations.GooseStream} {
+		fsys, versions, err := render(tbl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithTableName(versions))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Up(ctx); err != nil {
+			t.Fatalf("goose up (%s): %v", versions, err)
+		}
+		stream = p
+	}
+	published := func(want bool) {
+		t.Helper()
+		p, err := migrations.ReadPublication(ctx, pool, tbl)
+		if err != nil || p.Exists != want || (want && len(p.Problems()) > 0) {
+			t.Fatalf("publication %+v (problems %v, %v), want it to exist: %v", p, p.Problems(), err, want)
+		}
+	}
+	published(true)
+	if _, err := stream.DownTo(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	published(false)
+	fsys, versions, err := migrations.TernStream(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	if err := migrator(t, pc.Conn(), versions, fsys).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	published(true)
 }
