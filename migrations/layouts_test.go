@@ -79,9 +79,9 @@ func TestToolFS(t *testing.T) {
 		parts        []string
 	}{
 		{migrations.Goose, "00001_create_outbox_event.sql", "billing.paymentoutbox_goose_version",
-			[]string{"-- +goose Up\n", `CREATE TABLE "billing"."PaymentOutbox"`, `CREATE INDEX "PaymentOutbox_unpublished_idx"`, "-- +goose Down\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
+			[]string{"-- +goose Up\n", `CREATE TABLE IF NOT EXISTS "billing"."PaymentOutbox"`, `CREATE INDEX "PaymentOutbox_unpublished_idx"`, "-- +goose Down\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
 		{migrations.Tern, "001_create_outbox_event.sql", "billing.paymentoutbox_tern_version",
-			[]string{`CREATE TABLE "billing"."PaymentOutbox"`, "\n---- create above / drop below ----\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
+			[]string{`CREATE TABLE IF NOT EXISTS "billing"."PaymentOutbox"`, "\n---- create above / drop below ----\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
 	} {
 		fsys, versions, err := tc.render(table)
 		if err != nil {

@@ -19,6 +19,16 @@
 // applied, recording them in a table named <table>_migrations. Concurrent
 // callers (several pods starting at once) serialize on an advisory lock.
 //
+// The first migration also takes over an outbox table that exists already
+// with the same design, as the NestJS relay's outbox_event: it checks the
+// table's columns first (an incompatible one stops it before any change,
+// with an error naming the column and the fix), keeps every row as it is,
+// adds the headers column and builds the partial index of unpublished rows
+// only if no equivalent one exists. None of the runners (Up, golang-migrate,
+// goose, tern) records checksums of applied files: those who applied the
+// file before it learned this are not affected, and on an empty schema it
+// creates the same table and indexes as before.
+//
 // roles.example.sql, beside them, is not a migration: a psql script that
 // grants least-privilege writer and relay roles on the table, to run after
 // the migrations as the role that owns the table.

@@ -7,18 +7,40 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/nestjs"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
 )
 
 // The relay's statements must read the partial indexes in id order, never
 // scan or sort the table: with 200k published rows and a 20k backlog, every
 // plan is checked for sequential scans of the outbox table and for sorts of
-// its rows.
+// its rows. The same holds on a table taken over from the NestJS relay,
+// whose own partial index of unpublished rows the migrations keep.
 func TestPlansUsePartialIndexes(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
-	tbl := testenv.Table(t, pool)
+	t.Run("fresh", func(t *testing.T) {
+		t.Parallel()
+		checkPlans(t, pool, testenv.Table(t, pool), "outbox_event_unpublished_idx")
+	})
+	t.Run("adopted NestJS table", func(t *testing.T) {
+		t.Parallel()
+		tbl := outbox.Table{Schema: testenv.Name("nestjs_")}
+		nestjs.Create(t, pool, tbl.Schema)
+		if err := migrations.Up(context.Background(), pool, tbl); err != nil {
+			t.Fatal(err)
+		}
+		checkPlans(t, pool, tbl, "ix_outbox_event_unpublished")
+	})
+}
+
+// checkPlans checks the plans on tbl, whose partial index of unpublished
+// rows is unpublished: the claim and the window must walk it.
+func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished string) {
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, created_at)"+
@@ -64,9 +86,13 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 		var nodes []map[string]any
 		_ = json.Unmarshal(plan, &nodes)
 		var bad []string
+		walksPartial := false
 		walk(nodes[0]["Plan"].(map[string]any), func(n map[string]any) {
 			typ, _ := n["Node Type"].(string)
 			rel, _ := n["Relation Name"].(string)
+			if idx, _ := n["Index Name"].(string); idx == unpublished {
+				walksPartial = true
+			}
 			if typ == "Seq Scan" && rel == tbl.WithDefaults().Name {
 				bad = append(bad, "Seq Scan on "+rel)
 			}
@@ -74,6 +100,9 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 				bad = append(bad, "Sort")
 			}
 		})
+		if (name == "claim" || name == "window") && !walksPartial {
+			bad = append(bad, "no scan of the partial index "+unpublished)
+		}
 		if len(bad) > 0 {
 			t.Errorf("%s plan has %s:\n%s", name, strings.Join(bad, ", "), plan)
 		}
