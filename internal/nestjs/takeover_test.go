@@ -20,7 +20,6 @@ import (
 	"github.com/fxoutbox/outbox/internal/nestjs"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
-	"github.com/fxoutbox/outbox/relay"
 )
 
 // TestTakeOverFromTheNestJSRelay performs the README's "Coming from the
@@ -94,14 +93,11 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// 4. The fxoutbox relay, as the fx module runs it. The NestJS relay's
-	// kafkajs 2.x partitions with Java's murmur2; the relay's producer is
-	// given sarama's murmur2 partitioner here explicitly, so that this test
-	// holds whatever the relay's default partitioner is.
-	sc := relay.DefaultSaramaConfig()
-	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
+	// 4. The fxoutbox relay, as the fx module runs it, with its default
+	// partitioner: Java's murmur2, which kafkajs 2.x (the NestJS relay's
+	// client) uses too, so each key stays on its partition.
 	app := fxtest.New(t, fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: tbl, Brokers: brokers, Sarama: sc, PollInterval: 100 * time.Millisecond}),
+		fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: tbl, Brokers: brokers, PollInterval: 100 * time.Millisecond}),
 		fxoutbox.Module)
 	app.RequireStart()
 	wg.Wait()
