@@ -106,7 +106,7 @@ func EventID(m *sarama.ConsumerMessage) (string, error) {
 	for _, h := range m.Headers {
 		if h != nil && string(h.Key) == outbox.HeaderEventID && len(h.Value) > 0 {
 			if len(h.Value) > 200 {
-				return "", fmt.Errorf("%w: the %s header is %d bytes long (at most 200)", ErrNoEventID, outbox.HeaderEventID, len(h.Value))
+				return "", fmt.Errorf("%w: the %s header is over 200 bytes", ErrNoEventID, outbox.HeaderEventID)
 			}
 			return string(h.Value), nil
 		}
