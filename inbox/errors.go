@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/parklog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
