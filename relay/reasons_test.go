@@ -153,7 +153,7 @@ func TestMassParkingOneReasonBoundedLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(st.ParkedGroups) != 1 || st.ParkedGroups[0].Count != 2*wave || st.ParkedGroups[0].Topic != missing ||
-		st.ParkedGroups[0].ErrorType != "kafka.unknown_topic_or_partition" {
+		st.ParkedGroups[0].ErrorType != "kafka.unknown_topic_or_partition" || st.ParkedGroups[0].Reason != want {
 		t.Errorf("status: %d parked, groups %+v; want one group of %d", st.Parked, st.ParkedGroups, 2*wave)
 	}
 
