@@ -15,7 +15,7 @@ import (
 
 // The error.type values the relay reports, on metrics (error.type), on
 // failed publish spans and in its logs, and stores at the start of an
-// event's last_error ("[kafka.message_too_large] permanent: ..."). They name
+// event's last_error ("[kafka.message_too_large] the broker refused ...", see Reason). They name
 // the cause, never a message, so the set stays small:
 //
 //	broker_unreachable   no connection to a broker: dial refused or timed out, DNS, connection
