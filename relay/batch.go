@@ -566,8 +566,12 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
 				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		} else {
+			reason := Reason(errs[i], x.topic)
+			if !r.failedLog.Parked(parklog.Cause{Topic: x.topic, Reason: reason}) {
+				continue // counted in the cause's summary
+			}
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "error", errs[i], "error.type", ErrorType(errs[i]))
+				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		}
 	}
 }

@@ -133,7 +133,9 @@ func unreadableDetail(err error) string {
 // ParkedLogInterval ("parked 1,998 more events for topic X: <reason>"), and
 // once more when the relay stops. The counts are exact: every parked event
 // is in a line of its own or in a summary. A cause with no event parked for
-// a whole interval starts over with lines of their own.
+// a whole interval starts over with lines of their own. Permanent failures
+// of events not parked yet (charged until MaxAttempts) are logged the same
+// way ("N more permanent failures for topic X ...").
 const (
 	ParkedLogFirst    = 10
 	ParkedLogInterval = 10 * time.Second
@@ -158,4 +160,20 @@ func shellWord(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func newFailedLog(logger *slog.Logger) *parklog.Log {
+	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+		noun := "permanent failures"
+		if n == 1 {
+			noun = "permanent failure"
+		}
+		if c == (parklog.Cause{}) {
+			log.Warn("outbox relay: "+parklog.Thousands(n)+" more "+noun+" for other causes (too many different causes to count apart), retried until MaxAttempts, then parked",
+				"failures", n)
+			return
+		}
+		log.Warn("outbox relay: "+parklog.Thousands(n)+" more "+noun+" for topic "+c.Topic+": "+c.Reason+"; retried until MaxAttempts, then parked",
+			"failures", n, "topic", c.Topic, "reason", c.Reason)
+	})
 }

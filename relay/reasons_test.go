@@ -289,3 +289,62 @@ func alterTopic(t *testing.T, brokers []string, topic, name, value string) {
 		t.Fatalf("alter %s of topic %s: %v", name, topic, err)
 	}
 }
+
+// Events that fail permanently but are parked only after MaxAttempts (no
+// authorization for their topic, here injected by the publisher): their
+// failures before parking are logged like parked events, the first of the
+// cause one by one, then counted in summaries, every one accounted for.
+func TestMassPermanentFailuresBoundedLogs(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	const topic, n, attempts = "denied.topic", 500, 3
+	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+		failed := map[int]error{}
+		for i, m := range msgs {
+			failed[i] = relay.Permanent(fmt.Errorf("topic %s, partition %d: %w", m.Topic, i%6, sarama.ErrTopicAuthorizationFailed))
+		}
+		return &relay.BatchError{Failed: failed}
+	})
+	logs := &logRecorder{}
+	r := s.relay(t, pub, relay.Config{Logger: slog.New(logs), MaxAttempts: attempts, PollInterval: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	s.insertMany(t, topic, n, 50)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "every event parked", func() bool {
+		c, err := admin.CountParked(s.ctx, s.pool, s.table, admin.Filter{})
+		return err == nil && c == n
+	})
+	if err := r.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := `[kafka.topic_authorization_failed] the broker refused a record for topic "denied.topic": ` + sarama.ErrTopicAuthorizationFailed.Error()
+	var lines, failed, parked int64
+	recs := logs.records()
+	for _, rec := range recs {
+		switch {
+		case strings.HasPrefix(rec.Message, "outbox relay: event failed permanently"):
+			lines++
+			failed++
+		case strings.Contains(rec.Message, "more permanent failure"):
+			lines++
+			failed += attr(rec, "failures").Int64()
+			if !strings.Contains(rec.Message, want) {
+				t.Errorf("summary %q lacks the reason", rec.Message)
+			}
+		case strings.HasPrefix(rec.Message, "outbox relay: event parked"):
+			lines++
+			parked++
+		case strings.HasPrefix(rec.Message, "outbox relay: parked "):
+			lines++
+			parked += attr(rec, "events").Int64()
+		}
+	}
+	t.Logf("%d log lines in all, %d of failures and parked events: %d failures, %d parked", len(recs), lines, failed, parked)
+	if failed != n*(attempts-1) || parked != n {
+		t.Errorf("the log accounts for %d failures and %d parked events, want %d and %d", failed, parked, n*(attempts-1), n)
+	}
+	if lines > 4*relay.ParkedLogFirst || len(recs) > 60 {
+		t.Errorf("%d lines of failures and parked events, %d in all; want at most %d, 60", lines, len(recs), 4*relay.ParkedLogFirst)
+	}
+}

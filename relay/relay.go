@@ -449,6 +449,9 @@ type Relay struct {
 	pacer   pacer
 	missing missingTopics
 	parkLog *parklog.Log // lines of parked events: the first per cause, then summaries
+	// failedLog: lines of permanent failures not parked yet (MaxAttempts),
+	// likewise.
+	failedLog *parklog.Log
 	// growAfter (unix nanoseconds): until then claims do not grow their
 	// window (see lockLanes).
 	growAfter atomic.Int64
@@ -501,7 +504,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		wakes:  make([]chan struct{}, c.Workers),
 		kicks:  make([]chan struct{}, c.Workers),
 	}
-	r.parkLog = newParkLog(c.Logger)
+	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
 		r.kicks[i] = make(chan struct{}, 1)
@@ -560,6 +563,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
 	r.bg.Add(1)
 	go func() { defer r.bg.Done(); r.parkLog.Run(bgCtx) }()
+	r.bg.Add(1)
+	go func() { defer r.bg.Done(); r.failedLog.Run(bgCtx) }()
 	if r.cfg.Retention > 0 {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.clean(bgCtx) }()
@@ -589,6 +594,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	// After the last batch: the summary of the events parked since the
 	// last one (see ParkedLogFirst).
 	defer r.parkLog.Flush()
+	defer r.failedLog.Flush()
 	defer r.bg.Wait()
 	select {
 	case <-r.done:
