@@ -271,7 +271,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		}
 		if c.parked {
 			parked = append(parked, c.id)
-			if r.parkLog.Parked(parklog.Cause{Topic: c.topic, Reason: reason}) {
+			if r.parkLog.Parked(parklog.Cause{Topic: truncate(c.topic, 300), Reason: reason}) {
 				r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
 					"event_id", c.eventID, "topic", truncate(c.topic, 300), "reason", reason, "detail", detail)
 			}
@@ -559,7 +559,7 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 		eventType, topic := truncate(x.eventType, 300), truncate(x.topic, 300)
 		if parked[x.id] {
 			reason := Reason(errs[i], x.topic)
-			if !r.parkLog.Parked(parklog.Cause{Topic: x.topic, Reason: reason}) {
+			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary (see ParkedLogFirst)
 			}
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
@@ -567,7 +567,7 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		} else {
 			reason := Reason(errs[i], x.topic)
-			if !r.failedLog.Parked(parklog.Cause{Topic: x.topic, Reason: reason}) {
+			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary
 			}
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
