@@ -63,7 +63,7 @@ func ExampleRequeue() {
 	st, _ := admin.ReadStatus(ctx, pool, table, nil)
 	fmt.Println("backlog:", st.Backlog, "parked:", st.Parked)
 	// Output:
-	// parked: key=o-2 type=order.created.v1 attempts=1 error="[_OTHER] permanent: kafka server: Message contents does not match its CRC"
+	// parked: key=o-2 type=order.created.v1 attempts=1 error="[_OTHER] kafka server: Message contents does not match its CRC"
 	// payload: {"total": 7}
 	// requeued: 1 <nil>
 	// backlog: 1 parked: 0
@@ -91,7 +91,7 @@ func ExampleReadStatus() {
 	}
 	// Output:
 	// backlog: 1 parked: 1 lanes held: 0
-	// 1 parked on order-service.order.created: [_OTHER] permanent: kafka server: Message contents does not match its CRC
+	// 1 parked on order-service.order.created: [_OTHER] kafka server: Message contents does not match its CRC
 }
 
 // A consumer lost the events of one order: Replay sets them back to

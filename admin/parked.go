@@ -127,7 +127,10 @@ func GetParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid
 // attempts reset, ChunkSize at a time, and returns how many it requeued.
 // The relay publishes them with its next batches. Per-key order is not
 // restored: a requeued event goes out after the events of its key that were
-// published while it was parked. An empty filter needs f.All.
+// published while it was parked. The relay sends a requeued event (attempts
+// 0 with a last error) on its next claim whatever it remembers of its
+// topic, so a requeue right after the fix is not refused. An empty filter
+// needs f.All.
 func Requeue(ctx context.Context, db Querier, table outbox.Table, f Filter, opts *BulkOptions) (int, error) {
 	n, err := bulk(ctx, db, table, parked, "parked_at = NULL, attempts = 0", f, opts)
 	if err != nil {

@@ -122,9 +122,11 @@ type ParkedGroup struct {
 	// error.type, e.g. kafka.message_too_large, invalid_topic), or _OTHER
 	// for errors recorded without one.
 	ErrorType string `json:"error_type"`
-	// Reason is the last error with its numbers replaced by N (cut to 200
-	// bytes), so events that failed the same way group together; Example
-	// is one of the errors as recorded.
+	// Reason is the group's last error, cut to 200 bytes: the relay stores
+	// one text per cause (see relay.Reason), shown as stored. Errors stored
+	// with numbers in them (by older versions, or by hand) are grouped with
+	// their numbers replaced by N, and then show so. Example is one of the
+	// errors as recorded.
 	Reason        string    `json:"reason"`
 	Example       string    `json:"example"`
 	Count         int64     `json:"count"`
@@ -215,9 +217,14 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.PublishedPerSecond = float64(pub) / o.RateWindow.Seconds()
 
 	if st.Parked > 0 {
-		rows, err = db.Query(ctx, "SELECT topic, "+errorTypeSQL+", reason, min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
+		// Grouped by the reason with its numbers replaced by N, which also
+		// groups reasons stored with numbers in them (by older versions, or
+		// by hand); a group of one text shows it as stored.
+		rows, err = db.Query(ctx, "SELECT topic, "+errorTypeSQL+","+
+			" CASE WHEN min(last_error) = max(last_error) THEN left(min(last_error), 200) ELSE reason END,"+
+			" min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
 			"SELECT topic, regexp_replace(left(coalesce(last_error, ''), 200), '[0-9]+', 'N', 'g') AS reason, coalesce(last_error, '') AS last_error, parked_at"+
-			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY 1, 2, 3 ORDER BY count(*) DESC, topic, reason LIMIT @groups",
+			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY topic, 2, reason ORDER BY count(*) DESC, topic, reason LIMIT @groups",
 			pgx.NamedArgs{"groups": o.ParkedGroups})
 		if err != nil {
 			return st, err

@@ -119,7 +119,7 @@ func EventID(m *sarama.ConsumerMessage) (string, error) {
 		switch string(h.Key) {
 		case outbox.HeaderEventID:
 			if len(h.Value) > 200 {
-				return "", fmt.Errorf("%w: the %s header is %d bytes long (at most 200)", ErrNoEventID, outbox.HeaderEventID, len(h.Value))
+				return "", fmt.Errorf("%w: the %s header is over 200 bytes", ErrNoEventID, outbox.HeaderEventID)
 			}
 			return string(h.Value), nil
 		case outbox.HeaderCloudEventsID:

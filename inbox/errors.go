@@ -3,7 +3,11 @@ package inbox
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"time"
+
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/parklog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -153,4 +157,49 @@ func errorType(err error) string {
 		return ErrorTypeHandler
 	}
 	return ErrorTypeDatabase
+}
+
+// reason is the text stored as a parked record's last_error (its
+// error_type is stored beside it), shown by outboxctl and sent in the
+// dead-letter event: the handler's own error text, without the inbox's
+// wrapping, or the inbox's reason (no identity, no route). The same cause
+// should give the same text, so that parked records group by it: keep
+// record-specific details (ids, offsets, amounts, times) out of the errors
+// a handler returns, and log them instead.
+func reason(err error) string {
+	for {
+		switch e := err.(type) {
+		case *handlerError:
+			err = e.err
+		case *markedError:
+			err = e.err
+		default:
+			return text(clip(err.Error(), 4000))
+		}
+	}
+}
+
+// ParkedLogFirst is how many records parked for one cause (topic and
+// reason) a consumer logs one by one, with their event ids and positions;
+// the further records of the cause are counted and logged as one summary
+// line per cause every ParkedLogInterval ("parked 1,998 more records of
+// consumer C from topic X: <reason>"), and once more when the consumer
+// stops. The counts are exact: every parked record is in a line of its own
+// or in a summary. A cause with no record parked for a whole interval
+// starts over with lines of their own.
+const (
+	ParkedLogFirst    = 10
+	ParkedLogInterval = 10 * time.Second
+)
+
+func newParkLog(logger *slog.Logger, consumer string) *parklog.Log {
+	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+		if c == (parklog.Cause{}) {
+			log.Error("outbox inbox: parked "+parklog.More(n, "record")+" of consumer "+consumer+" for other causes (too many different causes to count apart); see outboxctl inbox parked list --consumer "+consumer,
+				"consumer", consumer, "records", n)
+			return
+		}
+		log.Error("outbox inbox: parked "+parklog.More(n, "record")+" of consumer "+consumer+" from topic "+c.Topic+": "+c.Reason+"; see outboxctl inbox parked list --consumer "+consumer,
+			"consumer", consumer, "records", n, "topic", c.Topic, "reason", c.Reason)
+	})
 }

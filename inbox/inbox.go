@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -41,6 +42,9 @@ type Consumer struct {
 	sql    statements
 	tracer trace.Tracer
 	ms     *metrics
+	// parkLog: the lines of parked records, the first per cause one by
+	// one, then summaries (see ParkedLogFirst).
+	parkLog *parklog.Log
 
 	mu      sync.Mutex
 	started bool
@@ -96,6 +100,7 @@ func New(db DB, uow *unitofwork.UnitOfWork, cfg *Config) (*Consumer, error) {
 		sql:    newStatements(c.Table),
 		tracer: tp.Tracer("github.com/fxoutbox/outbox/inbox"),
 	}
+	in.parkLog = newParkLog(c.Logger, c.Name)
 	for _, r := range c.Routes {
 		in.routes[[2]string{r.Topic, r.Type}] = r.Handler
 		if !slices.Contains(in.topics, r.Topic) {
@@ -138,7 +143,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.cfg.Retention > 0 {
 		wg.Go(func() { c.cleanupLoop(runCtx) })
 	}
-	go func() { wg.Wait(); close(c.done) }()
+	wg.Go(func() { c.parkLog.Run(runCtx) })
+	// The last summary of parked records follows the last record.
+	go func() { wg.Wait(); c.parkLog.Flush(); close(c.done) }()
 	c.cfg.Logger.Info("outbox inbox: started", "consumer", c.cfg.Name, "group", c.cfg.Group, "topics", c.topics, "table", c.cfg.Table.String(),
 		"concurrency", c.cfg.Concurrency, "batch_size", c.cfg.BatchSize, "poison", c.cfg.Poison.String(), "dead_letter_topic", c.cfg.DeadLetterTopic)
 	return nil

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -211,9 +212,11 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 			if dup {
 				return OutcomeDuplicate, nil
 			}
-			log().Error("outbox inbox: record parked; its partition moves on (list it with outboxctl inbox parked list, "+
-				"retry it with Consumer.Retry in this service once the cause is fixed, or delete it)",
-				"event_id", m.ID, "attempts", attempts, "error.type", errorType(cause), "error", cause)
+			if c.parkLog.Parked(parklog.Cause{Topic: msg.Topic, Reason: reason(cause)}) {
+				log().Error("outbox inbox: record parked; its partition moves on (list it with outboxctl inbox parked list, "+
+					"retry it with Consumer.Retry in this service once the cause is fixed, or delete it)",
+					"event_id", m.ID, "attempts", attempts, "error.type", errorType(cause), "reason", reason(cause), "error", cause)
+			}
 			return OutcomeParked, nil
 		}
 		if ctx.Err() != nil {
@@ -297,7 +300,7 @@ func (c *Consumer) park(ctx context.Context, msg *sarama.ConsumerMessage, m *Mes
 		var parkedAt time.Time
 		var inserted bool
 		err := tx.QueryRow(ctx, c.sql.park, c.cfg.Name, id, nullable(text(m.Type)), m.Topic, m.Partition, m.Offset,
-			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), text(clip(cause.Error(), 4000))).Scan(&parkedID, &parkedAt, &inserted)
+			msg.Key, msg.Value, hs, ts, attempts, errorType(cause), reason(cause)).Scan(&parkedID, &parkedAt, &inserted)
 		if err != nil || c.cfg.DeadLetterTopic == "" || !inserted {
 			// Parked again (a record without identity redelivered): its
 			// dead letter went out the first time.
@@ -336,7 +339,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 	dl := DeadLetter{Parked: Parked{
 		ID: parkedID, Consumer: c.cfg.Name, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
 		EventID: text(m.ID), Type: text(m.Type), Key: msg.Key, Value: msg.Value, Headers: hs, Timestamp: msg.Timestamp,
-		Attempts: attempts, ErrorType: errorType(cause), LastError: text(clip(cause.Error(), 4000)), ParkedAt: parkedAt,
+		Attempts: attempts, ErrorType: errorType(cause), LastError: reason(cause), ParkedAt: parkedAt,
 	}}
 	ev := outbox.Event{
 		AggregateType: "inbox", AggregateID: text(clip(key, 200)), Type: DeadLetterEventType, Topic: c.cfg.DeadLetterTopic, Key: key,
@@ -355,7 +358,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 		func(reason string) { dl.Value, dl.ValueOmitted = nil, reason },
 		func(reason string) {
 			dl.Key, dl.Value, dl.Headers, dl.EventID = nil, nil, nil, text(clip(m.ID, 200))
-			dl.LastError, dl.ValueOmitted = text(clip(cause.Error(), 1000)), "key, value and headers left out: "+reason
+			dl.LastError, dl.ValueOmitted = text(clip(dl.LastError, 1000)), "key, value and headers left out: "+reason
 			ev.Key, ev.AggregateID = position, position
 			delete(ev.Headers, "x-original-event-id")
 		},

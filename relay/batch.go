@@ -14,13 +14,13 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
 )
 
 // row is a claimed outbox row.
@@ -34,6 +34,10 @@ type row struct {
 	headers   []byte
 	attempts  int
 	createdAt time.Time
+	// requeued: the row was requeued and has not failed since (attempts 0
+	// with a last error): it is sent whatever the relay remembers of its
+	// topic.
+	requeued bool
 }
 
 // RunOnce claims one batch, publishes it, marks what was acknowledged and
@@ -196,6 +200,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 			r.missing.set(rows[i].topic, errs[i], now)
 		}
 	}
+	r.missing.forget(rows, errs)
 	r.pacer.done(d.ids...)
 	r.pacer.done(done...)
 	for _, i := range d.failed {
@@ -232,7 +237,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	msgs := make([]string, len(bad))
 	for i, b := range bad {
 		ids[i] = b.id
-		msgs[i] = truncate("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), 1000)
+		msgs[i] = truncate("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
 	}
 	park := r.cfg.Poison != Hold
 	type charged struct {
@@ -258,16 +263,18 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	heldFrom := map[string]int64{} // Hold: key -> its unreadable row
 	now := time.Now()
 	for _, c := range res {
-		reason := ""
-		for _, b := range bad {
+		var reason, detail string
+		for i, b := range bad {
 			if b.id == c.id {
-				reason = unreadableReason(b.err)
+				reason, detail = msgs[i], unreadableDetail(b.err)
 			}
 		}
 		if c.parked {
 			parked = append(parked, c.id)
-			r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
-				"event_id", c.eventID, "topic", truncate(c.topic, 300), "error", reason)
+			if r.parkLog.Parked(parklog.Cause{Topic: truncate(c.topic, 300), Reason: reason}) {
+				r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
+					"event_id", c.eventID, "topic", truncate(c.topic, 300), "reason", reason, "detail", detail)
+			}
 			continue
 		}
 		if first, ok := heldFrom[c.key]; !ok || c.id < first {
@@ -275,7 +282,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		}
 		r.pacer.failed(c.id, c.key, now, r.backoff)
 		r.cfg.Logger.Warn("outbox relay: event held: its stored row cannot be read (Poison is Hold); its key waits until the row is fixed or deleted",
-			"event_id", c.eventID, "topic", truncate(c.topic, 300), "error", reason)
+			"event_id", c.eventID, "topic", truncate(c.topic, 300), "reason", reason, "detail", detail)
 	}
 	if len(heldFrom) > 0 {
 		kept := rows[:0:0]
@@ -288,21 +295,6 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		rows = kept
 	}
 	return rows, parked, nil
-}
-
-// unreadableReason is the last_error of a row that cannot be read: what
-// PostgreSQL (or pgx) said, and what to do.
-func unreadableReason(err error) string {
-	var pe *pgconn.PgError
-	what := err.Error()
-	if errors.As(err, &pe) {
-		what = fmt.Sprintf("PostgreSQL: %s (SQLSTATE %s)", pe.Message, pe.Code)
-		if pe.Detail != "" {
-			what += ": " + pe.Detail
-		}
-	}
-	return "cannot be sent: the stored row cannot be read: " + what +
-		"; fix the row (e.g. rewrite its payload or headers) or delete it, then requeue it"
 }
 
 // isolateMax caps the events that failed before (attempts > 0) one batch
@@ -344,7 +336,9 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 		if err == nil {
 			err = r.precheck(m)
 		}
-		if err == nil {
+		if err == nil && !rows[i].requeued {
+			// A requeued event is sent: the operator says its cause is
+			// fixed (a topic created since), whatever the relay remembers.
 			err = r.missing.get(m.Topic, now)
 		}
 		switch {
@@ -514,7 +508,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 		msgs := make([]string, len(failed))
 		limits := make([]int32, len(failed))
 		for j, i := range failed {
-			fids[j], msgs[j] = rows[i].id, truncate("["+ErrorType(errs[i])+"] "+errs[i].Error(), 1000)
+			fids[j], msgs[j] = rows[i].id, Reason(errs[i], rows[i].topic)
 			switch {
 			case r.cfg.Poison == Hold:
 				limits[j] = 0 // never park
@@ -564,12 +558,20 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 		// Stored fields are cut: a row written by hand may hold anything.
 		eventType, topic := truncate(x.eventType, 300), truncate(x.topic, 300)
 		if parked[x.id] {
+			reason := Reason(errs[i], x.topic)
+			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
+				continue // counted in the cause's summary (see ParkedLogFirst)
+			}
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
 				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "error", errs[i], "error.type", ErrorType(errs[i]))
+				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		} else {
+			reason := Reason(errs[i], x.topic)
+			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
+				continue // counted in the cause's summary
+			}
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "error", errs[i], "error.type", ErrorType(errs[i]))
+				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		}
 	}
 }
@@ -598,7 +600,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 	for i, x := range rows {
 		stored, err := storedHeaders(x.headers)
 		if err != nil {
-			encErrs[i] = Permanent(fmt.Errorf("%w: %w", errCannotSend, err))
+			encErrs[i] = Permanent(fmt.Errorf("%w: %w", errCannotSend, headersError{err}))
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
 		eventID := x.eventID.String()

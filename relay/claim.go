@@ -98,7 +98,7 @@ type queries struct {
 }
 
 func newQueries(t outbox.Table) queries {
-	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at"
+	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
 	h := fnv.New32a()
 	h.Write([]byte("fxoutbox:" + t.String()))
 	const notHeld = " AND partition_key <> ALL(@held::text[])"
@@ -467,7 +467,7 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []a
 	out := make([]row, 0, n)
 	var x row
 	err := r.query(ctx, tx, pre, preArgs, sql, args, func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt}, func() error {
+		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued}, func() error {
 			out = append(out, x)
 			x = row{}
 			return nil

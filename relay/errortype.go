@@ -15,7 +15,7 @@ import (
 
 // The error.type values the relay reports, on metrics (error.type), on
 // failed publish spans and in its logs, and stores at the start of an
-// event's last_error ("[kafka.message_too_large] permanent: ..."). They name
+// event's last_error ("[kafka.message_too_large] the broker refused ...", see Reason). They name
 // the cause, never a message, so the set stays small:
 //
 //	broker_unreachable   no connection to a broker: dial refused or timed out, DNS, connection
@@ -27,6 +27,7 @@ import (
 //	                     kafka.not_leader_or_follower, kafka.topic_authorization_failed, ...
 //	invalid_topic        the relay refused to send: the topic name is not a valid Kafka topic
 //	message_too_large    the relay refused to send: the record is over MaxMessageBytes
+//	invalid_headers      the relay refused to send: the row's stored headers are not a JSON object of strings
 //	configuration        the producer rejected its configuration (sarama.ConfigurationError)
 //	held                 not sent or not marked: an earlier event of the same key failed in the batch
 //	database.connection  PostgreSQL unreachable or the connection was lost (SQLSTATE 08, 57P01-57P03,
@@ -52,6 +53,7 @@ const (
 	ErrorTypeTLS               = "tls"
 	ErrorTypeInvalidTopic      = "invalid_topic"
 	ErrorTypeMessageTooLarge   = "message_too_large"
+	ErrorTypeInvalidHeaders    = "invalid_headers"
 	ErrorTypeConfiguration     = "configuration"
 	ErrorTypeHeld              = "held"
 	ErrorTypeDatabase          = "database"
@@ -80,6 +82,9 @@ func ErrorType(err error) string {
 		var tl tooLargeError
 		if errors.As(err, &tl) {
 			return ErrorTypeMessageTooLarge
+		}
+		if errors.As(err, new(headersError)) {
+			return ErrorTypeInvalidHeaders
 		}
 		return ErrorTypeInvalidTopic
 	}
@@ -155,6 +160,13 @@ type tooLargeError struct{ size, max int }
 func (e tooLargeError) Error() string {
 	return fmt.Sprintf("message of %d bytes exceeds MaxMessageBytes %d", e.size, e.max)
 }
+
+// headersError is the relay's refusal of a row whose stored headers are
+// not a JSON object of strings; its text is the wrapped error's.
+type headersError struct{ err error }
+
+func (e headersError) Error() string { return e.err.Error() }
+func (e headersError) Unwrap() error { return e.err }
 
 // dbError marks an error of one of the relay's database steps, so that
 // ErrorType (and semconv.ErrorType) name it by its database cause. Its text

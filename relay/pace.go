@@ -1,7 +1,7 @@
 package relay
 
 import (
-	"fmt"
+	"errors"
 	"sync"
 	"time"
 )
@@ -104,7 +104,10 @@ func (p *pacer) done(ids ...int64) {
 // missingTopics remembers for a few seconds the topics the broker said do
 // not exist, so that their next events are parked without being sent: the
 // producer waits for a missing topic's metadata (Metadata.Retry.Max times)
-// on every send, and that wait holds up the whole batch.
+// on every send, and that wait holds up the whole batch. A requeued event
+// is sent whatever is remembered (see publish), and an event of the topic
+// published makes the relay forget it: a topic created and its events
+// requeued are sent at once.
 type missingTopics struct {
 	mu     sync.Mutex
 	topics map[string]missingTopic
@@ -118,7 +121,13 @@ type missingTopic struct {
 // missingFor is how long a topic reported missing is not asked for again.
 const missingFor = 5 * time.Second
 
+// set remembers err, the broker's report that topic is missing. A refusal
+// of the memory itself (notSentError) is not a report: the memory is
+// neither renewed nor nested by it.
 func (m *missingTopics) set(topic string, err error, now time.Time) {
+	if errors.As(err, new(*notSentError)) {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.topics == nil {
@@ -127,8 +136,8 @@ func (m *missingTopics) set(topic string, err error, now time.Time) {
 	m.topics[topic] = missingTopic{at: now, err: err}
 }
 
-// get returns the error of a topic reported missing less than missingFor
-// ago, or nil.
+// get returns the refusal (a notSentError) of an event of a topic reported
+// missing less than missingFor ago, or nil.
 func (m *missingTopics) get(topic string, now time.Time) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -140,5 +149,19 @@ func (m *missingTopics) get(topic string, now time.Time) error {
 		delete(m.topics, topic)
 		return nil
 	}
-	return fmt.Errorf("not sent: the broker reported the topic missing %v ago: %w", now.Sub(t.at).Round(time.Millisecond), t.err)
+	return &notSentError{ago: now.Sub(t.at), err: t.err}
+}
+
+// forget drops the topics of the published rows: they exist now.
+func (m *missingTopics) forget(rows []row, errs []error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.topics) == 0 {
+		return
+	}
+	for i, err := range errs {
+		if err == nil {
+			delete(m.topics, rows[i].topic)
+		}
+	}
 }

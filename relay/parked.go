@@ -54,6 +54,8 @@ func ListParked(ctx context.Context, db Querier, table outbox.Table, limit int) 
 // Requeue puts parked events back in line, with their attempts reset, and
 // returns how many it requeued. A requeued event is published after the
 // events of its key already published: per-key order is not restored. It
+// is sent on its next claim, also when a relay was told moments ago that
+// its topic is missing: fix the cause, then requeue, at once. It
 // is admin.Requeue by event ids (`outboxctl parked requeue <id>...`).
 func Requeue(ctx context.Context, db Querier, table outbox.Table, eventIDs ...uuid.UUID) (int, error) {
 	if len(eventIDs) == 0 {

@@ -198,6 +198,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
 )
 
 // DB begins transactions: normally the application's *pgxpool.Pool.
@@ -462,6 +463,10 @@ type Relay struct {
 	failLog failLog
 	pacer   pacer
 	missing missingTopics
+	parkLog *parklog.Log // lines of parked events: the first per cause, then summaries
+	// failedLog: lines of permanent failures not parked yet (MaxAttempts),
+	// likewise.
+	failedLog *parklog.Log
 	// growAfter (unix nanoseconds): until then claims do not grow their
 	// window (see lockLanes).
 	growAfter atomic.Int64
@@ -514,6 +519,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		wakes:  make([]chan struct{}, c.Workers),
 		kicks:  make([]chan struct{}, c.Workers),
 	}
+	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
 		r.kicks[i] = make(chan struct{}, 1)
@@ -570,6 +576,10 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	r.bg.Add(1)
 	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
+	r.bg.Add(1)
+	go func() { defer r.bg.Done(); r.parkLog.Run(bgCtx) }()
+	r.bg.Add(1)
+	go func() { defer r.bg.Done(); r.failedLog.Run(bgCtx) }()
 	if r.cfg.Retention > 0 {
 		r.bg.Add(1)
 		go func() { defer r.bg.Done(); r.clean(bgCtx) }()
@@ -596,6 +606,10 @@ func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Unlock()
 	r.bgCancel()
 	_ = r.gauges.Unregister()
+	// After the last batch: the summary of the events parked since the
+	// last one (see ParkedLogFirst).
+	defer r.parkLog.Flush()
+	defer r.failedLog.Flush()
 	defer r.bg.Wait()
 	select {
 	case <-r.done:

@@ -59,9 +59,11 @@ func printStatus(e env, st admin.Status) {
 	fmt.Fprintf(w, "Parked    %s events\n", thousands(st.Parked))
 	if len(st.ParkedGroups) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  COUNT\tTOPIC\tREASON\tLAST PARKED")
+		fmt.Fprintln(tw, "  COUNT\tTOPIC\tLAST PARKED\tREASON")
 		for _, g := range st.ParkedGroups {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", thousands(g.Count), printable(g.Topic, 40), printable(g.Reason, 70), stamp(g.LastParkedAt))
+			// The reason last, whole (up to 200 bytes): it is one text per
+			// cause, to copy into --error.
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", thousands(g.Count), printable(g.Topic, 40), stamp(g.LastParkedAt), printable(g.Reason, 200))
 		}
 		_ = tw.Flush()
 		var shown int64

@@ -1,0 +1,179 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
+)
+
+// The reason of a failed event: what the relay stores in its last_error,
+// what admin.ReadStatus groups by, what outboxctl shows and what its
+// --error filter searches. It is "[<error.type>] <message>", and the same
+// text for every event that failed for the same cause: the message names the
+// cause and, when the cause is the topic's or the broker's, the topic, but
+// never when it happened, how long ago, counts, sizes of one event,
+// partitions, offsets, broker addresses or ids, and never nests an earlier
+// reason. Those details go to the relay's log lines (attribute "error").
+// Examples:
+//
+//	[kafka.unknown_topic_or_partition] topic "payments.audit" does not exist: create it, then requeue its events
+//	[kafka.message_too_large] the broker refused a record for topic "orders": kafka server: Message was too large, ...
+//	[message_too_large] cannot be sent: the record is over the relay's MaxMessageBytes (1000000 bytes): ...
+//	[invalid_topic] cannot be sent: "not a topic!" is not a valid Kafka topic name (...)
+//	[database] cannot be sent: the stored row cannot be read: PostgreSQL: ... (SQLSTATE 54000): fix the row ...
+//
+// A Publisher's own permanent errors are stored by their text (without the
+// "permanent: " of PermanentError): keep such texts free of varying details,
+// or give the error a method Reason() string returning a stable text, which
+// is then stored instead.
+const reasonMax = 1000
+
+// Reason returns the stable reason the relay stores for an event of topic
+// that failed with err; "" for nil. See the format above.
+func Reason(err error, topic string) string {
+	if err == nil {
+		return ""
+	}
+	return truncate("["+ErrorType(err)+"] "+reasonMessage(err, topic), reasonMax)
+}
+
+func reasonMessage(err error, topic string) string {
+	var rs interface{ Reason() string }
+	if errors.As(err, &rs) {
+		if s := rs.Reason(); s != "" {
+			return s
+		}
+	}
+	var (
+		tl   tooLargeError
+		kerr sarama.KError
+		cerr sarama.ConfigurationError
+	)
+	switch {
+	case errors.As(err, &tl):
+		return fmt.Sprintf("cannot be sent: the record is over the relay's MaxMessageBytes (%d bytes): shrink the event, or raise MaxMessageBytes (and the topic's max.message.bytes), then requeue it", tl.max)
+	case errors.Is(err, errCannotSend):
+		// "cannot be sent: <why>", a text of the relay that depends only on
+		// the event (its topic's name, its stored headers).
+		return cause(err).Error()
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
+		return fmt.Sprintf("topic %s does not exist: create it, then requeue its events", strconv.Quote(truncate(topic, 300)))
+	case errors.As(err, &kerr):
+		return fmt.Sprintf("the broker refused a record for topic %s: %s", strconv.Quote(truncate(topic, 300)), kerr.Error())
+	case errors.As(err, &cerr):
+		return fmt.Sprintf("the producer refused a record for topic %s by its configuration (sarama.ConfigurationError; the relay's log has its words)", strconv.Quote(truncate(topic, 300)))
+	}
+	return cause(err).Error()
+}
+
+// cause strips the relay's own wrapping from err: PermanentError and the
+// missing topic's refusal.
+func cause(err error) error {
+	for {
+		var pe *PermanentError
+		var ns *notSentError
+		switch {
+		case errors.As(err, &ns):
+			err = ns.err
+		case errors.As(err, &pe):
+			err = pe.Err
+		default:
+			return err
+		}
+	}
+}
+
+// notSentError is the refusal of an event whose topic the broker reported
+// missing moments ago (see missingTopics); it wraps the broker's report.
+type notSentError struct {
+	ago time.Duration
+	err error
+}
+
+func (e *notSentError) Error() string {
+	return fmt.Sprintf("not sent: the broker reported the topic missing %v ago: %v", e.ago.Round(time.Millisecond), e.err)
+}
+func (e *notSentError) Unwrap() error { return e.err }
+
+// unreadableReason is the stable reason of a row that cannot be read: what
+// PostgreSQL said (its message and SQLSTATE, without the detail, which the
+// log line carries), and what to do.
+func unreadableReason(err error) string {
+	var pe *pgconn.PgError
+	what := err.Error()
+	if errors.As(err, &pe) {
+		what = fmt.Sprintf("PostgreSQL: %s (SQLSTATE %s)", pe.Message, pe.Code)
+	}
+	return "cannot be sent: the stored row cannot be read: " + what +
+		"; fix the row (e.g. rewrite its payload or headers) or delete it, then requeue it"
+}
+
+// unreadableDetail is what the log line of an unreadable row adds to its
+// reason: PostgreSQL's detail, when there is one.
+func unreadableDetail(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Detail
+	}
+	return ""
+}
+
+// ParkedLogFirst is how many events parked for one cause (topic and
+// reason) the relay logs one by one, with their ids; the further events of
+// the cause are counted and logged as one summary line per cause every
+// ParkedLogInterval ("parked 1,998 more events for topic X: <reason>"), and
+// once more when the relay stops. The counts are exact: every parked event
+// is in a line of its own or in a summary. A cause with no event parked for
+// a whole interval starts over with lines of their own. Permanent failures
+// of events not parked yet (charged until MaxAttempts) are logged the same
+// way ("N more permanent failures for topic X ...").
+const (
+	ParkedLogFirst    = 10
+	ParkedLogInterval = 10 * time.Second
+)
+
+func newParkLog(logger *slog.Logger) *parklog.Log {
+	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+		if c == (parklog.Cause{}) {
+			log.Error("outbox relay: parked "+parklog.More(n, "event")+" for other causes (too many different causes to count apart); see outboxctl status and outboxctl parked list",
+				"events", n)
+			return
+		}
+		log.Error("outbox relay: parked "+parklog.More(n, "event")+" for topic "+c.Topic+": "+c.Reason+"; see outboxctl parked list --topic "+shellWord(c.Topic),
+			"events", n, "topic", c.Topic, "reason", c.Reason)
+	})
+}
+
+// shellWord quotes s for a shell command line when it is not a valid topic
+// name (those need no quotes).
+func shellWord(s string) string {
+	if outbox.ValidateTopic(s) == nil {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func newFailedLog(logger *slog.Logger) *parklog.Log {
+	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+		noun := "permanent failures"
+		if n == 1 {
+			noun = "permanent failure"
+		}
+		if c == (parklog.Cause{}) {
+			log.Warn("outbox relay: "+parklog.Thousands(n)+" more "+noun+" for other causes (too many different causes to count apart), retried until MaxAttempts, then parked",
+				"failures", n)
+			return
+		}
+		log.Warn("outbox relay: "+parklog.Thousands(n)+" more "+noun+" for topic "+c.Topic+": "+c.Reason+"; retried until MaxAttempts, then parked",
+			"failures", n, "topic", c.Topic, "reason", c.Reason)
+	})
+}
