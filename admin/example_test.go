@@ -27,7 +27,7 @@ func parkOne(ctx context.Context, db relay.DB, uow *unitofwork.UnitOfWork, table
 		failed := map[int]error{}
 		for i, m := range msgs {
 			if string(m.Key) == "o-2" {
-				failed[i] = relay.Permanent(errors.New("kafka server: Message contents does not match its CRC"))
+				failed[i] = outbox.Permanent(errors.New("kafka server: Message contents does not match its CRC"))
 			}
 		}
 		if len(failed) > 0 {

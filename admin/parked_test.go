@@ -12,7 +12,6 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
-	"github.com/fxoutbox/outbox/relay"
 )
 
 // parkedMix seeds 3000 parked events over topics, types, keys, errors and
@@ -167,13 +166,13 @@ func TestRequeueAndDeleteInChunks(t *testing.T) {
 	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{Key: "k1", Limit: 50}, &admin.BulkOptions{ChunkSize: 20}); err != nil || n != 50 {
 		t.Errorf("Requeue with Limit 50 = %d, %v", n, err)
 	}
-	// By event id, as relay.Requeue does.
+	// By event id.
 	var one uuid.UUID
 	if err := s.pool.QueryRow(s.ctx, "SELECT event_id FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL LIMIT 1").Scan(&one); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relay.Requeue(s.ctx, s.pool, s.table, one, uuid.New()); err != nil || n != 1 {
-		t.Errorf("relay.Requeue = %d, %v", n, err)
+	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{one, uuid.New()}}, nil); err != nil || n != 1 {
+		t.Errorf("Requeue by event ids = %d, %v", n, err)
 	}
 
 	parkedBefore := s.count(t, "parked_at IS NOT NULL")

@@ -32,13 +32,9 @@ const (
 	// pgoutput logical slot of this database.
 	CheckSlot = "slot"
 	// CheckSlotLost: the table's slot was invalidated (wal_status lost).
-	// The error also matches ErrSlotInvalidated.
+	// The error also matches outbox.ErrSlotInvalidated.
 	CheckSlotLost = "slot_lost"
 )
-
-// ErrSlotInvalidated is matched (errors.Is) by the StreamSetupError of
-// CheckSlotLost: the server removed WAL the slot still needed.
-var ErrSlotInvalidated = errors.New("replication slot invalidated")
 
 // StreamSetupError is what CheckStream finds wrong with the server's setup
 // for the streaming relay. Error says what is wrong and the exact SQL or
@@ -55,10 +51,10 @@ func (e *StreamSetupError) Error() string {
 	return fmt.Sprintf("streaming relay of %s: %s: %s", e.Table, e.Reason, e.Fix)
 }
 
-// Unwrap returns ErrSlotInvalidated for CheckSlotLost, nil otherwise.
+// Unwrap returns outbox.ErrSlotInvalidated for CheckSlotLost, nil otherwise.
 func (e *StreamSetupError) Unwrap() error {
 	if e.Check == CheckSlotLost {
-		return ErrSlotInvalidated
+		return outbox.ErrSlotInvalidated
 	}
 	return nil
 }

@@ -316,7 +316,7 @@ func TestCheckStreamServerSettings(t *testing.T) {
 	err := admin.CheckStream(ctx, pool, tbl)
 	wantSetupError(t, err, admin.CheckSlotLost, "was invalidated (wal_status lost)", "falls back to polling",
 		"SELECT pg_drop_replication_slot('"+slot+"')", "outboxctl stream drop-slot", "max_slot_wal_keep_size")
-	if !errors.Is(err, admin.ErrSlotInvalidated) {
+	if !errors.Is(err, outbox.ErrSlotInvalidated) {
 		t.Fatalf("%v does not match ErrSlotInvalidated", err)
 	}
 	st, err := admin.ReadStream(ctx, pool, tbl)

@@ -151,10 +151,10 @@ type Config struct {
 	// are named after the table (outbox.Table.Slot, Publication). Default:
 	// relay.StreamConfig's defaults (30s, 1 GiB).
 	Stream relay.StreamConfig
-	// Poison is relay.Park (default: set a failing event aside so its key
-	// flows on) or relay.Hold (retry it forever, blocking its key)
+	// Poison is outbox.Park (default: set a failing event aside so its key
+	// flows on) or outbox.Hold (retry it forever, blocking its key)
 	// [OUTBOX_POISON=park|hold].
-	Poison relay.PoisonPolicy
+	Poison outbox.PoisonPolicy
 	// CloudEvents makes the relay also send each record in the binary
 	// content mode of the CloudEvents Kafka protocol binding (ce_specversion,
 	// ce_id, ce_source, ce_type, ce_time and content-type headers, next to
@@ -521,7 +521,7 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 		switches("OUTBOX_LISTEN", &c.DisableListen, false),
 		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
 		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
-		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]relay.PoisonPolicy{"park": relay.Park, "hold": relay.Hold}, &c.Poison, nil),
+		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, nil),
 		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
 		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,
 			map[string]relay.Partitioner{"murmur2": relay.Murmur2, "fnv1a": relay.FNV1a, "crc32": relay.CRC32}, &c.Partitioner, strings.ToLower),

@@ -46,7 +46,7 @@ func TestConfigFromEnv(t *testing.T) {
 	if c.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
 		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.PollInterval != 100*time.Millisecond ||
 		c.BatchSize != 200 || c.MaxBatchSize != 2000 || c.Workers != 2 || !c.SynchronousCommit || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Ordering != relay.Unordered ||
-		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != relay.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
+		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != outbox.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
 	if c.Mode != relay.Stream || c.Stream != (relay.StreamConfig{MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {

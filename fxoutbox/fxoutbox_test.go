@@ -99,14 +99,14 @@ func TestConfigReachesTheRelay(t *testing.T) {
 	}{
 		{"set", fxoutbox.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
 			BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
-			Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold, Sarama: sc},
+			Retention: time.Hour, MaxAttempts: 4, Poison: outbox.Hold, Sarama: sc},
 			relay.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
 				BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
-				Retention: time.Hour, MaxAttempts: 4, Poison: relay.Hold, Listen: true, MaxMessageBytes: 12345}},
+				Retention: time.Hour, MaxAttempts: 4, Poison: outbox.Hold, Listen: true, MaxMessageBytes: 12345}},
 		{"defaults", fxoutbox.Config{DisableListen: true},
 			relay.Config{PollInterval: 500 * time.Millisecond, BatchSize: 50, MaxBatchSize: 500, Workers: 1,
 				BatchTimeout: 30 * time.Second, MaxBackoff: 30 * time.Second, Ordering: relay.PerKey, Lanes: 64,
-				Retention: 72 * time.Hour, MaxAttempts: 5, Poison: relay.Park, MaxMessageBytes: outbox.DefaultMaxRecordBytes}},
+				Retention: 72 * time.Hour, MaxAttempts: 5, Poison: outbox.Park, MaxMessageBytes: outbox.DefaultMaxRecordBytes}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg

@@ -127,7 +127,7 @@ func inboxConfigFrom(lookupEnv func(string) (string, bool), environ ...string) (
 		}
 	}
 	for _, e := range []error{
-		choose(get, "OUTBOX_INBOX_POISON", `"park" or "hold"`, map[string]inbox.PoisonPolicy{"park": inbox.Park, "hold": inbox.Hold}, &c.Poison, strings.ToLower),
+		choose(get, "OUTBOX_INBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, strings.ToLower),
 		choose(get, "OUTBOX_INBOX_IDENTITY", `"event-id" or "event-id-or-position"`,
 			map[string]inbox.IdentityFunc{"event-id": inbox.EventID, "event-id-or-position": inbox.EventIDOrPosition}, &c.Identity, strings.ToLower),
 		choose(get, "OUTBOX_INBOX_PARK_UNROUTED", "on or off", onOff(true), &c.ParkUnrouted, strings.ToLower),

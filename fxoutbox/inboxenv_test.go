@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/inbox"
 )
 
 func TestInboxConfigFromEnv(t *testing.T) {
@@ -27,7 +26,7 @@ func TestInboxConfigFromEnv(t *testing.T) {
 	}
 	c := ic.Consumer
 	if c.Group != "billing" || c.Name != "billing-v2" || len(c.Brokers) != 2 || c.Table != (outbox.Table{Schema: "app", Name: "inbox"}) ||
-		c.Concurrency != 8 || c.BatchSize != 20 || c.DeadLetterTopic != "billing.dlq" || c.MaxAttempts != 3 || c.Poison != inbox.Hold || c.Identity == nil || !c.ParkUnrouted ||
+		c.Concurrency != 8 || c.BatchSize != 20 || c.DeadLetterTopic != "billing.dlq" || c.MaxAttempts != 3 || c.Poison != outbox.Hold || c.Identity == nil || !c.ParkUnrouted ||
 		c.MinBackoff != 50*time.Millisecond || c.MaxBackoff != 10*time.Second || c.TryTimeout != 20*time.Second ||
 		c.DrainTimeout != 3*time.Second || c.Retention >= 0 || c.CleanupInterval != time.Minute || !ic.Migrate {
 		t.Errorf("InboxConfig = %+v", ic)

@@ -27,7 +27,7 @@ import (
 // connection, serialization failure, deadlock, timeouts; see [Transient])
 // is retried with backoff without counting against the record; any other
 // error counts as one attempt, and after Config.MaxAttempts the record is
-// parked (or, with [Hold], retried forever). Wrap an error with [Permanent]
+// parked (or, with [outbox.Hold], retried forever). Wrap an error with [outbox.Permanent]
 // to park the record at once (a payload that can never be decoded).
 //
 // A handler must not have side effects outside tx that cannot be repeated
@@ -70,33 +70,6 @@ type Message struct {
 	// Attempt counts the times a handler ran for this record in this
 	// process, from 1; transient failures do not count.
 	Attempt int
-}
-
-// PoisonPolicy says what happens to a record whose handler failed
-// Config.MaxAttempts times.
-type PoisonPolicy int
-
-const (
-	// Park stores the record in the parked table with its reason and lets
-	// its partition move on. The default.
-	Park PoisonPolicy = iota
-	// Hold retries the record with backoff until it succeeds: its key
-	// waits (other keys go on until Concurrency x 64 records of the
-	// partition are read past it), and the partition's committed offset
-	// stays behind it. A Permanent error, a record without identity
-	// and (with ParkUnrouted) an unrouted record are still parked.
-	Hold
-)
-
-// String returns "park" or "hold", as OUTBOX_INBOX_POISON spells them.
-func (p PoisonPolicy) String() string {
-	switch p {
-	case Park:
-		return "park"
-	case Hold:
-		return "hold"
-	}
-	return "PoisonPolicy(" + strconv.Itoa(int(p)) + ")"
 }
 
 // IdentityFunc returns the identity a record is deduplicated on, or an error
@@ -220,8 +193,9 @@ type Config struct {
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.
 	MaxAttempts int
-	// Poison is Park (default) or Hold.
-	Poison PoisonPolicy
+	// Poison is outbox.Park (default) or outbox.Hold (see
+	// outbox.PoisonPolicy for what each does to a record).
+	Poison outbox.PoisonPolicy
 	// Identity gives each record the id it is deduplicated on. Default
 	// EventID (x-event-id, or a CloudEvent's ce_source and ce_id; other
 	// records are parked); EventIDOrPosition accepts the others too.
@@ -371,8 +345,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxAttempts < 1 {
 		return c, &outbox.ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
 	}
-	if c.Poison != Park && c.Poison != Hold {
-		return c, &outbox.ConfigError{Field: "Poison", Reason: "must be inbox.Park or inbox.Hold"}
+	if c.Poison != outbox.Park && c.Poison != outbox.Hold {
+		return c, &outbox.ConfigError{Field: "Poison", Reason: "must be outbox.Park or outbox.Hold"}
 	}
 	if c.Identity == nil {
 		c.Identity = EventID

@@ -73,7 +73,7 @@
 // Config.MaxAttempts the record is parked (Config.Poison = Park, the
 // default): stored in <table>_parked with its key, value, headers, reason
 // and attempts, together with its inbox row, and its partition moves on.
-// With Hold it is retried forever and its key waits. [Permanent] parks at
+// With Hold it is retried forever and its key waits. [outbox.Permanent] parks at
 // once. Attempts are counted in memory: a restart starts them again.
 // Parked records are listed, retried and deleted with [Consumer.List],
 // [Consumer.Retry] and [Consumer.Delete].

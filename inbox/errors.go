@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
 
@@ -46,16 +47,6 @@ const (
 	ErrorTypeDatabaseAuthentication = dberr.Authentication
 )
 
-// Permanent marks a handler error that will never go away for this record
-// (a payload that cannot be decoded): the record is parked at once, without
-// the remaining attempts.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &markedError{err: err, permanent: true}
-}
-
 // Transient marks a handler error as temporary (a dependency that is down):
 // the record is retried with backoff and the error does not count as an
 // attempt. Errors of the handler's database statements are recognised
@@ -67,10 +58,8 @@ func Transient(err error) error {
 	return &markedError{err: err}
 }
 
-type markedError struct {
-	err       error
-	permanent bool
-}
+// markedError is a Transient error.
+type markedError struct{ err error }
 
 func (e *markedError) Error() string { return e.err.Error() }
 func (e *markedError) Unwrap() error { return e.err }
@@ -94,11 +83,11 @@ const (
 // Errors outside the handler (begin, the inbox row, the outbox insert,
 // commit) never are: they are the database's, not the record's.
 func classify(err error) kind {
+	if outbox.IsPermanent(err) {
+		return kindPermanent
+	}
 	var me *markedError
 	if errors.As(err, &me) {
-		if me.permanent {
-			return kindPermanent
-		}
 		return kindTransient
 	}
 	var he *handlerError
@@ -129,8 +118,7 @@ func errorType(err error) string {
 	if err == nil {
 		return ""
 	}
-	var me *markedError
-	if errors.As(err, &me) && me.permanent {
+	if outbox.IsPermanent(err) {
 		return ErrorTypePermanent
 	}
 	switch {
@@ -173,6 +161,8 @@ func reason(err error) string {
 			err = e.err
 		case *markedError:
 			err = e.err
+		case *outbox.PermanentError:
+			err = e.Err
 		default:
 			return text(clip(err.Error(), 4000))
 		}

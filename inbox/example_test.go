@@ -40,7 +40,7 @@ func ExampleNew() {
 					OrderID string `json:"order_id"`
 				}
 				if err := json.Unmarshal(m.Value, &o); err != nil {
-					return inbox.Permanent(err) // never decodable: park it now
+					return outbox.Permanent(err) // never decodable: park it now
 				}
 				if _, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, o.OrderID); err != nil {
 					return err

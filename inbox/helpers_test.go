@@ -136,7 +136,7 @@ func (e *env) effect(member string) inbox.Handler {
 	return func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 		var p payload
 		if err := json.Unmarshal(m.Value, &p); err != nil {
-			return inbox.Permanent(err)
+			return outbox.Permanent(err)
 		}
 		if p.Poison {
 			return fmt.Errorf("poison record %d", p.Seq)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -106,7 +107,7 @@ func TestHoldKeepsTheKeyWaiting(t *testing.T) {
 			}
 			return effect(ctx, tx, m)
 		})
-		cfg.MaxAttempts, cfg.Poison, cfg.Concurrency = 2, inbox.Hold, 2 // the held record takes one worker
+		cfg.MaxAttempts, cfg.Poison, cfg.Concurrency = 2, outbox.Hold, 2 // the held record takes one worker
 		if e.batch > 1 {
 			cfg.Concurrency = 1
 		}

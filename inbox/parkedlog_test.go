@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -42,7 +43,7 @@ func TestMassParkingBoundedLogs(t *testing.T) {
 	e.produce(events(n, 40)...)
 	logs := &logRecorder{}
 	cfg := e.config(group(), func(context.Context, unitofwork.Tx, *inbox.Message) error {
-		return inbox.Permanent(errors.New("the account is closed"))
+		return outbox.Permanent(errors.New("the account is closed"))
 	})
 	cfg.Logger = slog.New(logs)
 	c, err := inbox.New(e.pool, e.uow, cfg)

@@ -194,7 +194,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 		case kindAttempt:
 			attempts++
 			c.ms.failed(ctx, msg.Topic, err, "handler")
-			if attempts >= c.cfg.MaxAttempts && c.cfg.Poison == Park {
+			if attempts >= c.cfg.MaxAttempts && c.cfg.Poison == outbox.Park {
 				cause = err
 				continue
 			}

@@ -46,7 +46,7 @@ type row struct {
 // whole failed: a database error, or a publish that failed transiently
 // (broker unavailable, timeout) with nothing acknowledged; the caller should
 // then back off. A failure of single events is not an error: a permanent
-// one (see PermanentError) is charged to its event (attempts, last_error),
+// one (see outbox.PermanentError) is charged to its event (attempts, last_error),
 // which is parked at once or after MaxAttempts; an event the relay cannot
 // read, decode or send is parked at once (both unless Poison is Hold); and a
 // failed event and its key wait for their paced retry while the other keys
@@ -170,7 +170,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		switch {
 		case err == nil:
 			d.ids = append(d.ids, rows[i].id)
-		case IsPermanent(err):
+		case outbox.IsPermanent(err):
 			d.failed = append(d.failed, i)
 		case errors.Is(err, ErrHeld):
 			// Waits behind its key's failed event: not a failure of its own.
@@ -239,7 +239,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		ids[i] = b.id
 		msgs[i] = truncate("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
 	}
-	park := r.cfg.Poison != Hold
+	park := r.cfg.Poison != outbox.Hold
 	type charged struct {
 		id      int64
 		eventID uuid.UUID
@@ -416,10 +416,10 @@ func (r *Relay) resolve(ctx context.Context, rows []row, msgs []Message, g []int
 		switch err := errs[i]; {
 		case err == nil:
 		case blocked[k] || split[k] == 2:
-			if IsPermanent(err) { // behind its key's failure: not charged
+			if outbox.IsPermanent(err) { // behind its key's failure: not charged
 				errs[i] = ErrHeld
 			}
-		case IsPermanent(err) && !topicLevel(err):
+		case outbox.IsPermanent(err) && !topicLevel(err):
 			failed = append(failed, i)
 			split[k] = 1
 		case errors.Is(err, ErrHeld) && split[k] == 1:
@@ -510,7 +510,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 		for j, i := range failed {
 			fids[j], msgs[j] = rows[i].id, Reason(errs[i], rows[i].topic)
 			switch {
-			case r.cfg.Poison == Hold:
+			case r.cfg.Poison == outbox.Hold:
 				limits[j] = 0 // never park
 			case errors.Is(errs[i], errCannotSend):
 				limits[j] = 1 // can never be sent: park at once
@@ -600,7 +600,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 	for i, x := range rows {
 		stored, err := storedHeaders(x.headers)
 		if err != nil {
-			encErrs[i] = Permanent(fmt.Errorf("%w: %w", errCannotSend, headersError{err}))
+			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, headersError{err}))
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
 		eventID := x.eventID.String()

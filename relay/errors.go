@@ -9,32 +9,6 @@ import (
 	"github.com/fxoutbox/outbox"
 )
 
-// PermanentError marks a publish error that will happen again for the same
-// event however often it is retried: the message is too large, its topic is
-// invalid or missing, the broker rejects the record. The relay counts such
-// errors against the event (attempts, last_error) and parks it after
-// MaxAttempts. Every other error is transient: retried with backoff, never
-// counted against an event. A Publisher marks its permanent errors with
-// Permanent.
-type PermanentError struct{ Err error }
-
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// Permanent wraps err as a PermanentError (nil stays nil).
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &PermanentError{Err: err}
-}
-
-// IsPermanent reports whether err is, or wraps, a PermanentError.
-func IsPermanent(err error) bool {
-	var pe *PermanentError
-	return errors.As(err, &pe)
-}
-
 // ErrHeld is reported for a message not sent, or not marked, because an
 // earlier event of its key failed in the same batch (or, from
 // SaramaPublisher, an earlier record of its partition was rejected). It is
@@ -68,10 +42,10 @@ var errCannotSend = errors.New("cannot be sent")
 // published, before it is sent.
 func (r *Relay) precheck(m Message) error {
 	if err := outbox.ValidateTopic(m.Topic); err != nil {
-		return Permanent(fmt.Errorf("%w: %w", errCannotSend, err))
+		return outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, err))
 	}
 	if size := messageSize(m); size > r.cfg.MaxMessageBytes {
-		return Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, r.cfg.MaxMessageBytes}))
+		return outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, r.cfg.MaxMessageBytes}))
 	}
 	return nil
 }

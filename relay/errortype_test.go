@@ -18,6 +18,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -97,8 +98,8 @@ func TestErrorTypeValues(t *testing.T) {
 		{wrap(sarama.ErrOutOfBrokers), relay.ErrorTypeBrokerUnreachable},
 		{sarama.Wrap(sarama.ErrOutOfBrokers, sarama.ErrSASLAuthenticationFailed), relay.ErrorTypeAuthentication},
 		{sarama.Wrap(sarama.ErrOutOfBrokers, x509.UnknownAuthorityError{}), relay.ErrorTypeTLS},
-		{relay.Permanent(sarama.ErrMessageSizeTooLarge), "kafka.message_too_large"},
-		{&relay.BatchError{Failed: map[int]error{0: relay.Permanent(sarama.ErrUnknownTopicOrPartition)}}, "kafka.unknown_topic_or_partition"},
+		{outbox.Permanent(sarama.ErrMessageSizeTooLarge), "kafka.message_too_large"},
+		{&relay.BatchError{Failed: map[int]error{0: outbox.Permanent(sarama.ErrUnknownTopicOrPartition)}}, "kafka.unknown_topic_or_partition"},
 		{wrap(sarama.ErrNotLeaderForPartition), "kafka.not_leader_or_follower"},
 		{wrap(sarama.ErrTopicAuthorizationFailed), "kafka.topic_authorization_failed"},
 		{sarama.KError(9999), relay.ErrorTypeOther},

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -101,7 +102,7 @@ func TestUnreadableRowIsHeld(t *testing.T) {
 	bad := s.insertUnreadable(t, topic, "kbad")
 	after := s.insertRaw(t, topic, "kbad", []byte(`{"after":true}`))
 	s.write(t, topic, 10, 5)
-	r := s.relay(t, s.publisher(t), relay.Config{Poison: relay.Hold, PollInterval: time.Second})
+	r := s.relay(t, s.publisher(t), relay.Config{Poison: outbox.Hold, PollInterval: time.Second})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestMalformedStoredHeadersPark(t *testing.T) {
 			t.Fatalf("RunOnce: %v", err)
 		}
 	}
-	parked, err := relay.ListParked(s.ctx, s.pool, s.table, 10)
+	parked, err := admin.ListParked(s.ctx, s.pool, s.table, admin.Filter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestHealthyAfterPoisonParked(t *testing.T) {
 	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 		failed := map[int]error{}
 		for i := range msgs {
-			failed[i] = relay.Permanent(errors.New("kafka server: Message was too large"))
+			failed[i] = outbox.Permanent(errors.New("kafka server: Message was too large"))
 		}
 		return &relay.BatchError{Failed: failed}
 	})

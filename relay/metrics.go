@@ -325,7 +325,7 @@ func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []row, e
 			first = err
 		}
 		kind := "transient"
-		if IsPermanent(err) {
+		if outbox.IsPermanent(err) {
 			kind = "permanent"
 		}
 		failed[key{rows[i].topic, ErrorType(err), kind}]++

@@ -22,6 +22,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -492,7 +493,7 @@ func TestParkedGaugeByTopicAndReason(t *testing.T) {
 	if _, err := r.RunOnce(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	parked, err := relay.ListParked(s.ctx, s.pool, s.table, 10)
+	parked, err := admin.ListParked(s.ctx, s.pool, s.table, admin.Filter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -55,7 +57,7 @@ func TestPoisonEventsAreParkedAndGoodOnesFlow(t *testing.T) {
 		}
 	}
 	cons.WaitFor(1000, 30*time.Second)
-	parked, err := relay.ListParked(s.ctx, s.pool, s.table, 10)
+	parked, err := admin.ListParked(s.ctx, s.pool, s.table, admin.Filter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func TestPoisonEventsAreParkedAndGoodOnesFlow(t *testing.T) {
 		t.Errorf("parked reasons: %q, %q", parked[0].LastError, parked[1].LastError)
 	}
 	// Requeued, they come back and, still bad, are parked again.
-	if n, err := relay.Requeue(s.ctx, s.pool, s.table, big, invalid); err != nil || n != 2 {
+	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{big, invalid}}, nil); err != nil || n != 2 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
 	if u := s.unpublishedUnparked(t); u != 2 {
@@ -75,7 +77,7 @@ func TestPoisonEventsAreParkedAndGoodOnesFlow(t *testing.T) {
 	if _, err := r.RunOnce(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := relay.ListParked(s.ctx, s.pool, s.table, 10); len(p) != 2 || p[0].Attempts != 1 {
+	if p, _ := admin.ListParked(s.ctx, s.pool, s.table, admin.Filter{Limit: 10}); len(p) != 2 || p[0].Attempts != 1 {
 		t.Fatalf("after requeue and a run: parked %+v", p)
 	}
 }
@@ -94,7 +96,7 @@ func (s *setup) unpublishedUnparked(t *testing.T) int {
 // Transient errors are never counted.
 func TestPermanentFailuresCountThenPark(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []relay.PoisonPolicy{relay.Park, relay.Hold} {
+	for _, policy := range []outbox.PoisonPolicy{outbox.Park, outbox.Hold} {
 		s := newSetup(t)
 		s.write(t, "p.topic", 6, 2) // keys k0,k1,k0,k1,k0,k1; the first k0 is poison
 		var poison atomic.Value
@@ -114,7 +116,7 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 				}
 				if m.EventID == poison.Load() || string(m.Key) == rejected {
 					rejected = string(m.Key)
-					failed[i] = relay.Permanent(errors.New("kafka server: Message was too large"))
+					failed[i] = outbox.Permanent(errors.New("kafka server: Message was too large"))
 					continue
 				}
 				var p struct{ Seq int }
@@ -158,14 +160,14 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 			}
 		}
 		switch policy {
-		case relay.Park:
+		case outbox.Park:
 			if att != 3 || !parked || !strings.Contains(lastErr, "too large") {
 				t.Errorf("park: attempts %d parked %v last_error %q; want 3, parked", att, parked, lastErr)
 			}
 			if k0published != 2 {
 				t.Errorf("park: %d later k0 events published, want 2 (after parking)", k0published)
 			}
-		case relay.Hold:
+		case outbox.Hold:
 			if att != 4 || parked {
 				t.Errorf("hold: attempts %d parked %v; want 4, not parked", att, parked)
 			}
@@ -193,7 +195,7 @@ func TestMissingTopicParksAtOnce(t *testing.T) {
 		for i, m := range msgs {
 			if m.Topic == "late.topic" && !created.Load() {
 				sentToMissing.Add(1)
-				failed[i] = relay.Permanent(fmt.Errorf("%s: %w", m.Topic, sarama.ErrUnknownTopicOrPartition))
+				failed[i] = outbox.Permanent(fmt.Errorf("%s: %w", m.Topic, sarama.ErrUnknownTopicOrPartition))
 			}
 		}
 		if len(failed) > 0 {
@@ -221,7 +223,7 @@ func TestMissingTopicParksAtOnce(t *testing.T) {
 	created.Store(true)
 	// Requeued at once, inside the relay's memory of the missing topic: a
 	// requeued event is sent all the same.
-	if _, err := relay.Requeue(s.ctx, s.pool, s.table, first, second); err != nil {
+	if _, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{first, second}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := r.RunOnce(s.ctx); err != nil || n != 2 {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -18,8 +19,8 @@ import (
 // they came back with the poison in every batch and were never published.)
 func TestPoisonDoesNotHoldItsKeysEarlierEvents(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []relay.PoisonPolicy{relay.Park, relay.Hold} {
-		name := map[relay.PoisonPolicy]string{relay.Park: "park", relay.Hold: "hold"}[policy]
+	for _, policy := range []outbox.PoisonPolicy{outbox.Park, outbox.Hold} {
+		name := map[outbox.PoisonPolicy]string{outbox.Park: "park", outbox.Hold: "hold"}[policy]
 		t.Run(name, func(t *testing.T) {
 			s := newSetup(t)
 			brokers := s.kafka(t)

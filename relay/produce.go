@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
 )
 
 // The produce path of SaramaPublisher: an idempotent producer of its own on
@@ -310,7 +312,7 @@ func (pr *producer) partition(topic string, msgs []Message, idx []int) ([]int32,
 // the topic is missing, invalid or not authorized, else transient.
 func classifyTopic(topic string, err error) error {
 	if topicLevelKError(err) {
-		return Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %w", topic, err))
+		return outbox.Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %w", topic, err))
 	}
 	return fmt.Errorf("relay: metadata of topic %q: %w", topic, err)
 }
@@ -489,7 +491,7 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 			case topicLevelKError(kerr):
 				pr.failTopic(l.tp.topic, lanes, err, failed)
 			case recordLevelKError(kerr):
-				pr.rejected(l, Permanent(err), failed)
+				pr.rejected(l, outbox.Permanent(err), failed)
 			default:
 				pr.failLane(l, err, err, true, failed)
 			}

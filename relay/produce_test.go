@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -128,11 +129,11 @@ func TestRejectedRecordBatchKeepsKeyOrder(t *testing.T) {
 		if i > 20 {
 			t.Fatal("relay made no progress")
 		}
-		if _, err := r.RunOnce(s.ctx); err != nil && !relay.IsPermanent(err) {
+		if _, err := r.RunOnce(s.ctx); err != nil && !outbox.IsPermanent(err) {
 			t.Fatalf("RunOnce: %v", err)
 		}
 	}
-	parked, err := relay.ListParked(s.ctx, s.pool, s.table, 10)
+	parked, err := admin.ListParked(s.ctx, s.pool, s.table, admin.Filter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func TestMissingTopicFailsPermanentlyAtOnce(t *testing.T) {
 			t.Fatalf("call %d: failed %v, want messages 1 and 3 (the missing topic's) alone", c, be.Failed)
 		}
 		for _, i := range []int{1, 3} {
-			if e := be.Failed[i]; !relay.IsPermanent(e) || !errors.Is(e, sarama.ErrUnknownTopicOrPartition) {
+			if e := be.Failed[i]; !outbox.IsPermanent(e) || !errors.Is(e, sarama.ErrUnknownTopicOrPartition) {
 				t.Errorf("call %d: message %d: %v, want a permanent error wrapping UnknownTopicOrPartition", c, i, e)
 			}
 		}

@@ -79,7 +79,7 @@ func reasonMessage(err error, topic string) string {
 // missing topic's refusal.
 func cause(err error) error {
 	for {
-		var pe *PermanentError
+		var pe *outbox.PermanentError
 		var ns *notSentError
 		switch {
 		case errors.As(err, &ns):

@@ -9,6 +9,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox"
 )
 
 // The reason of one cause is one text, whatever varies between its events
@@ -17,7 +19,7 @@ import (
 func TestReasonIsStablePerCause(t *testing.T) {
 	const topic = "payments.audit"
 	missing := func(partition int) error {
-		return Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %s/%d: %w", topic, topic, partition, sarama.ErrUnknownTopicOrPartition))
+		return outbox.Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %s/%d: %w", topic, topic, partition, sarama.ErrUnknownTopicOrPartition))
 	}
 	var m missingTopics
 	now := time.Now()
@@ -29,10 +31,10 @@ func TestReasonIsStablePerCause(t *testing.T) {
 		t.Fatalf("the memory nests or forgets: %v", refused2)
 	}
 	rejected := func(partition int, broker string) error {
-		return Permanent(fmt.Errorf("relay: broker %s rejected the record batch for %s/%d: %w", broker, topic, partition, sarama.ErrMessageSizeTooLarge))
+		return outbox.Permanent(fmt.Errorf("relay: broker %s rejected the record batch for %s/%d: %w", broker, topic, partition, sarama.ErrMessageSizeTooLarge))
 	}
 	tooLarge := func(size int) error {
-		return Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, 1000000}))
+		return outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, 1000000}))
 	}
 	unreadable := func(detail string) error {
 		return &pgconn.PgError{Code: "54000", Message: "out of memory", Detail: detail}
@@ -48,7 +50,7 @@ func TestReasonIsStablePerCause(t *testing.T) {
 			`[kafka.message_too_large] the broker refused a record for topic "payments.audit": ` + sarama.ErrMessageSizeTooLarge.Error()},
 		{"over MaxMessageBytes", []error{tooLarge(1000001), tooLarge(2 << 20)},
 			"[message_too_large] cannot be sent: the record is over the relay's MaxMessageBytes (1000000 bytes): shrink the event, or raise MaxMessageBytes (and the topic's max.message.bytes), then requeue it"},
-		{"publisher's own", []error{Permanent(errors.New("rejected by policy")), Permanent(Permanent(errors.New("rejected by policy")))},
+		{"publisher's own", []error{outbox.Permanent(errors.New("rejected by policy")), outbox.Permanent(outbox.Permanent(errors.New("rejected by policy")))},
 			"[_OTHER] rejected by policy"},
 	} {
 		for _, err := range c.errs {

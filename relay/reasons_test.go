@@ -260,7 +260,7 @@ func TestRequeueRightAfterTheFixDelivers(t *testing.T) {
 	testenv.CreateTopic(t, brokers, missing, 3)
 	alterTopic(t, brokers, topic, "max.message.bytes", "1000000")
 	fixed := time.Now()
-	if n, err := relay.Requeue(s.ctx, s.pool, s.table, poison...); err != nil || n != len(poison) {
+	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: poison}, nil); err != nil || n != len(poison) {
 		t.Fatalf("Requeue = %d, %v; want %d", n, err, len(poison))
 	}
 	r.Wake()
@@ -301,7 +301,7 @@ func TestMassPermanentFailuresBoundedLogs(t *testing.T) {
 	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 		failed := map[int]error{}
 		for i, m := range msgs {
-			failed[i] = relay.Permanent(fmt.Errorf("topic %s, partition %d: %w", m.Topic, i%6, sarama.ErrTopicAuthorizationFailed))
+			failed[i] = outbox.Permanent(fmt.Errorf("topic %s, partition %d: %w", m.Topic, i%6, sarama.ErrTopicAuthorizationFailed))
 		}
 		return &relay.BatchError{Failed: failed}
 	})

@@ -115,7 +115,7 @@
 // recovers.
 //
 // A failure of single events holds back only those events and their keys.
-// A permanent failure ([PermanentError]: too large, invalid or missing topic,
+// A permanent failure ([outbox.PermanentError]: too large, invalid or missing topic,
 // rejected record) is charged to its event (attempts, last_error); a
 // transient one of a single event, in a batch whose other events went
 // through, is not. Either way the event and its key are left out of the
@@ -123,7 +123,7 @@
 // doubling up to MaxBackoff, kept in the relay's memory (a restarted relay
 // or another replica retries at once, then paces too). The other keys flow
 // meanwhile, and later events of the failed key wait, so its order holds.
-// An event is parked ([Park]) and no longer blocks its key:
+// An event is parked ([outbox.Park]) and no longer blocks its key:
 //   - at once, when the relay cannot read, decode or send it: a stored row
 //     PostgreSQL cannot print (a data error, SQLSTATE class 22 or 54, found
 //     under a savepoint and parked by a statement that does not read it),
@@ -136,12 +136,12 @@
 //     found, and only those are charged), or its topic does not exist;
 //   - after MaxAttempts paced attempts for the other permanent failures.
 //
-// Under [Hold] nothing is parked: the event is charged and retried, paced,
+// Under [outbox.Hold] nothing is parked: the event is charged and retried, paced,
 // forever, its key waiting. Parked or held events never make [Relay.Health]
 // fail (a held one shows in the backlog's age). last_error says what was
-// wrong and what to do. [ListParked] and [Requeue] manage parked events;
-// package admin, which they call, and the outboxctl command filter, show,
-// requeue and delete them, and replay published events.
+// wrong and what to do. Package admin (admin.ListParked, admin.Requeue)
+// and the outboxctl command filter, show, requeue and delete them, and
+// replay published events.
 //
 // # Bounds
 //
@@ -249,7 +249,7 @@ type Config struct {
 	// over more replicas; every relay on a table must use the same number
 	// (change it only with all relays stopped). 1-4096; default 64.
 	Lanes int
-	// MaxAttempts is how many permanent failures (see PermanentError) an
+	// MaxAttempts is how many permanent failures (see outbox.PermanentError) an
 	// event may have before it is parked; its attempts are paced like its
 	// retries (see Failures in the package documentation). Events the relay
 	// cannot read or send, those the broker refuses alone for good (too
@@ -260,7 +260,7 @@ type Config struct {
 	// Park (default) sets it aside, so its key's later events flow on
 	// without it; Hold retries it forever, keeping its key's order but
 	// blocking the key until an operator acts.
-	Poison PoisonPolicy
+	Poison outbox.PoisonPolicy
 	// MaxMessageBytes is the largest record the relay sends, counted as
 	// outbox.RecordBytes counts it (key, value, headers, and the record and
 	// batch overhead a broker compares with message.max.bytes); larger
@@ -427,8 +427,8 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
 	case c.MaxAttempts < 1 || c.MaxMessageBytes < 1:
 		return &outbox.ConfigError{Field: "MaxAttempts/MaxMessageBytes", Reason: "must be positive (zero means the default)"}
-	case c.Poison != Park && c.Poison != Hold:
-		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use relay.Park or relay.Hold", c.Poison)}
+	case c.Poison != outbox.Park && c.Poison != outbox.Hold:
+		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use outbox.Park or outbox.Hold", c.Poison)}
 	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
 		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
 	case c.StatsInterval < 10*time.Millisecond:

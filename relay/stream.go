@@ -175,10 +175,6 @@ type StreamStatus struct {
 	Lag      time.Duration
 }
 
-// ErrSlotInvalidated is the cause of the fall-back to polling: the server
-// invalidated the slot (it pinned more WAL than max_slot_wal_keep_size).
-var ErrSlotInvalidated = errors.New("relay: replication slot invalidated")
-
 // StreamStatus returns the stream's state; a relay in Poll mode returns the
 // zero value.
 func (r *Relay) StreamStatus() StreamStatus {
@@ -307,7 +303,7 @@ func (r *Relay) runStream(ctx context.Context) {
 			if !r.sleep(r.cfg.Stream.StandbyRetry, nil) {
 				return
 			}
-		case errors.Is(err, ErrSlotInvalidated):
+		case errors.Is(err, outbox.ErrSlotInvalidated):
 			failures = 0
 			r.stream.state.Store(int32(StreamFallback))
 			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
@@ -465,7 +461,7 @@ func (s *streamer) start(ctx context.Context) error {
 	})
 	if err != nil {
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" && slotInvalidated(pgErr) {
-			return fmt.Errorf("%w: %s: %w", ErrSlotInvalidated, s.slot, err)
+			return fmt.Errorf("relay: %w: %s: %w", outbox.ErrSlotInvalidated, s.slot, err)
 		}
 		return fmt.Errorf("relay: start replication from slot %s: %w", s.slot, err)
 	}

@@ -270,8 +270,8 @@ func (s *setup) insertPoison(t *testing.T, topic, key string, payload, headers [
 // them, and every other key flows.
 func TestStreamPoisonKeepsTheStreamGoing(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []relay.PoisonPolicy{relay.Park, relay.Hold} {
-		t.Run(map[relay.PoisonPolicy]string{relay.Park: "park", relay.Hold: "hold"}[policy], func(t *testing.T) {
+	for _, policy := range []outbox.PoisonPolicy{outbox.Park, outbox.Hold} {
+		t.Run(map[outbox.PoisonPolicy]string{outbox.Park: "park", outbox.Hold: "hold"}[policy], func(t *testing.T) {
 			s := newSetup(t)
 			s.streaming(t)
 			brokers := s.kafka(t)
@@ -327,7 +327,7 @@ func TestStreamPoisonKeepsTheStreamGoing(t *testing.T) {
 			})
 			good(5, all...)
 			want := 75
-			if policy == relay.Hold {
+			if policy == outbox.Hold {
 				want = 60 // k0..k2's last 5 wait behind their poison row
 			}
 			cons.WaitFor(want, 30*time.Second)
@@ -340,13 +340,13 @@ func TestStreamPoisonKeepsTheStreamGoing(t *testing.T) {
 			for i := range poison {
 				parked, attempts, le := poisonRow(i)
 				switch {
-				case policy == relay.Park && (!parked || !strings.Contains(le, reasons[i])):
+				case policy == outbox.Park && (!parked || !strings.Contains(le, reasons[i])):
 					t.Errorf("park: poison row %d: parked %v, last_error %q; want parked with %q", i, parked, le, reasons[i])
-				case policy == relay.Hold && (parked || attempts < 1 || !strings.Contains(le, reasons[i])):
+				case policy == outbox.Hold && (parked || attempts < 1 || !strings.Contains(le, reasons[i])):
 					t.Errorf("hold: poison row %d: parked %v, attempts %d, last_error %q; want held (charged, not parked) with %q", i, parked, attempts, le, reasons[i])
 				}
 			}
-			if policy == relay.Hold {
+			if policy == outbox.Hold {
 				for _, m := range msgs {
 					if k := string(m.Key); k == "k0" || k == "k1" || k == "k2" {
 						var p struct{ Seq int }

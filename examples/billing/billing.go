@@ -205,10 +205,10 @@ func newRoute(c Config, inv *Invoices) inbox.Route {
 		Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 			var o OrderConfirmed
 			if err := json.Unmarshal(m.Value, &o); err != nil {
-				return inbox.Permanent(fmt.Errorf("billing: decode %s: %w", EventOrderConfirmed, err))
+				return outbox.Permanent(fmt.Errorf("billing: decode %s: %w", EventOrderConfirmed, err))
 			}
 			if o.AggregateID == "" {
-				return inbox.Permanent(fmt.Errorf("billing: %s without aggregateId", EventOrderConfirmed))
+				return outbox.Permanent(fmt.Errorf("billing: %s without aggregateId", EventOrderConfirmed))
 			}
 			id, err := inv.create(ctx, tx, o)
 			if err != nil {

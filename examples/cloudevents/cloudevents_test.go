@@ -202,11 +202,11 @@ func TestInboxAppliesTheSDKsRecordsOnce(t *testing.T) {
 
 	handler := func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 		if m.Type != "com.example.invoice.paid" || string(m.Key) != "inv-1" {
-			return inbox.Permanent(fmt.Errorf("type %q, key %q", m.Type, m.Key))
+			return outbox.Permanent(fmt.Errorf("type %q, key %q", m.Type, m.Key))
 		}
 		var v map[string]string
 		if err := json.Unmarshal(m.Value, &v); err != nil || v["invoice"] != "7" {
-			return inbox.Permanent(fmt.Errorf("value %s: %v", m.Value, err))
+			return outbox.Permanent(fmt.Errorf("value %s: %v", m.Value, err))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id, ce_id) VALUES ($1, $2)`, m.ID, m.Headers["ce_id"])
 		return err

@@ -94,7 +94,7 @@ func (w *inboxWorld) start(t *testing.T, delay time.Duration) *inbox.Consumer {
 		Routes: []inbox.Route{{Topic: w.topic, Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 			var p struct{ Seq int }
 			if err := json.Unmarshal(m.Value, &p); err != nil {
-				return inbox.Permanent(err)
+				return outbox.Permanent(err)
 			}
 			time.Sleep(delay)
 			_, err := tx.Exec(ctx, `INSERT INTO `+w.effects+` (event_id, key, seq) VALUES ($1, $2, $3)`, m.ID, string(m.Key), p.Seq)

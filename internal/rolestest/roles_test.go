@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -535,7 +536,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		failing := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
 			failed := map[int]error{}
 			for i := range msgs {
-				failed[i] = relay.Permanent(errors.New("kafka server: Message was too large"))
+				failed[i] = outbox.Permanent(errors.New("kafka server: Message was too large"))
 			}
 			return &relay.BatchError{Failed: failed}
 		})
@@ -564,11 +565,11 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 				t.Errorf("failing event %s: published %v, parked %v, attempts %d; want parked after 2", id, pub, parked, attempts)
 			}
 		}
-		parked, err := relay.ListParked(ctx, relayDB, tbl, 10)
+		parked, err := admin.ListParked(ctx, relayDB, tbl, admin.Filter{Limit: 10})
 		if err != nil || len(parked) != 2 || !strings.Contains(parked[0].LastError, "too large") {
 			t.Fatalf("ListParked as relay: %+v, %v", parked, err)
 		}
-		if n, err := relay.Requeue(ctx, relayDB, tbl, bad...); err != nil || n != 2 {
+		if n, err := admin.Requeue(ctx, relayDB, tbl, admin.Filter{EventIDs: bad}, nil); err != nil || n != 2 {
 			t.Fatalf("Requeue as relay: %d, %v", n, err)
 		}
 		rl, err = relay.New(relayDB, ok, &relay.Config{Table: tbl, Retention: time.Millisecond})

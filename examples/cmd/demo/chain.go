@@ -158,7 +158,7 @@ func (d *demo) startBilling(ctx context.Context, dbURL, runID string, outboxCfg 
 func (d *demo) finalConsumed(ctx context.Context, _ unitofwork.Tx, m *inbox.Message) error {
 	var ev billing.InvoiceCreated
 	if err := json.Unmarshal(m.Value, &ev); err != nil {
-		return inbox.Permanent(err)
+		return outbox.Permanent(err)
 	}
 	tid := trace.SpanContextFromContext(ctx).TraceID()
 	d.mu.Lock()
