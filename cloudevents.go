@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // CloudEventsMode says whether the relay marks its records as CloudEvents.
@@ -103,10 +105,10 @@ func (c CloudEvents) Validate() error {
 	case len(c.Source) > maxCloudEventsSourceBytes:
 		return bad(fmt.Sprintf("is %d bytes, over %d", len(c.Source), maxCloudEventsSourceBytes))
 	case !utf8.ValidString(c.Source) || strings.IndexFunc(c.Source, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		return bad(fmt.Sprintf("%s holds white space, control characters or invalid UTF-8", quote(c.Source)))
+		return bad(fmt.Sprintf("%s holds white space, control characters or invalid UTF-8", textcut.Quote(c.Source, 64)))
 	}
 	if _, err := url.Parse(c.Source); err != nil {
-		return bad(fmt.Sprintf("%s is not a URI-reference", quote(c.Source)))
+		return bad(fmt.Sprintf("%s is not a URI-reference", textcut.Quote(c.Source, 64)))
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package outbox
 import (
 	"errors"
 	"fmt"
+
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // ErrInvalidEvent is matched (errors.Is) by every error about an event that
@@ -26,7 +28,7 @@ type EventError struct {
 func (e *EventError) Error() string {
 	t := "without type"
 	if e.Type != "" {
-		t = "type " + quote(e.Type)
+		t = "type " + textcut.Quote(e.Type, 64)
 	}
 	return fmt.Sprintf("outbox: event %d (%s): %s %s", e.Index, t, e.Field, e.Reason)
 }

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // Kafka record headers set by the relay on every published event. An event's
@@ -231,7 +232,7 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		}
 		t, err := topics(service, e)
 		if err != nil {
-			return fail("Topic", clip(err.Error(), 200))
+			return fail("Topic", textcut.Escape(err.Error(), 200))
 		}
 		r.Topic = t
 	}
@@ -240,7 +241,7 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 	}
 	payload, err := encodePayload(e.Payload)
 	if err != nil { // a MarshalJSON method's error may carry anything
-		return fail("Payload", clip(err.Error(), 300))
+		return fail("Payload", textcut.Escape(err.Error(), 300))
 	}
 	size, err := jsonbSize(payload)
 	if err != nil {
@@ -268,13 +269,13 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 		case k == "":
 			return fail("Headers", "has an empty header name")
 		case IsReservedHeader(k):
-			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", quote(k)))
+			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", textcut.Quote(k, 64)))
 		case limits.CloudEvents.Mode == CloudEventsBinary && IsCloudEventsHeader(k):
-			return fail("Headers", fmt.Sprintf("uses the name %s, which the relay sets itself in CloudEvents binary mode", quote(k)))
+			return fail("Headers", fmt.Sprintf("uses the name %s, which the relay sets itself in CloudEvents binary mode", textcut.Quote(k, 64)))
 		case len(k)+len(v) > limits.MaxHeaderBytes:
-			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", quote(k), len(k)+len(v), limits.MaxHeaderBytes))
+			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", textcut.Quote(k, 64), len(k)+len(v), limits.MaxHeaderBytes))
 		case !validText(k) || !validText(v):
-			return fail("Headers", fmt.Sprintf("header %s is not valid UTF-8 text without NUL bytes", quote(k)))
+			return fail("Headers", fmt.Sprintf("header %s is not valid UTF-8 text without NUL bytes", textcut.Quote(k, 64)))
 		}
 		r.Headers[k] = v
 		headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
@@ -295,35 +296,6 @@ func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map
 			n, size, len(r.Key), headers, headerBytes, limits.MaxRecordBytes))
 	}
 	return r, nil
-}
-
-// quote returns s quoted as Go source (control bytes and invalid UTF-8
-// escaped), cut to a short prefix when long, for messages.
-func quote(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return strconv.Quote(s)
-	}
-	n := max
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:n]), len(s))
-}
-
-// clip makes text from elsewhere (an error of a TopicFunc) safe to put into
-// a message: control bytes and invalid UTF-8 escaped, at most max bytes of
-// it kept.
-func clip(s string, max int) string {
-	q := strconv.Quote(s)
-	q = q[1 : len(q)-1]
-	if len(q) <= max {
-		return q
-	}
-	for max > 0 && !utf8.RuneStart(q[max]) {
-		max--
-	}
-	return q[:max] + "..."
 }
 
 // validText says whether PostgreSQL's text type takes s: valid UTF-8
@@ -358,7 +330,7 @@ var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // characters of ASCII letters, digits, '.', '_' and '-', and not "." or "..".
 func ValidateTopic(name string) error {
 	if !topicRE.MatchString(name) || name == "." || name == ".." {
-		return fmt.Errorf("%s is not a valid Kafka topic name (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')", quote(name))
+		return fmt.Errorf("%s is not a valid Kafka topic name (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')", textcut.Quote(name, 64))
 	}
 	return nil
 }

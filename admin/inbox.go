@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -89,7 +90,7 @@ func whose(consumer string) string {
 	if consumer == "" {
 		return "every consumer"
 	}
-	return "consumer " + strconv.Quote(cutString(consumer, 100))
+	return "consumer " + strconv.Quote(textcut.Clip(consumer, 100))
 }
 
 // ListInboxParked returns the parked records of the inbox table (default

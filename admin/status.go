@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // BacklogCap is the most unpublished events ReadStatus counts, so a huge
@@ -231,7 +232,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		}
 		var g ParkedGroup
 		if _, err := pgx.ForEachRow(rows, []any{&g.Topic, &g.ErrorType, &g.Reason, &g.Example, &g.Count, &g.FirstParkedAt, &g.LastParkedAt}, func() error {
-			g.Example = cut(g.Example, 1000)
+			g.Example = textcut.Cut(g.Example, 1000)
 			st.ParkedGroups = append(st.ParkedGroups, g)
 			return nil
 		}); err != nil {
@@ -283,17 +284,6 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 // reporterLock is outbox.StatsReporterLock in a variable, so that it
 // converts to the unsigned objid pg_locks shows.
 var reporterLock = outbox.StatsReporterLock
-
-// cut returns s cut to at most n bytes, on a character boundary.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
-}
 
 // Counts is what the partial indexes say of a table: its backlog, the
 // oldest waiting event and its parked events.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -226,11 +227,11 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 		return fail(CheckSlot, fmt.Sprintf("a %s replication slot named %s exists; the relay needs a logical one of that name", r.SlotType, slot),
 			"if nothing else uses it, drop it and the relay creates its own: "+drop)
 	case str(r.Plugin) != "pgoutput":
-		return fail(CheckSlot, fmt.Sprintf("the replication slot %s uses the output plugin %q, not pgoutput", slot, cutString(str(r.Plugin), 60)),
+		return fail(CheckSlot, fmt.Sprintf("the replication slot %s uses the output plugin %q, not pgoutput", slot, textcut.Clip(str(r.Plugin), 60)),
 			"if nothing else uses it, drop it and the relay creates its own: "+drop)
 	case str(r.Database) != s.database:
-		return fail(CheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server, and this one was not created by this table's relay", slot, cutString(str(r.Database), 60), s.database),
-			fmt.Sprintf("if nothing uses it, drop it from the database %q: %s", cutString(str(r.Database), 60), drop))
+		return fail(CheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server, and this one was not created by this table's relay", slot, textcut.Clip(str(r.Database), 60), s.database),
+			fmt.Sprintf("if nothing uses it, drop it from the database %q: %s", textcut.Clip(str(r.Database), 60), drop))
 	case r.lost():
 		return fail(CheckSlotLost, fmt.Sprintf("the replication slot %s was invalidated (wal_status lost): it fell further behind than max_slot_wal_keep_size allows and PostgreSQL removed WAL it still needed", slot),
 			"the relay falls back to polling, which publishes every event still waiting in the table; to stream again, drop the slot and restart the relay, which creates a new one: "+drop+
@@ -254,13 +255,6 @@ func checkTable(ctx context.Context, db Querier, table outbox.Table) error {
 		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
 	}
 	return nil
-}
-
-func cutString(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return cut(s, n) + "..."
 }
 
 // StreamStatus is a snapshot of what the streaming relay of a table relies

@@ -14,6 +14,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -275,10 +276,10 @@ func validateBrokers(brokers []string, field string) error {
 	for _, b := range brokers {
 		host, port, err := net.SplitHostPort(b)
 		if err != nil || host == "" {
-			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s is not host:port: write it with the port, e.g. %s", quote(b), example(b))}
+			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s is not host:port: write it with the port, e.g. %s", textcut.Quote(b, 64), example(b))}
 		}
 		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s has no valid port (1-65535): write it as host:port, e.g. %s", quote(b), example(host))}
+			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s has no valid port (1-65535): write it as host:port, e.g. %s", textcut.Quote(b, 64), example(host))}
 		}
 	}
 	return nil
@@ -290,15 +291,6 @@ func example(host string) string {
 		return "kafka-1.internal:9092"
 	}
 	return host + ":9092"
-}
-
-// quote returns v quoted, cut to 64 bytes, for messages: no control bytes,
-// nothing huge.
-func quote(v string) string {
-	if len(v) > 64 {
-		return fmt.Sprintf("%q...", v[:64])
-	}
-	return fmt.Sprintf("%q", v)
 }
 
 // ConfigFromEnv reads a Config from environment variables (names in the
@@ -343,7 +335,7 @@ func newEnvNames(prefix string, environ []string) (envNames, error) {
 	}
 	if !envPrefixRE.MatchString(prefix) || strings.HasPrefix(prefix, "OUTBOX_") || strings.HasPrefix(prefix, "KAFKA_") {
 		return envNames{}, &outbox.ConfigError{Field: "prefix", Reason: fmt.Sprintf("%s is not usable: use upper-case letters, digits and underscores "+
-			"ending with '_' and not starting with OUTBOX_ or KAFKA_, e.g. AUDIT_", quote(prefix))}
+			"ending with '_' and not starting with OUTBOX_ or KAFKA_, e.g. AUDIT_", textcut.Quote(prefix, 64))}
 	}
 	n := envNames{prefix: prefix}
 	n.kafka = slices.ContainsFunc(environ, func(kv string) bool { return strings.HasPrefix(kv, prefix+"KAFKA_") })
@@ -598,10 +590,10 @@ func unknownVariablesOf(environ []string, known map[string]bool, prefixes ...str
 		// One edit away, or two for long names, is a typo; KAFKA_OPTS (a
 		// JVM setting) is two away from KAFKA_TLS and is not.
 		if dist == 0 || dist == 1 || (dist == 2 && len(best) > 14) {
-			return nil, &outbox.ConfigError{Field: strings.Trim(quote(name), `"`), Reason: fmt.Sprintf("is not a setting of the outbox: did you mean %s? "+
+			return nil, &outbox.ConfigError{Field: strings.Trim(textcut.Quote(name, 64), `"`), Reason: fmt.Sprintf("is not a setting of the outbox: did you mean %s? "+
 				"Rename it (an unknown OUTBOX_ or KAFKA_ variable this close to a setting is taken for a typo)", best)}
 		}
-		warnings = append(warnings, fmt.Sprintf("%s is set but is not a setting of the outbox; it is ignored", quote(name)))
+		warnings = append(warnings, fmt.Sprintf("%s is set but is not a setting of the outbox; it is ignored", textcut.Quote(name, 64)))
 	}
 	slices.Sort(warnings)
 	return warnings, nil

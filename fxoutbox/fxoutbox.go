@@ -72,6 +72,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -184,7 +185,7 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 // after the commit. A name is letters, digits, '-', '_' and '.'.
 func Named(name string, cfg Config) fx.Option {
 	if !nameRE.MatchString(name) {
-		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", quote(name))})
+		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", textcut.Quote(name, 64))})
 	}
 	n := &named{name: name, cfg: cfg}
 	tag := `name:"` + name + `"`

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // inboxVariables are the variables InboxConfigFromEnv reads. ConfigFromEnv
@@ -58,7 +59,7 @@ func inboxConfigFrom(lookupEnv func(string) (string, bool), environ ...string) (
 		return v, true
 	}
 	bad := func(name, v, want string) error {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%s is not %s", quote(v), want)}
+		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%s is not %s", textcut.Quote(v, 64), want)}
 	}
 	c.Group, _ = get("OUTBOX_INBOX_GROUP")
 	c.Name, _ = get("OUTBOX_INBOX_NAME")

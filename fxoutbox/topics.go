@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // EventType declares an event a service writes, so that its topic is known
@@ -75,7 +76,7 @@ func (c Config) TopicNames() ([]string, error) {
 		if topic == "" {
 			if topic, err = c.Topics(c.Service, outbox.Event{AggregateType: et.AggregateType, Type: et.Type}); err != nil {
 				return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d]", i),
-					Reason: fmt.Sprintf("(%s, %s): the topic %v", quote(et.AggregateType), quote(et.Type), err)}
+					Reason: fmt.Sprintf("(%s, %s): the topic %v", textcut.Quote(et.AggregateType, 64), textcut.Quote(et.Type, 64), err)}
 			}
 		}
 		if err := outbox.ValidateTopic(topic); err != nil {

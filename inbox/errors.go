@@ -9,6 +9,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/textcut"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -164,7 +165,7 @@ func reason(err error) string {
 		case *outbox.PermanentError:
 			err = e.Err
 		default:
-			return text(clip(err.Error(), 4000))
+			return text(textcut.Clip(err.Error(), 4000))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -52,7 +53,7 @@ func (c *Consumer) Retry(ctx context.Context, id int64) error {
 		}
 		h := c.route(p.Topic, p.Type)
 		if h == nil {
-			return fmt.Errorf("%w: topic %q, event type %s: add a route, or Delete the record", ErrNoRoute, p.Topic, quote(p.Type))
+			return fmt.Errorf("%w: topic %q, event type %s: add a route, or Delete the record", ErrNoRoute, p.Topic, textcut.Quote(p.Type, 100))
 		}
 		if p.EventID != "" {
 			if _, err := tx.Exec(ctx, c.sql.insert, c.cfg.Name, p.EventID, p.Topic, p.Partition, p.Offset); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -110,7 +111,7 @@ func (c *Consumer) begin(ctx context.Context, msg *sarama.ConsumerMessage) *reco
 		semconv.MessagingConsumerGroupName(c.cfg.Group),
 	}
 	if msg.Key != nil {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(clip(string(msg.Key), 256))))
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(textcut.Clip(string(msg.Key), 256))))
 	}
 	r.ctx, r.span = c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	c.ms.consumed(r.ctx, msg.Topic)
@@ -151,7 +152,7 @@ func (c *Consumer) resolve(msg *sarama.ConsumerMessage, m *Message) (h Handler, 
 		cause = err
 	case h == nil:
 		m.ID = id
-		cause = fmt.Errorf("%w: topic %q, event type %s", ErrNoRoute, m.Topic, quote(m.Type))
+		cause = fmt.Errorf("%w: topic %q, event type %s", ErrNoRoute, m.Topic, textcut.Quote(m.Type, 100))
 	default:
 		m.ID = id
 	}
@@ -250,7 +251,7 @@ func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error)
 		return c.call(ctx, h, tx, m)
 	})
 	if err != nil && inserted < 0 {
-		return fmt.Errorf("inbox: record event %s in %s: %w", quote(m.ID), c.cfg.Table, err)
+		return fmt.Errorf("inbox: record event %s in %s: %w", textcut.Quote(m.ID, 100), c.cfg.Table, err)
 	}
 	return err
 }
@@ -259,7 +260,7 @@ func (c *Consumer) apply(ctx context.Context, h Handler, m *Message) (err error)
 func (c *Consumer) call(ctx context.Context, h Handler, tx unitofwork.Tx, m *Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", clip(fmt.Sprint(r), 1000))}
+			err = &handlerError{err: fmt.Errorf("inbox: the handler panicked: %s", textcut.Clip(fmt.Sprint(r), 1000))}
 		}
 	}()
 	if err := h(ctx, tx, m); err != nil {
@@ -342,12 +343,12 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 		Attempts: attempts, ErrorType: errorType(cause), LastError: reason(cause), ParkedAt: parkedAt,
 	}}
 	ev := outbox.Event{
-		AggregateType: "inbox", AggregateID: text(clip(key, 200)), Type: DeadLetterEventType, Topic: c.cfg.DeadLetterTopic, Key: key,
+		AggregateType: "inbox", AggregateID: text(textcut.Clip(key, 200)), Type: DeadLetterEventType, Topic: c.cfg.DeadLetterTopic, Key: key,
 		Headers: map[string]string{"x-original-topic": m.Topic, "x-original-partition": strconv.Itoa(int(m.Partition)),
 			"x-original-offset": strconv.FormatInt(m.Offset, 10), "x-consumer": c.cfg.Name},
 	}
 	if m.ID != "" {
-		ev.Headers["x-original-event-id"] = text(clip(m.ID, 200))
+		ev.Headers["x-original-event-id"] = text(textcut.Clip(m.ID, 200))
 	}
 	// A record that broke a handler may break the outbox's limits too (a
 	// key, value or headers too large): the letter then loses its value,
@@ -357,8 +358,8 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 	steps := []func(reason string){
 		func(reason string) { dl.Value, dl.ValueOmitted = nil, reason },
 		func(reason string) {
-			dl.Key, dl.Value, dl.Headers, dl.EventID = nil, nil, nil, text(clip(m.ID, 200))
-			dl.LastError, dl.ValueOmitted = text(clip(dl.LastError, 1000)), "key, value and headers left out: "+reason
+			dl.Key, dl.Value, dl.Headers, dl.EventID = nil, nil, nil, text(textcut.Clip(m.ID, 200))
+			dl.LastError, dl.ValueOmitted = text(textcut.Clip(dl.LastError, 1000)), "key, value and headers left out: "+reason
 			ev.Key, ev.AggregateID = position, position
 			delete(ev.Headers, "x-original-event-id")
 		},
@@ -377,7 +378,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx unitofwork.Tx, msg *sarama
 				"consumer", c.cfg.Name, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "error", err)
 			return nil
 		}
-		steps[i](clip(err.Error(), 1000))
+		steps[i](textcut.Clip(err.Error(), 1000))
 	}
 }
 
@@ -392,14 +393,4 @@ func nullable(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// quote returns s quoted and cut to a short prefix, for messages.
-func quote(s string) string { return strconv.Quote(clip(s, 100)) }
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }

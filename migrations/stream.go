@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // StreamFS holds the migration of the streaming relay's publication, in the
@@ -189,7 +190,7 @@ func (p Publication) Problems() []string {
 		out = append(out, "also publishes "+strings.Join(ops, ", ")+" (the relay would decode its own marks and retention's deletes)")
 	}
 	if p.RowFilter != "" {
-		out = append(out, "has a row filter, which would hide events from the relay: WHERE "+cut(p.RowFilter, 200))
+		out = append(out, "has a row filter, which would hide events from the relay: WHERE "+textcut.Clip(p.RowFilter, 200))
 	}
 	if len(p.MissingColumns) > 0 {
 		out = append(out, "has a column list without "+strings.Join(p.MissingColumns, ", "))
@@ -216,17 +217,6 @@ func (p Publication) Fix(table outbox.Table) string {
 		fix = append(fix, "ALTER PUBLICATION "+name+" SET (publish = 'insert')")
 	}
 	return strings.Join(fix, "; ")
-}
-
-// cut returns s cut to at most n bytes, on a character boundary.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + "..."
 }
 
 // ReadPublication reads table's publication from the catalog (readable by

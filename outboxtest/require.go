@@ -7,10 +7,10 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // Want describes an expected event. Empty fields match anything, so a Want
@@ -46,16 +46,16 @@ func (w Want) diff(r outbox.Record) []string {
 		{"Key", w.Key, r.Key},
 	} {
 		if f.want != "" && f.want != f.got {
-			d = append(d, fmt.Sprintf("%s is %s, want %s", f.name, quote(f.got), quote(f.want)))
+			d = append(d, fmt.Sprintf("%s is %s, want %s", f.name, textcut.Quote(f.got, 120), textcut.Quote(f.want, 120)))
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(w.Headers)) {
 		got, ok := r.Headers[k]
 		switch {
 		case !ok:
-			d = append(d, fmt.Sprintf("header %s is missing, want %s", quote(k), quote(w.Headers[k])))
+			d = append(d, fmt.Sprintf("header %s is missing, want %s", textcut.Quote(k, 120), textcut.Quote(w.Headers[k], 120)))
 		case got != w.Headers[k]:
-			d = append(d, fmt.Sprintf("header %s is %s, want %s", quote(k), quote(got), quote(w.Headers[k])))
+			d = append(d, fmt.Sprintf("header %s is %s, want %s", textcut.Quote(k, 120), textcut.Quote(got, 120), textcut.Quote(w.Headers[k], 120)))
 		}
 	}
 	if w.Payload != nil {
@@ -86,7 +86,7 @@ func payloadDiff(want any, got []byte) string {
 	}
 	gv, err := decodeJSON(got)
 	if err != nil || !reflect.DeepEqual(wv, gv) {
-		return fmt.Sprintf("Payload is %s, want %s", quote(string(got)), quote(string(wantJSON)))
+		return fmt.Sprintf("Payload is %s, want %s", textcut.Quote(string(got), 120), textcut.Quote(string(wantJSON), 120))
 	}
 	return ""
 }
@@ -107,7 +107,7 @@ func (w Want) String() string {
 		{"Type", w.Type}, {"AggregateType", w.AggregateType}, {"AggregateID", w.AggregateID}, {"Topic", w.Topic}, {"Key", w.Key},
 	} {
 		if f.v != "" {
-			parts = append(parts, f.name+"="+quote(f.v))
+			parts = append(parts, f.name+"="+textcut.Quote(f.v, 120))
 		}
 	}
 	if len(w.Headers) > 0 {
@@ -125,16 +125,7 @@ func (w Want) String() string {
 // describe names a record in a failure message.
 func describe(r outbox.Record) string {
 	return fmt.Sprintf("{Type=%s AggregateType=%s AggregateID=%s Topic=%s Key=%s}",
-		quote(r.Type), quote(r.AggregateType), quote(r.AggregateID), quote(r.Topic), quote(r.Key))
-}
-
-// quote quotes s for a message, cut to a readable length.
-func quote(s string) string {
-	const limit = 120
-	if len(s) <= limit {
-		return strconv.Quote(s)
-	}
-	return strconv.Quote(s[:limit]) + fmt.Sprintf("... (%d bytes)", len(s))
+		textcut.Quote(r.Type, 120), textcut.Quote(r.AggregateType, 120), textcut.Quote(r.AggregateID, 120), textcut.Quote(r.Topic, 120), textcut.Quote(r.Key, 120))
 }
 
 // listing lists records for a failure message, each with how it differs
@@ -246,7 +237,7 @@ func Payload[P any](t T, r outbox.Record) P {
 	t.Helper()
 	var p P
 	if err := json.Unmarshal(r.Payload, &p); err != nil {
-		t.Fatalf("outboxtest: payload of %s does not decode into %T: %v (payload %s)", describe(r), p, err, quote(string(r.Payload)))
+		t.Fatalf("outboxtest: payload of %s does not decode into %T: %v (payload %s)", describe(r), p, err, textcut.Quote(string(r.Payload), 120))
 	}
 	return p
 }

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // row is a claimed outbox row.
@@ -221,7 +221,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 			x := rows[i]
 			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
-					"event_id", x.eventID, "event_type", truncate(x.eventType, 300), "topic", truncate(x.topic, 300), "error", errs[i], "error.type", ErrorType(errs[i]))
+					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, 300), "topic", textcut.Cut(x.topic, 300), "error", errs[i], "error.type", ErrorType(errs[i]))
 			}
 		}
 	}
@@ -237,7 +237,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	msgs := make([]string, len(bad))
 	for i, b := range bad {
 		ids[i] = b.id
-		msgs[i] = truncate("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
+		msgs[i] = textcut.Cut("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
 	}
 	park := r.cfg.Poison != outbox.Hold
 	type charged struct {
@@ -271,9 +271,9 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		}
 		if c.parked {
 			parked = append(parked, c.id)
-			if r.parkLog.Parked(parklog.Cause{Topic: truncate(c.topic, 300), Reason: reason}) {
+			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, 300), Reason: reason}) {
 				r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
-					"event_id", c.eventID, "topic", truncate(c.topic, 300), "reason", reason, "detail", detail)
+					"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
 			}
 			continue
 		}
@@ -282,7 +282,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		}
 		r.pacer.failed(c.id, c.key, now, r.backoff)
 		r.cfg.Logger.Warn("outbox relay: event held: its stored row cannot be read (Poison is Hold); its key waits until the row is fixed or deleted",
-			"event_id", c.eventID, "topic", truncate(c.topic, 300), "reason", reason, "detail", detail)
+			"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
 	}
 	if len(heldFrom) > 0 {
 		kept := rows[:0:0]
@@ -556,7 +556,7 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 	for _, i := range failed {
 		x := rows[i]
 		// Stored fields are cut: a row written by hand may hold anything.
-		eventType, topic := truncate(x.eventType, 300), truncate(x.topic, 300)
+		eventType, topic := textcut.Cut(x.eventType, 300), textcut.Cut(x.topic, 300)
 		if parked[x.id] {
 			reason := Reason(errs[i], x.topic)
 			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
@@ -574,18 +574,6 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		}
 	}
-}
-
-// truncate cuts s to at most n bytes, on a character boundary (the text
-// goes into a PostgreSQL text column, which refuses broken UTF-8).
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // messages turns rows into Kafka messages, each with a publish span whose
@@ -678,7 +666,7 @@ func storedHeaders(raw []byte) (map[string]string, error) {
 			return nil, bad("invalid JSON")
 		}
 		if v[0] != '"' || json.Unmarshal(v, &s) != nil {
-			return nil, bad(fmt.Sprintf("an object whose header %s is a JSON %s", strconv.Quote(truncate(k, 64)), jsonKind(v[0])))
+			return nil, bad(fmt.Sprintf("an object whose header %s is a JSON %s", strconv.Quote(textcut.Cut(k, 64)), jsonKind(v[0])))
 		}
 		out[k] = s
 	}

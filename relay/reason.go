@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // The reason of a failed event: what the relay stores in its last_error,
@@ -43,7 +44,7 @@ func Reason(err error, topic string) string {
 	if err == nil {
 		return ""
 	}
-	return truncate("["+ErrorType(err)+"] "+reasonMessage(err, topic), reasonMax)
+	return textcut.Cut("["+ErrorType(err)+"] "+reasonMessage(err, topic), reasonMax)
 }
 
 func reasonMessage(err error, topic string) string {
@@ -66,11 +67,11 @@ func reasonMessage(err error, topic string) string {
 		// the event (its topic's name, its stored headers).
 		return cause(err).Error()
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return fmt.Sprintf("topic %s does not exist: create it, then requeue its events", strconv.Quote(truncate(topic, 300)))
+		return fmt.Sprintf("topic %s does not exist: create it, then requeue its events", strconv.Quote(textcut.Cut(topic, 300)))
 	case errors.As(err, &kerr):
-		return fmt.Sprintf("the broker refused a record for topic %s: %s", strconv.Quote(truncate(topic, 300)), kerr.Error())
+		return fmt.Sprintf("the broker refused a record for topic %s: %s", strconv.Quote(textcut.Cut(topic, 300)), kerr.Error())
 	case errors.As(err, &cerr):
-		return fmt.Sprintf("the producer refused a record for topic %s by its configuration (sarama.ConfigurationError; the relay's log has its words)", strconv.Quote(truncate(topic, 300)))
+		return fmt.Sprintf("the producer refused a record for topic %s by its configuration (sarama.ConfigurationError; the relay's log has its words)", strconv.Quote(textcut.Cut(topic, 300)))
 	}
 	return cause(err).Error()
 }

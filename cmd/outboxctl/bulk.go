@@ -9,6 +9,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // bulkOp is a command that changes many rows: requeue, delete, replay.
@@ -57,7 +58,7 @@ func cmdBulk(ctx context.Context, name string, args []string, e env, op bulkOp) 
 		return code
 	}
 	if len(pos) > 0 && !op.ids {
-		return c.usageErr("takes no arguments, got %s: select events with filters", quote(pos[0], 40))
+		return c.usageErr("takes no arguments, got %s: select events with filters", textcut.Quote(pos[0], 40))
 	}
 	f, code := c.filter(pos, time.Now())
 	if code != 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // command holds what every subcommand parses.
@@ -81,7 +82,7 @@ func (c *command) bulkFlags() {
 func (c *command) parseNone(args []string) (ok bool, code int) {
 	pos, ok, code := c.parse(args)
 	if ok && len(pos) > 0 {
-		return false, c.usageErr("takes no arguments, got %s", quote(pos[0], 40))
+		return false, c.usageErr("takes no arguments, got %s", textcut.Quote(pos[0], 40))
 	}
 	return ok, code
 }
@@ -131,7 +132,7 @@ func (c *command) filter(ids []string, now time.Time) (f admin.Filter, code int)
 	for _, s := range ids {
 		id, err := uuid.Parse(s)
 		if err != nil {
-			return f, c.usageErr("%s is not an event id (a UUID such as 0192f1c4-5d6e-7a8b-9c0d-1e2f3a4b5c6d)", quote(s, 60))
+			return f, c.usageErr("%s is not an event id (a UUID such as 0192f1c4-5d6e-7a8b-9c0d-1e2f3a4b5c6d)", textcut.Quote(s, 60))
 		}
 		f.EventIDs = append(f.EventIDs, id)
 	}
@@ -161,7 +162,7 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
 		return now.Add(-d), nil
 	}
-	return time.Time{}, fmt.Errorf("%s is neither a time (2026-12-03T09:00:00Z, 2026-12-03) nor an age (90m, 2h, 3d)", quote(s, 60))
+	return time.Time{}, fmt.Errorf("%s is neither a time (2026-12-03T09:00:00Z, 2026-12-03) nor an age (90m, 2h, 3d)", textcut.Quote(s, 60))
 }
 
 // connect reads the configuration and connects; code is non-zero on

@@ -19,6 +19,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -52,13 +53,13 @@ func cmdInbox(ctx context.Context, args []string, e env) int {
 			fmt.Fprint(e.stdout, usage)
 			return exitOK
 		}
-		fmt.Fprintf(e.stderr, "outboxctl inbox parked: unknown command %s: use list, show or delete\n", quote(args[1], 40))
+		fmt.Fprintf(e.stderr, "outboxctl inbox parked: unknown command %s: use list, show or delete\n", textcut.Quote(args[1], 40))
 		return exitUsage
 	case "-h", "--help", "help":
 		fmt.Fprint(e.stdout, usage)
 		return exitOK
 	}
-	fmt.Fprintf(e.stderr, "outboxctl inbox: unknown command %s: use status or parked\n", quote(args[0], 40))
+	fmt.Fprintf(e.stderr, "outboxctl inbox: unknown command %s: use status or parked\n", textcut.Quote(args[0], 40))
 	return exitUsage
 }
 
@@ -225,7 +226,7 @@ func ofConsumer(consumer string) string {
 	if consumer == "" {
 		return ""
 	}
-	return " of consumer " + quote(consumer, 60)
+	return " of consumer " + textcut.Quote(consumer, 60)
 }
 
 func cmdInboxShow(ctx context.Context, args []string, e env) int {
@@ -307,7 +308,7 @@ func (c *inboxCommand) ids(pos []string) ([]int64, int) {
 	for _, s := range pos {
 		id, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || id <= 0 {
-			return nil, c.usageErr("%s is not a record id (the ID column of outboxctl inbox parked list, a number such as 42)", quote(s, 60))
+			return nil, c.usageErr("%s is not a record id (the ID column of outboxctl inbox parked list, a number such as 42)", textcut.Quote(s, 60))
 		}
 		ids = append(ids, id)
 	}

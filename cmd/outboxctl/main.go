@@ -27,6 +27,7 @@ import (
 	"syscall"
 
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // Exit codes.
@@ -187,9 +188,9 @@ func run(ctx context.Context, args []string, e env) int {
 			fmt.Fprint(e.stdout, usage)
 			return exitOK
 		}
-		fmt.Fprintf(e.stderr, "outboxctl parked: unknown command %s: use list, show, requeue or delete\n", quote(args[1], 40))
+		fmt.Fprintf(e.stderr, "outboxctl parked: unknown command %s: use list, show, requeue or delete\n", textcut.Quote(args[1], 40))
 		return exitUsage
 	}
-	fmt.Fprintf(e.stderr, "outboxctl: unknown command %s (outboxctl help lists them)\n", quote(args[0], 40))
+	fmt.Fprintf(e.stderr, "outboxctl: unknown command %s (outboxctl help lists them)\n", textcut.Quote(args[0], 40))
 	return exitUsage
 }

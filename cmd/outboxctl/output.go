@@ -42,14 +42,6 @@ func printable(s string, max int) string {
 	return s
 }
 
-// quote returns s quoted and cut, for messages that echo a user's value.
-func quote(s string, max int) string {
-	if len(s) > max {
-		s = s[:max] + "..."
-	}
-	return strconv.Quote(s)
-}
-
 // cutErr returns an error's text cut to a screenful.
 func cutErr(err error) string { return printable(err.Error(), 500) }
 

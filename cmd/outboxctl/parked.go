@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 func cmdList(ctx context.Context, args []string, e env) int {
@@ -86,7 +87,7 @@ func cmdShow(ctx context.Context, args []string, e env) int {
 	}
 	id, err := uuid.Parse(pos[0])
 	if err != nil {
-		return c.usageErr("%s is not an event id (a UUID)", quote(pos[0], 60))
+		return c.usageErr("%s is not an event id (a UUID)", textcut.Quote(pos[0], 60))
 	}
 	conn, table, _, code := c.connect(ctx)
 	if code != 0 {

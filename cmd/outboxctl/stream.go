@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 func cmdStream(ctx context.Context, args []string, e env) int {
@@ -26,7 +27,7 @@ func cmdStream(ctx context.Context, args []string, e env) int {
 		fmt.Fprint(e.stdout, usage)
 		return exitOK
 	}
-	fmt.Fprintf(e.stderr, "outboxctl stream: unknown command %s: use status, check or drop-slot\n", quote(args[0], 40))
+	fmt.Fprintf(e.stderr, "outboxctl stream: unknown command %s: use status, check or drop-slot\n", textcut.Quote(args[0], 40))
 	return exitUsage
 }
 
