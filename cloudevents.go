@@ -56,12 +56,6 @@ const (
 	CloudEventsContentType = "application/json"
 )
 
-// cloudEventsTimeBytes is the longest ce_time the relay sends for a
-// created_at of a four-digit year: RFC 3339 in UTC with nanoseconds
-// ("2006-01-02T15:04:05.999999999Z"). PostgreSQL keeps microseconds, so
-// the relay's values are at most 27 bytes.
-const cloudEventsTimeBytes = 30
-
 // maxCloudEventsSourceBytes caps CloudEvents.Source: it is sent with every
 // record.
 const maxCloudEventsSourceBytes = 1024
@@ -125,19 +119,4 @@ func IsCloudEventsHeader(name string) bool {
 		return true
 	}
 	return false
-}
-
-// recordHeaders returns how many headers the relay adds in c's mode for an
-// event of type eventType, and their names' and values' bytes, with ce_time
-// at its widest.
-func (c CloudEvents) recordHeaders(eventType string) (headers, bytes int) {
-	if c.Mode != CloudEventsBinary {
-		return 0, 0
-	}
-	return 6, len(HeaderCloudEventsSpecVersion) + len(CloudEventsSpecVersion) +
-		len(HeaderCloudEventsID) + 36 +
-		len(HeaderCloudEventsSource) + len(c.Source) +
-		len(HeaderCloudEventsType) + len(eventType) +
-		len(HeaderCloudEventsTime) + cloudEventsTimeBytes +
-		len(HeaderContentType) + len(CloudEventsContentType)
 }

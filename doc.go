@@ -10,12 +10,14 @@
 // the [Table] it lives in, how a topic name is derived ([TopicPerEvent],
 // [TopicPerAggregate]), the Kafka header names, the [Limits] an event must
 // fit, and the errors callers match with errors.Is and errors.As. It imports
-// no other package of the module.
+// no other public package of the module (only internal/textcut, which
+// shortens values quoted in its errors).
 //
-// [Prepare] accepts exactly the payloads PostgreSQL's jsonb accepts and
-// sizes them as jsonb prints them, which is what the relay reads back and
-// sends. One size rule serves both sides: [RecordBytes] counts the Kafka
-// record an event becomes, the unit of work refuses events over
+// The writers (unitofwork's Tx.Add, outboxtest's recorder) accept exactly
+// the payloads PostgreSQL's jsonb accepts and size them as jsonb prints
+// them, which is what the relay reads back and sends. One size rule serves
+// both sides: the Kafka record an event becomes is counted the same way,
+// the unit of work refuses events over
 // Limits.MaxRecordBytes and the relay parks messages over its
 // MaxMessageBytes, both [DefaultMaxRecordBytes] (the broker's default
 // message.max.bytes) unless set.

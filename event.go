@@ -1,12 +1,10 @@
 package outbox
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -60,13 +58,21 @@ type Event struct {
 	Headers map[string]string
 }
 
+// DefaultMaxRecordBytes is the default of Limits.MaxRecordBytes and of the
+// relay's MaxMessageBytes: 1,048,588 bytes, the default message.max.bytes of
+// a Kafka broker (1 MiB plus the 12-byte log entry header), which is also
+// the default max.message.bytes of every topic. A record of this size as
+// the relay counts it also passes sarama's default Producer.MaxMessageBytes
+// (1,048,576), which counts the record without the 61-byte batch header.
+const DefaultMaxRecordBytes = 1<<20 + 12
+
 // Limits bounds what one event may carry. They are checked when the event is
 // recorded, so an event that could never be stored or published fails in the
 // handler with an *EventError, not later in the relay. Zero fields take the
 // defaults in their comments.
 type Limits struct {
 	// MaxRecordBytes is the largest Kafka record an event may become, as
-	// RecordBytes counts it: the payload as PostgreSQL stores and prints it,
+	// the writer and the relay count it: the payload as PostgreSQL stores and prints it,
 	// the key, the event's headers, the headers the relay adds (x-event-id,
 	// x-event-type, traceparent, and the stored tracestate and baggage; with
 	// CloudEvents binary mode also its six ce_ headers) and Kafka's record
@@ -149,23 +155,6 @@ func (l Limits) Validate() error {
 	return nil
 }
 
-// Record is an event in the form it is stored: every default applied, the
-// payload encoded. Writers build it with [Prepare]; the relay never sees an
-// Event, only the stored row.
-type Record struct {
-	ID            uuid.UUID
-	AggregateType string
-	AggregateID   string
-	Type          string
-	Payload       []byte // JSON, as given or marshalled
-	Topic         string
-	Key           string
-	Headers       map[string]string // event headers plus trace context; nil when empty
-	// PayloadBytes is the length of Payload as PostgreSQL's jsonb stores
-	// and prints it: what the relay reads back and sends as the value.
-	PayloadBytes int
-}
-
 var reserved = map[string]bool{
 	HeaderEventID:   true,
 	HeaderEventType: true,
@@ -178,152 +167,6 @@ var reserved = map[string]bool{
 // cannot be used as an event header (compared case-insensitively).
 func IsReservedHeader(name string) bool { return reserved[strings.ToLower(name)] }
 
-// Prepare validates e, applies its defaults and encodes its payload. service
-// and topics name the topic when e.Topic is empty. trace holds the trace
-// context headers to store with the event (it may be nil). limits are taken
-// with their defaults. The payload must be JSON that PostgreSQL's jsonb
-// accepts, and the Kafka record the relay will build from the event must fit
-// limits.MaxRecordBytes. The returned error is an *EventError that matches
-// ErrInvalidEvent.
-func Prepare(e Event, service string, topics TopicFunc, limits Limits, trace map[string]string) (Record, error) {
-	limits = limits.WithDefaults()
-	fail := func(field, reason string) (Record, error) {
-		return Record{}, &EventError{Type: e.Type, Field: field, Reason: reason}
-	}
-	switch {
-	case strings.TrimSpace(e.Type) == "":
-		return fail("Type", `is empty: name the event, e.g. "order.confirmed.v1"`)
-	case strings.TrimSpace(e.AggregateType) == "":
-		return fail("AggregateType", `is empty: name the entity the event is about, e.g. "order"`)
-	case e.AggregateID == "":
-		return fail("AggregateID", "is empty: set the id of the entity the event is about")
-	}
-	for _, f := range [...]struct {
-		name, v string
-		max     int
-		setting string
-	}{
-		{"Type", e.Type, limits.MaxTypeBytes, "MaxTypeBytes"},
-		{"AggregateType", e.AggregateType, limits.MaxAggregateTypeBytes, "MaxAggregateTypeBytes"},
-		{"AggregateID", e.AggregateID, limits.MaxAggregateIDBytes, "MaxAggregateIDBytes"},
-		{"Key", e.Key, limits.MaxKeyBytes, "MaxKeyBytes"},
-	} {
-		if len(f.v) > f.max {
-			return fail(f.name, fmt.Sprintf("is %d bytes, over the limit of %d (Limits.%s): use a shorter value", len(f.v), f.max, f.setting))
-		}
-		if !validText(f.v) {
-			return fail(f.name, "is not valid UTF-8 text without NUL bytes")
-		}
-	}
-	r := Record{ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.Type, Topic: e.Topic, Key: e.Key}
-	if r.ID == uuid.Nil {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return Record{}, fmt.Errorf("outbox: new event id: %w", err)
-		}
-		r.ID = id
-	}
-	if r.Key == "" {
-		r.Key = e.AggregateID
-	}
-	if r.Topic == "" {
-		if topics == nil {
-			topics = TopicPerEvent
-		}
-		t, err := topics(service, e)
-		if err != nil {
-			return fail("Topic", textcut.Escape(err.Error(), 200))
-		}
-		r.Topic = t
-	}
-	if err := ValidateTopic(r.Topic); err != nil {
-		return fail("Topic", err.Error())
-	}
-	payload, err := encodePayload(e.Payload)
-	if err != nil { // a MarshalJSON method's error may carry anything
-		return fail("Payload", textcut.Escape(err.Error(), 300))
-	}
-	size, err := jsonbSize(payload)
-	if err != nil {
-		return fail("Payload", err.Error())
-	}
-	if size > limits.MaxPayloadBytes {
-		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and prints it (%d as given; jsonb writes numbers out in full), over the limit of %d (Limits.MaxPayloadBytes): store large data elsewhere and reference it", size, len(payload), limits.MaxPayloadBytes))
-	}
-	r.Payload, r.PayloadBytes = payload, size
-	if len(e.Headers) > limits.MaxHeaders {
-		return fail("Headers", fmt.Sprintf("has %d entries, over the limit of %d", len(e.Headers), limits.MaxHeaders))
-	}
-	if len(e.Headers)+len(trace) > 0 {
-		r.Headers = make(map[string]string, len(e.Headers)+len(trace))
-	}
-	// The relay sends the event's headers, x-event-id, x-event-type and the
-	// trace context it extracts from the stored one and injects anew: a
-	// traceparent of its own span and the stored tracestate and baggage.
-	headers, headerBytes := 3, eventIDHeaderBytes+len(HeaderEventType)+len(r.Type)+traceparentHeaderBytes
-	// With CloudEvents, also its headers.
-	ceHeaders, ceBytes := limits.CloudEvents.recordHeaders(r.Type)
-	headers, headerBytes = headers+ceHeaders, headerBytes+ceBytes
-	for k, v := range e.Headers {
-		switch {
-		case k == "":
-			return fail("Headers", "has an empty header name")
-		case IsReservedHeader(k):
-			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", textcut.Quote(k, 64)))
-		case limits.CloudEvents.Mode == CloudEventsBinary && IsCloudEventsHeader(k):
-			return fail("Headers", fmt.Sprintf("uses the name %s, which the relay sets itself in CloudEvents binary mode", textcut.Quote(k, 64)))
-		case len(k)+len(v) > limits.MaxHeaderBytes:
-			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", textcut.Quote(k, 64), len(k)+len(v), limits.MaxHeaderBytes))
-		case !validText(k) || !validText(v):
-			return fail("Headers", fmt.Sprintf("header %s is not valid UTF-8 text without NUL bytes", textcut.Quote(k, 64)))
-		}
-		r.Headers[k] = v
-		headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
-	}
-	for k, v := range trace {
-		if k != "traceparent" {
-			headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
-		}
-		r.Headers[k] = v
-	}
-	if n := RecordBytes(len(r.Key), size, headers, headerBytes); n > limits.MaxRecordBytes {
-		field := "Payload"
-		if headerBytes > size {
-			field = "Headers"
-		}
-		return fail(field, fmt.Sprintf("would make a Kafka record of %d bytes (payload %d bytes as PostgreSQL stores it, key %d, %d headers of %d bytes, record overhead), "+
-			"over the limit of %d (Limits.MaxRecordBytes, the largest record the brokers take): store large data elsewhere and reference it",
-			n, size, len(r.Key), headers, headerBytes, limits.MaxRecordBytes))
-	}
-	return r, nil
-}
-
-// validText says whether PostgreSQL's text type takes s: valid UTF-8
-// without NUL bytes.
-func validText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
-}
-
-func encodePayload(p any) ([]byte, error) {
-	var raw []byte
-	switch v := p.(type) {
-	case json.RawMessage:
-		raw = v
-	case []byte:
-		raw = v
-	default:
-		b, err := json.Marshal(p)
-		if err != nil {
-			return nil, fmt.Errorf("cannot be encoded as JSON: %w", err)
-		}
-		return b, nil
-	}
-	if len(raw) == 0 {
-		return []byte("null"), nil
-	}
-	return raw, nil
-}
-
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
 // ValidateTopic reports whether name is a legal Kafka topic name: 1 to 249
@@ -333,11 +176,4 @@ func ValidateTopic(name string) error {
 		return fmt.Errorf("%s is not a valid Kafka topic name (1-249 characters of a-z, A-Z, 0-9, '.', '_', '-')", textcut.Quote(name, 64))
 	}
 	return nil
-}
-
-// EncodeHeaders encodes headers as the JSON object stored in the headers
-// column.
-func EncodeHeaders(h map[string]string) []byte {
-	b, _ := json.Marshal(h) // a map[string]string always marshals
-	return b
 }

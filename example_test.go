@@ -15,11 +15,3 @@ func ExampleTopicPerEvent() {
 	// order-service.order.confirmed
 	// order-service.order.cancelled
 }
-
-func ExamplePrepare_invalid() {
-	_, err := outbox.Prepare(outbox.Event{AggregateType: "order", Type: "order.created.v1"},
-		"order-service", nil, outbox.Limits{}.WithDefaults(), nil)
-	fmt.Println(err)
-	// Output:
-	// outbox: event 0 (type "order.created.v1"): AggregateID is empty: set the id of the entity the event is about
-}

@@ -27,7 +27,7 @@ type Row struct {
 	// Record holds the event's columns: event_id (as ID), aggregate_type,
 	// aggregate_id, event_type, payload, topic, partition_key and headers
 	// (which include the trace context of the writer).
-	outbox.Record
+	Record
 	// Seq is the row's id column: the order of insertion.
 	Seq         int64
 	CreatedAt   time.Time
@@ -94,8 +94,8 @@ func readRows(ctx context.Context, db Querier, table outbox.Table, types []strin
 	return out, nil
 }
 
-func records(rows []Row) []outbox.Record {
-	recs := make([]outbox.Record, len(rows))
+func records(rows []Row) []Record {
+	recs := make([]Record, len(rows))
 	for i, r := range rows {
 		recs[i] = r.Record
 	}
@@ -169,7 +169,7 @@ func RequireNotInserted(ctx context.Context, t T, db Querier, table outbox.Table
 		t.Fatalf("%v", err)
 		return
 	}
-	var found []outbox.Record
+	var found []Record
 	for _, r := range rows {
 		if len(want.diff(r.Record)) == 0 {
 			found = append(found, r.Record)

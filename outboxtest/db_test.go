@@ -257,7 +257,7 @@ func TestRecorderAgreesWithWriter(t *testing.T) {
 				t.Errorf("config %d, event %d: Do = %v, recorder = %v", c, i, realErr, recErr)
 			}
 		}
-		var stored []outbox.Record
+		var stored []outboxtest.Record
 		for _, r := range outboxtest.Inserted(ctx, t, pool, table) {
 			stored = append(stored, r.Record)
 		}

@@ -11,8 +11,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
+
+// Record is an event as the writer stores it: every default applied (event
+// id, topic, key, the trace context headers), the payload encoded as JSON.
+// The Recorder records them; Inserted reads them back from a table.
+type Record = record.Record
 
 // T is the part of *testing.T (and testing.TB) the assertions use.
 type T interface {
@@ -69,11 +75,11 @@ var ErrDoOwnsTx = errors.New("the transaction belongs to Do: return from the fun
 // recorded in, the recorder whose AddTx was called, and are kept only if
 // that transaction commits. It is safe for concurrent use.
 type Recorder struct {
-	uow *unitofwork.UnitOfWork // prepares events; never begins a transaction
-	db  DBTX
+	w  record.Writer // prepares events as the UnitOfWork of its configuration does
+	db DBTX
 
 	mu     sync.Mutex
-	events []outbox.Record
+	events []Record
 }
 
 var (
@@ -92,12 +98,12 @@ func NewRecorder(t T, cfg *RecorderConfig) *Recorder {
 	}
 	uc := c.UnitOfWork
 	uc.TxOptions, uc.OnCommit = pgx.TxOptions{}, nil
-	uow, err := unitofwork.New(noBegin{}, &uc)
-	if err != nil {
+	if _, err := unitofwork.New(noBegin{}, &uc); err != nil {
 		t.Fatalf("outboxtest: NewRecorder: %v", err)
 		return nil
 	}
-	return &Recorder{uow: uow, db: c.DB}
+	w := record.Writer{Service: uc.Service, Topics: uc.Topics, Limits: uc.Limits, Propagator: uc.Propagator}
+	return &Recorder{w: w, db: c.DB}
 }
 
 // Do runs fn with a Tx that records the events fn adds. When fn returns nil
@@ -148,7 +154,7 @@ func (r *Recorder) Begin(context.Context) (pgx.Tx, error) {
 // Events returns the events of the transactions that succeeded, in the order
 // they were added, with their defaults applied (event id, topic, key, trace
 // context headers) as the writer would store them.
-func (r *Recorder) Events() []outbox.Record {
+func (r *Recorder) Events() []Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.events)
@@ -164,7 +170,7 @@ func (r *Recorder) Reset() {
 // pending is an event added to a transaction, with the recorder it goes to.
 type pending struct {
 	to  *Recorder
-	rec outbox.Record
+	rec Record
 }
 
 // keep records committed events, each in its recorder.
@@ -209,7 +215,7 @@ func (x *recTx) add(ctx context.Context, to *Recorder, events []outbox.Event) er
 	if x.done {
 		return unitofwork.ErrTxDone
 	}
-	recs, err := to.uow.Prepare(ctx, events...)
+	recs, err := to.w.Prepare(ctx, events)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -36,7 +35,7 @@ type Want struct {
 }
 
 // diff lists how r differs from w, or nothing when r matches.
-func (w Want) diff(r outbox.Record) []string {
+func (w Want) diff(r Record) []string {
 	var d []string
 	for _, f := range []struct{ name, want, got string }{
 		{"Type", w.Type, r.Type},
@@ -123,14 +122,14 @@ func (w Want) String() string {
 }
 
 // describe names a record in a failure message.
-func describe(r outbox.Record) string {
+func describe(r Record) string {
 	return fmt.Sprintf("{Type=%s AggregateType=%s AggregateID=%s Topic=%s Key=%s}",
 		textcut.Quote(r.Type, 120), textcut.Quote(r.AggregateType, 120), textcut.Quote(r.AggregateID, 120), textcut.Quote(r.Topic, 120), textcut.Quote(r.Key, 120))
 }
 
 // listing lists records for a failure message, each with how it differs
 // from want when want is not nil.
-func listing(recs []outbox.Record, want *Want) string {
+func listing(recs []Record, want *Want) string {
 	const max = 20
 	var b strings.Builder
 	for i, r := range recs {
@@ -150,7 +149,7 @@ func listing(recs []outbox.Record, want *Want) string {
 
 // one returns the index of the single record of recs that matches want, or
 // fails t and returns -1. what names where the records came from.
-func one(t T, what string, recs []outbox.Record, want Want, hint string) int {
+func one(t T, what string, recs []Record, want Want, hint string) int {
 	t.Helper()
 	var matches []int
 	for i, r := range recs {
@@ -174,7 +173,7 @@ func one(t T, what string, recs []outbox.Record, want Want, hint string) int {
 }
 
 // many checks that recs match wants one to one, in order.
-func many(t T, what string, recs []outbox.Record, wants []Want) bool {
+func many(t T, what string, recs []Record, wants []Want) bool {
 	t.Helper()
 	var problems []string
 	for i := range max(len(recs), len(wants)) {
@@ -201,12 +200,12 @@ func many(t T, what string, recs []outbox.Record, wants []Want) bool {
 
 // RequireEvent fails the test unless exactly one event recorded by rec
 // matches want, and returns that event.
-func RequireEvent(t T, rec *Recorder, want Want) outbox.Record {
+func RequireEvent(t T, rec *Recorder, want Want) Record {
 	t.Helper()
 	evs := rec.Events()
 	i := one(t, "recorded", evs, want, "name more fields, or use RequireEvents")
 	if i < 0 {
-		return outbox.Record{}
+		return Record{}
 	}
 	return evs[i]
 }
@@ -214,7 +213,7 @@ func RequireEvent(t T, rec *Recorder, want Want) outbox.Record {
 // RequireEvents fails the test unless the events recorded by rec match
 // wants one to one, in the order they were added, with none left over. It
 // returns them.
-func RequireEvents(t T, rec *Recorder, wants ...Want) []outbox.Record {
+func RequireEvents(t T, rec *Recorder, wants ...Want) []Record {
 	t.Helper()
 	evs := rec.Events()
 	if !many(t, "recorded", evs, wants) {
@@ -233,7 +232,7 @@ func RequireNoEvents(t T, rec *Recorder) {
 
 // Payload decodes the JSON payload of r into a P, failing the test if it
 // does not decode.
-func Payload[P any](t T, r outbox.Record) P {
+func Payload[P any](t T, r Record) P {
 	t.Helper()
 	var p P
 	if err := json.Unmarshal(r.Payload, &p); err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 )
 
 // ErrHeld is reported for a message not sent, or not marked, because an
@@ -23,15 +24,15 @@ func topicLevel(err error) bool {
 }
 
 // messageSize is a record's size as a broker counts it against
-// message.max.bytes, by the rule the writers' outbox.Prepare also applies
-// (outbox.RecordBytes): key, value and headers plus record and batch
+// message.max.bytes, by the rule the writers also apply (internal/record's
+// Bytes): key, value and headers plus record and batch
 // overhead.
 func messageSize(m Message) int {
 	n := 0
 	for _, h := range m.Headers {
 		n += len(h.Key) + len(h.Value)
 	}
-	return outbox.RecordBytes(len(m.Key), len(m.Value), len(m.Headers), n)
+	return record.Bytes(len(m.Key), len(m.Value), len(m.Headers), n)
 }
 
 // errCannotSend marks a message the relay refuses before sending: no retry

@@ -262,7 +262,7 @@ type Config struct {
 	// blocking the key until an operator acts.
 	Poison outbox.PoisonPolicy
 	// MaxMessageBytes is the largest record the relay sends, counted as
-	// outbox.RecordBytes counts it (key, value, headers, and the record and
+	// the writers count it (key, value, headers, and the record and
 	// batch overhead a broker compares with message.max.bytes); larger
 	// events are parked at once. Give the writers the same number as
 	// outbox.Limits.MaxRecordBytes (the fxoutbox module does), so that every

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 )
 
 type execer interface {
@@ -45,11 +46,11 @@ type queryRower interface {
 
 // exec inserts recs. With xid set, it runs the watched variant and stores
 // the transaction's id in *xid.
-func (in inserter) exec(ctx context.Context, db execer, recs []outbox.Record) error {
+func (in inserter) exec(ctx context.Context, db execer, recs []record.Record) error {
 	return in.run(ctx, db, recs, nil)
 }
 
-func (in inserter) run(ctx context.Context, db execer, recs []outbox.Record, xid *int64) error {
+func (in inserter) run(ctx context.Context, db execer, recs []record.Record, xid *int64) error {
 	do := func(one, watched string, args ...any) error {
 		if xid == nil {
 			_, err := db.Exec(ctx, one, args...)
@@ -85,7 +86,7 @@ func headersArg(h map[string]string) []byte {
 	if len(h) == 0 {
 		return nil
 	}
-	return outbox.EncodeHeaders(h)
+	return record.EncodeHeaders(h)
 }
 
 var _ execer = pgx.Tx(nil)

@@ -71,6 +71,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 )
 
 // Tx is the transaction a Do function works in. Exec, Query and QueryRow make
@@ -179,7 +180,7 @@ func New(db Beginner, cfg *Config) (*UnitOfWork, error) {
 		c.Topics = outbox.TopicPerEvent
 	}
 	if c.Propagator == nil {
-		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		c.Propagator = record.DefaultPropagator()
 	}
 	if err := c.Table.Validate(); err != nil {
 		return nil, err
@@ -393,17 +394,8 @@ func PgxTx(t Tx) pgx.Tx {
 	return nil
 }
 
-// Prepare validates events and applies their defaults exactly as Tx.Add and
-// AddTx do (topic, key, event id, trace context headers from ctx), without
-// writing anything: it returns the records they would insert, or the error
-// they would return. Test doubles such as outboxtest's recorder use it, so
-// they accept and refuse the same events as the real writer.
-func (u *UnitOfWork) Prepare(ctx context.Context, events ...outbox.Event) ([]outbox.Record, error) {
-	return u.prepare(ctx, events)
-}
-
 // write inserts recs, if any, in one statement.
-func (u *UnitOfWork) write(ctx context.Context, db execer, recs []outbox.Record) error {
+func (u *UnitOfWork) write(ctx context.Context, db execer, recs []record.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -413,29 +405,9 @@ func (u *UnitOfWork) write(ctx context.Context, db execer, recs []outbox.Record)
 	return nil
 }
 
-func (u *UnitOfWork) prepare(ctx context.Context, events []outbox.Event) ([]outbox.Record, error) {
-	if len(events) == 0 {
-		return nil, nil
-	}
-	carrier := propagation.MapCarrier{}
-	u.cfg.Propagator.Inject(ctx, carrier)
-	var trace map[string]string
-	if len(carrier) > 0 {
-		trace = carrier
-	}
-	recs := make([]outbox.Record, len(events))
-	for i, e := range events {
-		r, err := outbox.Prepare(e, u.cfg.Service, u.cfg.Topics, u.cfg.Limits, trace)
-		if err != nil {
-			var ee *outbox.EventError
-			if errors.As(err, &ee) {
-				ee.Index = i
-			}
-			return nil, err
-		}
-		recs[i] = r
-	}
-	return recs, nil
+func (u *UnitOfWork) prepare(ctx context.Context, events []outbox.Event) ([]record.Record, error) {
+	w := record.Writer{Service: u.cfg.Service, Topics: u.cfg.Topics, Limits: u.cfg.Limits, Propagator: u.cfg.Propagator}
+	return w.Prepare(ctx, events)
 }
 
 // ErrTxDone is returned by Tx.Add after the Do function has returned.
@@ -444,7 +416,7 @@ var ErrTxDone = errors.New("unitofwork: Add called after the Do function returne
 type tx struct {
 	pgx.Tx
 	u       *UnitOfWork
-	pending []outbox.Record
+	pending []record.Record
 	after   []func() // other units of work's OnCommit, for their AddTx
 	done    bool
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -97,7 +98,7 @@ func TestLargestCloudEventReachesKafkaThroughFx(t *testing.T) {
 }
 
 // requireCloudEventAtLimit checks the consumed record's CloudEvents headers
-// and that its size, as outbox.RecordBytes counts it, is limit less the
+// and that its size, as record.Bytes counts it, is limit less the
 // bytes by which its ce_time is shorter than the widest one Add counts.
 func requireCloudEventAtLimit(t *testing.T, cons *testenv.Consumer, source string, limit int) {
 	t.Helper()
@@ -114,10 +115,10 @@ func requireCloudEventAtLimit(t *testing.T, cons *testenv.Consumer, source strin
 	for _, h := range m.Headers {
 		headerBytes += len(h.Key) + len(h.Value)
 	}
-	size := outbox.RecordBytes(len(m.Key), len(m.Value), len(m.Headers), headerBytes)
+	size := record.Bytes(len(m.Key), len(m.Value), len(m.Headers), headerBytes)
 	slack := len("2006-01-02T15:04:05.999999999Z") - len(testenv.Header(m, "ce_time"))
 	if size != limit-slack {
-		t.Errorf("the record is %d bytes as RecordBytes counts it (%d headers), want %d: the limit %d less the %d bytes ce_time is shorter than counted",
+		t.Errorf("the record is %d bytes as record.Bytes counts it (%d headers), want %d: the limit %d less the %d bytes ce_time is shorter than counted",
 			size, len(m.Headers), limit-slack, limit, slack)
 	}
 }

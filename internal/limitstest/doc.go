@@ -1,7 +1,7 @@
 // Package limitstest proves on real parts that what the unit of work accepts
 // is exactly what PostgreSQL stores and the relay can send:
 //
-//   - the payload rules of outbox.Prepare (jsonb's input rules and the length
+//   - the payload rules of record.Prepare (the writers' validator) (jsonb's input rules and the length
 //     of jsonb's text output) agree with PostgreSQL 15 on a corpus of tricky
 //     and randomly generated payloads;
 //   - payloads PostgreSQL refuses, or that expand beyond the limits once

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -71,7 +72,7 @@ func manyKeys(n, dup int) string {
 }
 
 // TestPayloadRulesMatchPostgres feeds every payload of the corpus to
-// outbox.Prepare and to PostgreSQL (`SELECT $1::jsonb`, the payload sent as
+// record.Prepare and to PostgreSQL (`SELECT $1::jsonb`, the payload sent as
 // the unit of work sends it). Prepare must accept exactly what PostgreSQL
 // accepts, and for accepted payloads Record.PayloadBytes must equal
 // octet_length($1::jsonb::text), the bytes the relay reads back and sends.
@@ -105,7 +106,7 @@ func TestPayloadRulesMatchPostgres(t *testing.T) {
 
 	var accepted, refused, deeper int
 	for i, payload := range corpus {
-		r, perr := outbox.Prepare(outbox.Event{AggregateType: "a", AggregateID: "1", Type: "a.b", Topic: "t", Payload: json.RawMessage(payload)},
+		r, perr := record.Prepare(outbox.Event{AggregateType: "a", AggregateID: "1", Type: "a.b", Topic: "t", Payload: json.RawMessage(payload)},
 			"", nil, outbox.Limits{}, nil)
 		stored := []byte(payload)
 		if payload == "" {

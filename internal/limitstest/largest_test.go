@@ -17,6 +17,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -37,7 +38,7 @@ func largestPayloadWithin(t *testing.T, e outbox.Event, trace map[string]string,
 	payload := func(n int) []byte { return []byte(`{"blob": "` + strings.Repeat("x", n) + `"}`) }
 	fits := func(n int) bool {
 		e.Payload = payload(n)
-		_, err := outbox.Prepare(e, "svc", nil, limits.WithDefaults(), trace)
+		_, err := record.Prepare(e, "svc", nil, limits.WithDefaults(), trace)
 		if err != nil && !errors.Is(err, outbox.ErrInvalidEvent) {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package outbox_test
+package record_test
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 )
 
 // typicalPayload is a 1 KB order event: nested objects, an array of lines,
@@ -42,7 +43,7 @@ func typicalPayload() orderPlaced {
 // BenchmarkPrepare measures Prepare on a typical 1 KB payload, given as a
 // value to marshal and as raw JSON.
 //
-//	go test -run '^$' -bench Prepare -benchmem .
+//	go test -run '^$' -bench Prepare -benchmem ./internal/record/
 func BenchmarkPrepare(b *testing.B) {
 	limits := outbox.Limits{}.WithDefaults()
 	p := typicalPayload()
@@ -56,7 +57,7 @@ func BenchmarkPrepare(b *testing.B) {
 			e := outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "order.placed.v1", Payload: v.payload}
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := outbox.Prepare(e, "order-service", nil, limits, trace); err != nil {
+				if _, err := record.Prepare(e, "order-service", nil, limits, trace); err != nil {
 					b.Fatal(err)
 				}
 			}
