@@ -70,27 +70,6 @@ func (t Table) String() string {
 	return t.Schema + "." + t.Name
 }
 
-// LockNamespace returns the first key of the transaction-scoped advisory
-// locks (pg_try_advisory_xact_lock(namespace, lane)) by which relays claim
-// the lanes of this table: the FNV-32a hash of "fxoutbox:" and String(). An
-// operator's tools find the lanes relays hold in pg_locks, where the
-// namespace is classid (as an unsigned 32-bit number) and the lane objid,
-// with objsubid 2.
-//
-// In the same namespace, the relay that reports the table-wide gauges holds
-// the session-level lock (namespace, [StatsReporterLock]); lanes are never
-// negative.
-func (t Table) LockNamespace() int32 {
-	h := fnv.New32a()
-	h.Write([]byte("fxoutbox:" + t.String()))
-	return int32(h.Sum32())
-}
-
-// StatsReporterLock is the second key of the session-level advisory lock
-// (Table.LockNamespace(), StatsReporterLock) held by the one relay of a table
-// that reports its table-wide gauges (backlog, oldest age, parked).
-const StatsReporterLock int32 = -1
-
 // Channel returns the PostgreSQL notification channel on which writers in
 // other processes wake the relays of this table: "<name>_wakeup", or
 // "<schema>.<name>_wakeup" when a schema is set (a hashed name when that

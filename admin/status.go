@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -162,7 +163,7 @@ type Session struct {
 	// Listening says the session LISTENs on the table's channel.
 	Listening bool `json:"listening"`
 	// StatsReporter says the session holds the lock of the relay that
-	// reports the table-wide gauges (outbox.StatsReporterLock).
+	// reports the table-wide gauges (internal/locks.StatsReporter).
 	StatsReporter bool `json:"stats_reporter"`
 }
 
@@ -243,7 +244,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	// Lanes are advisory locks (namespace, lane): in pg_locks, classid is
 	// the namespace as an unsigned number, objid the lane, objsubid 2.
 	// The stats reporter's session lock has the same namespace and the
-	// second key outbox.StatsReporterLock (negative: objid past any lane).
+	// second key locks.StatsReporter (negative: objid past any lane).
 	rows, err = db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
 		" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = @ns"+
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),"+
@@ -254,7 +255,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		" EXISTS (SELECT 1 FROM locks k WHERE k.pid = a.pid AND k.key = @reporter)"+
 		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM locks) OR (a.query = @listen AND a.datname = current_database())"+
 		" ORDER BY a.pid",
-		pgx.NamedArgs{"ns": int64(uint32(table.LockNamespace())), "reporter": int64(uint32(reporterLock)),
+		pgx.NamedArgs{"ns": int64(uint32(locks.Namespace(table.String()))), "reporter": int64(uint32(reporterLock)),
 			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
 	if err != nil {
 		return st, err
@@ -281,9 +282,9 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	return st, nil
 }
 
-// reporterLock is outbox.StatsReporterLock in a variable, so that it
+// reporterLock is locks.StatsReporter in a variable, so that it
 // converts to the unsigned objid pg_locks shows.
-var reporterLock = outbox.StatsReporterLock
+var reporterLock = locks.StatsReporter
 
 // Counts is what the partial indexes say of a table: its backlog, the
 // oldest waiting event and its parked events.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -151,7 +152,7 @@ func TestStatusShowsLanesAndSessionsOfARealRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Rollback(s.ctx)
-	if _, err := other.Exec(s.ctx, "SELECT pg_advisory_xact_lock($1, 3)", outbox.Table{Schema: "elsewhere"}.LockNamespace()); err != nil {
+	if _, err := other.Exec(s.ctx, "SELECT pg_advisory_xact_lock($1, 3)", locks.Namespace(outbox.Table{Schema: "elsewhere"}.String())); err != nil {
 		t.Fatal(err)
 	}
 

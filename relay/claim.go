@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/locks"
 )
 
 // Ordering says what a relay promises about the order of events in Kafka.
@@ -99,8 +99,6 @@ type queries struct {
 
 func newQueries(t outbox.Table) queries {
 	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
-	h := fnv.New32a()
-	h.Write([]byte("fxoutbox:" + t.String()))
 	const notHeld = " AND partition_key <> ALL(@held::text[])"
 	window := func(held string) string {
 		return "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
@@ -157,7 +155,7 @@ func newQueries(t outbox.Table) queries {
 		// index) narrows the scan to old block ranges.
 		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-		ns: int32(h.Sum32()),
+		ns: locks.Namespace(t.String()),
 	}
 	const cond = "WHERE published_at IS NULL AND parked_at IS NULL"
 	q.upto = map[string]string{}

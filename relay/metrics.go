@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/locks"
 	"net"
 	"strconv"
 	"sync"
@@ -419,7 +420,7 @@ func (s *snapshot) set(v tableStats, ok bool) {
 
 // reporterKey is the second key of the advisory lock the reporting relay
 // holds (with the table's namespace; lanes use keys 0 and up).
-const reporterKey = outbox.StatsReporterLock
+const reporterKey = locks.StatsReporter
 
 // reportStats keeps the table-wide statistics current until ctx ends: once
 // per StatsInterval the relay that holds the reporter lock reads them;

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -380,7 +381,7 @@ func TestStatusShowsLaneHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(w.ctx)
-	if _, err := tx.Exec(w.ctx, "SELECT pg_try_advisory_xact_lock($1, l) FROM unnest(array[7, 8, 9, 20]) l", w.table.LockNamespace()); err != nil {
+	if _, err := tx.Exec(w.ctx, "SELECT pg_try_advisory_xact_lock($1, l) FROM unnest(array[7, 8, 9, 20]) l", locks.Namespace(w.table.String())); err != nil {
 		t.Fatal(err)
 	}
 	r := w.run("", false, "status")
