@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -23,7 +24,7 @@ type Querier interface {
 var (
 	// ErrNotFound is returned by GetParked for an event id that is not in
 	// the table (never written, or already deleted).
-	ErrNotFound = errors.New("no such event")
+	ErrNotFound = tablesql.ErrNotFound
 	// ErrNotParked is returned by GetParked for an event that exists but is
 	// not parked: waiting to be published, or published.
 	ErrNotParked = errors.New("event is not parked")
@@ -35,7 +36,7 @@ var (
 
 // DefaultLimit is the number of events ListParked returns when
 // Filter.Limit is 0.
-const DefaultLimit = 100
+const DefaultLimit = tablesql.DefaultLimit
 
 // Filter selects events. Conditions combine with AND; the zero Filter
 // matches every row of the state the function works on (parked, or

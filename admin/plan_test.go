@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // recorder runs statements and keeps each with its arguments.
@@ -98,8 +99,8 @@ func TestPlansOnALargeTable(t *testing.T) {
 	mustOK(admin.ListParked(s.ctx, rec, s.table, f))
 	mustOK(admin.ListParked(s.ctx, rec, s.table, admin.Filter{After: mid + 10000}))
 	mustOK(admin.CountParked(s.ctx, rec, s.table, f))
-	mustOK(admin.ReadCounts(s.ctx, rec, s.table))
-	mustOK(admin.CountParkedByType(s.ctx, rec, s.table, 1000))
+	mustOK(tablesql.ReadCounts(s.ctx, rec, s.table))
+	mustOK(tablesql.CountParkedByType(s.ctx, rec, s.table, 1000))
 	mustOK(admin.Requeue(s.ctx, rec, s.table, f, nil))
 	mustOK(admin.Delete(s.ctx, rec, s.table, admin.Filter{Key: "k7"}, nil))
 	mustOK(admin.CountPublished(s.ctx, rec, s.table, admin.Filter{FromID: mid, ToID: mid + 5000}))

@@ -10,13 +10,14 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
 // BacklogCap is the most unpublished events ReadStatus counts, so a huge
 // backlog costs a bounded index scan (the relay's outbox.backlog metric
 // counts the same way).
-const BacklogCap = 1000000
+const BacklogCap = tablesql.BacklogCap
 
 // StatusOptions tunes ReadStatus. A nil *StatusOptions means the defaults.
 type StatusOptions struct {
@@ -192,7 +193,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.Lanes, st.RateWindow = o.Lanes, o.RateWindow
 	t := table.Ident()
 
-	c, err := readCounts(ctx, db, table)
+	c, err := tablesql.ReadCounts(ctx, db, table)
 	if err != nil {
 		return st, err
 	}
@@ -222,7 +223,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		// Grouped by the reason with its numbers replaced by N, which also
 		// groups reasons stored with numbers in them (by older versions, or
 		// by hand); a group of one text shows it as stored.
-		rows, err = db.Query(ctx, "SELECT topic, "+errorTypeSQL+","+
+		rows, err = db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+","+
 			" CASE WHEN min(last_error) = max(last_error) THEN left(min(last_error), 200) ELSE reason END,"+
 			" min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
 			"SELECT topic, regexp_replace(left(coalesce(last_error, ''), 200), '[0-9]+', 'N', 'g') AS reason, coalesce(last_error, '') AS last_error, parked_at"+
@@ -286,96 +287,6 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 // converts to the unsigned objid pg_locks shows.
 var reporterLock = locks.StatsReporter
 
-// Counts is what the partial indexes say of a table: its backlog, the
-// oldest waiting event and its parked events.
-type Counts struct {
-	// Backlog is the number of unpublished, unparked events, counted up
-	// to BacklogCap; BacklogCapped says the count stopped there.
-	Backlog       int64 `json:"backlog"`
-	BacklogCapped bool  `json:"backlog_capped"`
-	// OldestCreatedAt is when the oldest unpublished, unparked event (by
-	// id, the one the relays take first) was written; nil when there is none.
-	OldestCreatedAt *time.Time `json:"oldest_created_at"`
-	// OldestAge is its age, 0 when there is none and never negative (a
-	// created_at in the future, from clocks or a hand-written row, counts
-	// as 0: compare OldestCreatedAt with the time to find one).
-	OldestAge time.Duration `json:"-"`
-	// OldestInFuture says OldestCreatedAt is ahead of the database's clock.
-	OldestInFuture bool `json:"oldest_in_future"`
-	// Parked is the number of parked events.
-	Parked int64 `json:"parked"`
-}
-
-// ReadCounts reads a table's Counts in one statement that reads only the
-// partial indexes on unpublished and on parked rows. The relay's backlog
-// gauges and Health use it, as does ReadStatus.
-func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
-	if err := table.Validate(); err != nil {
-		return Counts{}, err
-	}
-	c, err := readCounts(ctx, db, table)
-	if err != nil {
-		return c, fmt.Errorf("admin: counts of %s: %w", table, err)
-	}
-	return c, nil
-}
-
-func readCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
-	var c Counts
-	var ageSec float64
-	t := table.Ident()
-	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM (SELECT 1 FROM "+t+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT @cap) b),"+
-		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
-		" (SELECT count(*) FROM "+t+" WHERE parked_at IS NOT NULL)"+
-		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM "+t+
-		" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1) o ON true",
-		pgx.NamedArgs{"cap": BacklogCap})
-	if err != nil {
-		return c, err
-	}
-	if _, err := pgx.ForEachRow(rows, []any{&c.Backlog, &c.OldestCreatedAt, &ageSec, &c.Parked}, func() error { return nil }); err != nil {
-		return c, err
-	}
-	c.BacklogCapped = c.Backlog >= BacklogCap
-	c.OldestInFuture = ageSec < 0
-	c.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
-	return c, nil
-}
-
-// errorTypeSQL is the cause the relay records at the start of last_error,
-// "[<error.type>] <message>", or _OTHER.
-const errorTypeSQL = "coalesce(substring(last_error FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "')"
-
 // ErrorTypeOther is the error type of parked events whose error was
 // recorded without one (by older versions, or by hand).
-const ErrorTypeOther = "_OTHER"
-
-// ParkedCount is the number of parked events of one topic and error type.
-type ParkedCount struct {
-	Topic     string `json:"topic"`
-	ErrorType string `json:"error_type"`
-	Count     int64  `json:"count"`
-}
-
-// CountParkedByType counts a table's parked events by topic and error type,
-// largest first, at most limit groups, reading only the partial index on
-// parked rows. The relay's parked gauge uses it.
-func CountParkedByType(ctx context.Context, db Querier, table outbox.Table, limit int) ([]ParkedCount, error) {
-	if err := table.Validate(); err != nil {
-		return nil, err
-	}
-	rows, err := db.Query(ctx, "SELECT topic, "+errorTypeSQL+", count(*) FROM "+table.Ident()+
-		" WHERE parked_at IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1", limit)
-	if err != nil {
-		return nil, fmt.Errorf("admin: count parked events of %s: %w", table, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedCount, error) {
-		var p ParkedCount
-		err := r.Scan(&p.Topic, &p.ErrorType, &p.Count)
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("admin: count parked events of %s: %w", table, err)
-	}
-	return out, nil
-}
+const ErrorTypeOther = tablesql.ErrorTypeOther

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -13,7 +13,7 @@ import (
 // Parked is a record the consumer set aside. It is admin.InboxParked: the
 // operator's API (package admin, the outboxctl inbox commands) lists and
 // deletes the same records. List fills its Consumer with Config.Name.
-type Parked = admin.InboxParked
+type Parked = tablesql.InboxParked
 
 // ListOptions pages through parked records in id order.
 type ListOptions struct {
@@ -29,7 +29,7 @@ func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	out, err := admin.ListInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, o.AfterID, o.Limit)
+	out, err := tablesql.ListInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
@@ -44,8 +44,8 @@ func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
 // applied without deduplication: Retry is the operator's decision.
 func (c *Consumer) Retry(ctx context.Context, id int64) error {
 	err := c.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-		p, err := admin.TakeInboxParked(ctx, tx, c.cfg.Table, c.cfg.Name, id)
-		if errors.Is(err, admin.ErrNotFound) {
+		p, err := tablesql.TakeInboxParked(ctx, tx, c.cfg.Table, c.cfg.Name, id)
+		if errors.Is(err, tablesql.ErrNotFound) {
 			return ErrNotFound
 		}
 		if err != nil {
@@ -76,8 +76,8 @@ func (c *Consumer) Retry(ctx context.Context, id int64) error {
 // redeliveries of the event are skipped. It is admin.DeleteInboxParked for
 // Config.Name.
 func (c *Consumer) Delete(ctx context.Context, id int64) error {
-	err := admin.DeleteInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, id)
-	if errors.Is(err, admin.ErrNotFound) {
+	err := tablesql.DeleteInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, id)
+	if errors.Is(err, tablesql.ErrNotFound) {
 		return fmt.Errorf("inbox: delete parked record %d of %s: %w", id, c.cfg.Name, ErrNotFound)
 	}
 	if err != nil {

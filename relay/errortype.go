@@ -6,8 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -59,7 +59,7 @@ const (
 	ErrorTypeDatabase          = "database"
 	ErrorTypeTimeout           = "timeout"
 	ErrorTypeCanceled          = "canceled"
-	ErrorTypeOther             = admin.ErrorTypeOther
+	ErrorTypeOther             = tablesql.ErrorTypeOther
 )
 
 // ErrorType classifies err by its cause into one of the low-cardinality

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"net"
 	"strconv"
 	"sync"
@@ -281,7 +281,7 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("relay: stats: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	c, err := admin.ReadCounts(ctx, tx, r.cfg.Table)
+	c, err := tablesql.ReadCounts(ctx, tx, r.cfg.Table)
 	if err != nil {
 		return Stats{}, fmt.Errorf("relay: stats: %w", err)
 	}
@@ -518,15 +518,15 @@ func (r *Relay) readTableStats(ctx context.Context, conn *pgx.Conn) (*tableStats
 }
 
 // queryTableStats reads the backlog, the oldest age and the parked events
-// by topic and reason through the admin API, which outboxctl shares.
-func (r *Relay) queryTableStats(ctx context.Context, q admin.Querier) (*tableStats, error) {
-	c, err := admin.ReadCounts(ctx, q, r.cfg.Table)
+// by topic and reason with the SQL admin.ReadStatus (outboxctl status) shares.
+func (r *Relay) queryTableStats(ctx context.Context, q tablesql.Querier) (*tableStats, error) {
+	c, err := tablesql.ReadCounts(ctx, q, r.cfg.Table)
 	if err != nil {
 		return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
 	}
 	st := &tableStats{backlog: c.Backlog, age: c.OldestAge.Seconds(), future: c.OldestInFuture}
 	if c.Parked > 0 {
-		groups, err := admin.CountParkedByType(ctx, q, r.cfg.Table, 1000)
+		groups, err := tablesql.CountParkedByType(ctx, q, r.cfg.Table, 1000)
 		if err != nil {
 			return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
 		}

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Mode says where a relay finds the events it publishes.
@@ -330,7 +330,7 @@ func (r *Relay) runStream(ctx context.Context) {
 	}
 }
 
-// checkStream runs admin.CheckStream at Start: a server that is not set up
+// checkStream runs admin.CheckStream's checks (internal/tablesql) at Start: a server that is not set up
 // for streaming (wal_level, the publication, the role's REPLICATION, the
 // slot capacity) fails the start with what to change. An invalidated slot
 // does not (the relay publishes by polling and says so), nor does a
@@ -341,13 +341,13 @@ func (r *Relay) checkStream(ctx context.Context) error {
 	tx, err := r.db.Begin(ctx)
 	if err == nil {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		err = admin.CheckStream(ctx, tx, r.cfg.Table)
+		err = tablesql.CheckStream(ctx, tx, r.cfg.Table)
 	}
-	var se *admin.StreamSetupError
+	var se *tablesql.StreamSetupError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &se) && se.Check == admin.CheckSlotLost:
+	case errors.As(err, &se) && se.Check == tablesql.CheckSlotLost:
 		r.cfg.Logger.Warn("outbox relay: "+se.Error(), "table", r.cfg.Table.String())
 		return nil
 	case errors.As(err, &se):

@@ -57,7 +57,7 @@ func cmdStreamStatus(ctx context.Context, args []string, e env) int {
 	return exitOK
 }
 
-func printStreamStatus(e env, st admin.StreamStatus) {
+func printStreamStatus(e env, st admin.StreamSetup) {
 	w := e.stdout
 	fmt.Fprintf(w, "Table        %s\n", st.Table)
 	if st.Setup == "" {
