@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
@@ -170,21 +169,17 @@ func reason(err error) string {
 	}
 }
 
-// ParkedLogFirst is how many records parked for one cause (topic and
-// reason) a consumer logs one by one, with their event ids and positions;
-// the further records of the cause are counted and logged as one summary
-// line per cause every ParkedLogInterval ("parked 1,998 more records of
-// consumer C from topic X: <reason>"), and once more when the consumer
-// stops. The counts are exact: every parked record is in a line of its own
-// or in a summary. A cause with no record parked for a whole interval
-// starts over with lines of their own.
-const (
-	ParkedLogFirst    = 10
-	ParkedLogInterval = 10 * time.Second
-)
-
+// newParkLog returns a consumer's log of parked records: the first
+// parklog.First (10) records parked for one cause (topic and reason) are
+// logged one by one, with their event ids and positions; the further
+// records of the cause are counted and logged as one summary line per cause
+// every parklog.Interval (10 s) ("parked 1,998 more records of consumer C
+// from topic X: <reason>"), and once more when the consumer stops. The
+// counts are exact: every parked record is in a line of its own or in a
+// summary. A cause with no record parked for a whole interval starts over
+// with lines of their own.
 func newParkLog(logger *slog.Logger, consumer string) *parklog.Log {
-	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+	return parklog.New(logger, parklog.First, parklog.Interval, func(log *slog.Logger, c parklog.Cause, n int64) {
 		if c == (parklog.Cause{}) {
 			log.Error("outbox inbox: parked "+parklog.More(n, "record")+" of consumer "+consumer+" for other causes (too many different causes to count apart); see outboxctl inbox parked list --consumer "+consumer,
 				"consumer", consumer, "records", n)

@@ -43,7 +43,7 @@ type Consumer struct {
 	tracer trace.Tracer
 	ms     *metrics
 	// parkLog: the lines of parked records, the first per cause one by
-	// one, then summaries (see ParkedLogFirst).
+	// one, then summaries (see newParkLog).
 	parkLog *parklog.Log
 
 	mu      sync.Mutex

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -95,8 +96,8 @@ func TestMassParkingBoundedLogs(t *testing.T) {
 	if int64(one)+summed != n {
 		t.Errorf("the log accounts for %d parked records (%d one by one, %d in summaries), want %d", int64(one)+summed, one, summed, n)
 	}
-	if one != inbox.ParkedLogFirst || summaries < 1 || len(recs) > 60 {
-		t.Errorf("%d lines of parked records, %d summaries, %d lines in all; want %d, at least 1, at most 60", one, summaries, len(recs), inbox.ParkedLogFirst)
+	if one != parklog.First || summaries < 1 || len(recs) > 60 {
+		t.Errorf("%d lines of parked records, %d summaries, %d lines in all; want %d, at least 1, at most 60", one, summaries, len(recs), parklog.First)
 		for _, rec := range recs[:min(len(recs), 50)] {
 			t.Log(rec.Level, rec.Message)
 		}

@@ -560,7 +560,7 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 		if parked[x.id] {
 			reason := Reason(errs[i], x.topic)
 			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
-				continue // counted in the cause's summary (see ParkedLogFirst)
+				continue // counted in the cause's summary (see newParkLog)
 			}
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
 				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",

@@ -128,22 +128,18 @@ func unreadableDetail(err error) string {
 	return ""
 }
 
-// ParkedLogFirst is how many events parked for one cause (topic and
-// reason) the relay logs one by one, with their ids; the further events of
-// the cause are counted and logged as one summary line per cause every
-// ParkedLogInterval ("parked 1,998 more events for topic X: <reason>"), and
-// once more when the relay stops. The counts are exact: every parked event
-// is in a line of its own or in a summary. A cause with no event parked for
-// a whole interval starts over with lines of their own. Permanent failures
-// of events not parked yet (charged until MaxAttempts) are logged the same
-// way ("N more permanent failures for topic X ...").
-const (
-	ParkedLogFirst    = 10
-	ParkedLogInterval = 10 * time.Second
-)
-
+// newParkLog returns the relay's log of parked events: the first
+// parklog.First (10) events parked for one cause (topic and reason) are
+// logged one by one, with their ids; the further events of the cause are
+// counted and logged as one summary line per cause every parklog.Interval
+// (10 s) ("parked 1,998 more events for topic X: <reason>"), and once more
+// when the relay stops. The counts are exact: every parked event is in a
+// line of its own or in a summary. A cause with no event parked for a whole
+// interval starts over with lines of their own. Permanent failures of
+// events not parked yet (charged until MaxAttempts) are logged the same way
+// ("N more permanent failures for topic X ...").
 func newParkLog(logger *slog.Logger) *parklog.Log {
-	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+	return parklog.New(logger, parklog.First, parklog.Interval, func(log *slog.Logger, c parklog.Cause, n int64) {
 		if c == (parklog.Cause{}) {
 			log.Error("outbox relay: parked "+parklog.More(n, "event")+" for other causes (too many different causes to count apart); see outboxctl status and outboxctl parked list",
 				"events", n)
@@ -164,7 +160,7 @@ func shellWord(s string) string {
 }
 
 func newFailedLog(logger *slog.Logger) *parklog.Log {
-	return parklog.New(logger, ParkedLogFirst, ParkedLogInterval, func(log *slog.Logger, c parklog.Cause, n int64) {
+	return parklog.New(logger, parklog.First, parklog.Interval, func(log *slog.Logger, c parklog.Cause, n int64) {
 		noun := "permanent failures"
 		if n == 1 {
 			noun = "permanent failure"

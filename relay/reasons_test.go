@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -180,11 +181,11 @@ func TestMassParkingOneReasonBoundedLogs(t *testing.T) {
 	if int64(one)+summed != 2*wave {
 		t.Errorf("the log accounts for %d parked events (%d one by one, %d in summaries), want %d", int64(one)+summed, one, summed, 2*wave)
 	}
-	// The first ParkedLogFirst one by one (the cause stays known: its
+	// The first parklog.First one by one (the cause stays known: its
 	// events come less than an interval apart), a summary per interval and
 	// the last one at Stop; a few other lines (the start).
-	if one != relay.ParkedLogFirst || summaries < 1 || summaries > 5 || len(recs) > 40 {
-		t.Errorf("%d lines of parked events, %d summaries, %d lines in all; want %d, 1 to 5, at most 40", one, summaries, len(recs), relay.ParkedLogFirst)
+	if one != parklog.First || summaries < 1 || summaries > 5 || len(recs) > 40 {
+		t.Errorf("%d lines of parked events, %d summaries, %d lines in all; want %d, 1 to 5, at most 40", one, summaries, len(recs), parklog.First)
 		for _, rec := range recs[:min(len(recs), 50)] {
 			t.Log(rec.Level, rec.Message)
 		}
@@ -344,7 +345,7 @@ func TestMassPermanentFailuresBoundedLogs(t *testing.T) {
 	if failed != n*(attempts-1) || parked != n {
 		t.Errorf("the log accounts for %d failures and %d parked events, want %d and %d", failed, parked, n*(attempts-1), n)
 	}
-	if lines > 4*relay.ParkedLogFirst || len(recs) > 60 {
-		t.Errorf("%d lines of failures and parked events, %d in all; want at most %d, 60", lines, len(recs), 4*relay.ParkedLogFirst)
+	if lines > 4*parklog.First || len(recs) > 60 {
+		t.Errorf("%d lines of failures and parked events, %d in all; want at most %d, 60", lines, len(recs), 4*parklog.First)
 	}
 }

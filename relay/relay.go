@@ -607,7 +607,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	r.bgCancel()
 	_ = r.gauges.Unregister()
 	// After the last batch: the summary of the events parked since the
-	// last one (see ParkedLogFirst).
+	// last one (see newParkLog).
 	defer r.parkLog.Flush()
 	defer r.failedLog.Flush()
 	defer r.bg.Wait()

@@ -44,6 +44,15 @@ type count struct {
 	seen    bool  // an event was parked since the last summary
 }
 
+// First is how many events (relay) or records (inbox) parked for one cause
+// are logged one by one; the further ones of the cause are counted and
+// logged as one summary line per cause every Interval, and once more when
+// the relay or consumer stops. The relay and every inbox use these two.
+const (
+	First    = 10
+	Interval = 10 * time.Second
+)
+
 // maxCauses bounds the causes tracked at a time; the events of further
 // causes are counted together and summarized as "other causes".
 const maxCauses = 100
