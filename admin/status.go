@@ -14,11 +14,6 @@ import (
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
-// BacklogCap is the most unpublished events ReadStatus counts, so a huge
-// backlog costs a bounded index scan (the relay's outbox.backlog metric
-// counts the same way).
-const BacklogCap = tablesql.BacklogCap
-
 // StatusOptions tunes ReadStatus. A nil *StatusOptions means the defaults.
 type StatusOptions struct {
 	// Lanes is the number of lanes the relays use (OUTBOX_LANES), reported
@@ -71,7 +66,8 @@ func (o *StatusOptions) withDefaults() (StatusOptions, error) {
 type Status struct {
 	Table string `json:"table"`
 	// Backlog is the number of unpublished, unparked events, counted up
-	// to BacklogCap; BacklogCapped says the count stopped there.
+	// to 1,000,000 (a bounded index scan, as the relay's outbox.backlog
+	// metric counts); BacklogCapped says the count stopped there.
 	Backlog       int64 `json:"backlog"`
 	BacklogCapped bool  `json:"backlog_capped"`
 	// OldestAge is the age of the oldest unpublished, unparked event (by
@@ -123,7 +119,8 @@ type ParkedGroup struct {
 	Topic string `json:"topic"`
 	// ErrorType is the cause the relay recorded with the error (its
 	// error.type, e.g. kafka.message_too_large, invalid_topic), or _OTHER
-	// for errors recorded without one.
+	// (relay.ErrorTypeOther) for errors recorded without one (by older
+	// versions, or by hand).
 	ErrorType string `json:"error_type"`
 	// Reason is the group's last error, cut to 200 bytes: the relay stores
 	// one text per cause (see relay.Reason), shown as stored. Errors stored
@@ -286,7 +283,3 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 // reporterLock is locks.StatsReporter in a variable, so that it
 // converts to the unsigned objid pg_locks shows.
 var reporterLock = locks.StatsReporter
-
-// ErrorTypeOther is the error type of parked events whose error was
-// recorded without one (by older versions, or by hand).
-const ErrorTypeOther = tablesql.ErrorTypeOther
