@@ -199,6 +199,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
 // DB begins transactions: normally the application's *pgxpool.Pool.
@@ -456,6 +457,7 @@ type Relay struct {
 	txSettings, idleMillis string
 	tracer                 trace.Tracer
 	metrics                *metrics
+	stats                  *tablestats.Reporter // the table-wide gauges' statistics
 	health                 health
 
 	wakes   []chan struct{} // one per worker
@@ -531,6 +533,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
 	}
 	r.metrics = m
+	r.stats = newStatsReporter(r)
 	return r, nil
 }
 
@@ -575,7 +578,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
 	}
 	r.bg.Add(1)
-	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
+	go func() { defer r.bg.Done(); r.stats.Run(bgCtx) }()
 	r.bg.Add(1)
 	go func() { defer r.bg.Done(); r.parkLog.Run(bgCtx) }()
 	r.bg.Add(1)
