@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -96,7 +97,16 @@ var (
 )
 
 // ErrPublisherClosed is returned by Publish after Close.
-var ErrPublisherClosed = kafkaproducer.ErrClosed
+var ErrPublisherClosed = errors.New("relay: publisher closed")
+
+// closed returns ErrPublisherClosed for the producer's ErrClosed, err
+// otherwise.
+func closed(err error) error {
+	if err == kafkaproducer.ErrClosed {
+		return ErrPublisherClosed
+	}
+	return err
+}
 
 // NewSaramaPublisher validates cfg (nil means DefaultSaramaConfig()) and
 // returns a publisher for the brokers at addrs. It works on a copy of cfg.
@@ -166,7 +176,7 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	// changes).
 	res, err := p.prod.Produce(ctx, records(msgs))
 	if err != nil {
-		return err
+		return closed(err)
 	}
 	var failed map[int]error
 	for i, r := range res {
@@ -219,7 +229,7 @@ func (p *SaramaPublisher) ClientID() string { return p.cfg.ClientID }
 
 // Ping checks that a broker answers: it connects if needed and asks the
 // cluster for its metadata. It implements Pinger for Relay.Health.
-func (p *SaramaPublisher) Ping(ctx context.Context) error { return p.prod.Ping(ctx) }
+func (p *SaramaPublisher) Ping(ctx context.Context) error { return closed(p.prod.Ping(ctx)) }
 
 // Close stops the publishes still running (calls abandoned when their ctx
 // ended), waits for every goroutine, including a connect in flight (bounded
