@@ -403,36 +403,51 @@ func (pr *Producer) wave(ready []*plane, msgs []Record, lanes []*plane, failed m
 		}
 		retry = append(retry, l)
 	}
+	ready = pr.assign(ready, again)
+	for _, s := range pr.send(ready, msgs, again) {
+		pr.resolve(s, lanes, failed, stored, again)
+	}
+	return retry
+}
 
-	// Fix the identity and sequence of batches sent for the first time.
+// assign fixes the identity and sequence of the ready lanes' head batches
+// sent for the first time, and returns the lanes that can be sent. When no
+// identity can be had, the fresh batches go to again and are not sent.
+func (pr *Producer) assign(ready []*plane, again func(*plane, error)) []*plane {
 	var fresh []*plane
 	for _, l := range ready {
 		if !l.head().assigned {
 			fresh = append(fresh, l)
 		}
 	}
-	if len(fresh) > 0 {
-		id, err := pr.identity()
-		if err != nil {
-			for _, l := range fresh {
-				again(l, err)
-			}
-			// A lane whose retries ran out was failed (done, no batches).
-			ready = slices.DeleteFunc(ready, func(l *plane) bool { return l.done || !l.head().assigned })
-		}
-		for _, l := range ready {
-			b := l.head()
-			if b.assigned {
-				continue
-			}
-			if l.st.gen != id.gen {
-				l.st.gen, l.st.seq = id.gen, 0
-			}
-			b.assigned, b.id, b.seq, b.rb = true, id, l.st.seq, nil
-		}
+	if len(fresh) == 0 {
+		return ready
 	}
+	id, err := pr.identity()
+	if err != nil {
+		for _, l := range fresh {
+			again(l, err)
+		}
+		// A lane whose retries ran out was failed (done, no batches).
+		ready = slices.DeleteFunc(ready, func(l *plane) bool { return l.done || !l.head().assigned })
+	}
+	for _, l := range ready {
+		b := l.head()
+		if b.assigned {
+			continue
+		}
+		if l.st.gen != id.gen {
+			l.st.gen, l.st.seq = id.gen, 0
+		}
+		b.assigned, b.id, b.seq, b.rb = true, id, l.st.seq, nil
+	}
+	return ready
+}
 
-	// One request per leader.
+// send sends the head batches of the ready lanes, one request per leader
+// broker, the brokers in parallel, and returns the requests with their
+// outcomes. A lane whose leader is unknown goes to again.
+func (pr *Producer) send(ready []*plane, msgs []Record, again func(*plane, error)) []*sent {
 	byBroker := map[*sarama.Broker]*sent{}
 	var reqs []*sent
 	for _, l := range ready {
@@ -466,51 +481,54 @@ func (pr *Producer) wave(ready []*plane, msgs []Record, lanes []*plane, failed m
 		}()
 	}
 	wg.Wait()
+	return reqs
+}
 
-	for _, s := range reqs {
-		if s.err != nil {
-			_ = s.broker.Close() // reopened by the next Leader call
-			for _, l := range s.lanes {
-				again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), s.err))
-			}
+// resolve settles each lane of one request by its broker's answer:
+// acknowledged, sent again (again), sent again under a new identity,
+// split, or failed.
+func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, stored []storedAt, again func(*plane, error)) {
+	if s.err != nil {
+		_ = s.broker.Close() // reopened by the next Leader call
+		for _, l := range s.lanes {
+			again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), s.err))
+		}
+		return
+	}
+	for _, l := range s.lanes {
+		if l.done { // failed with its topic in this loop
 			continue
 		}
-		for _, l := range s.lanes {
-			if l.done { // failed with its topic in this loop
-				continue
-			}
-			blk := s.resp.GetBlock(l.tp.topic, l.tp.partition)
-			if blk == nil {
-				again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), sarama.ErrIncompleteResponse))
-				continue
-			}
-			kerr := blk.Err
-			err := fmt.Errorf("relay: broker %s rejected the record batch for %s: %w", s.broker.Addr(), l.tp, kerr)
-			switch {
-			case kerr == sarama.ErrNoError || kerr == sarama.ErrDuplicateSequenceNumber:
-				pr.acked(l, blk.Offset, s.broker.Addr(), stored)
-			case retriableKError(kerr):
-				again(l, err)
-			case identityKError(kerr):
-				// The broker refused the batch (appended none of it) for
-				// its producer id or sequence: it lost or expired the
-				// producer's state. Every earlier batch of the partition
-				// was acknowledged, so the batch is sent again under a new
-				// identity.
-				pr.markStale(l.head().id)
-				b := l.head()
-				b.assigned, b.rb = false, nil
-				again(l, err)
-			case topicLevelKError(kerr):
-				pr.failTopic(l.tp.topic, lanes, err, failed)
-			case recordLevelKError(kerr):
-				pr.rejected(l, permanent(err), failed)
-			default:
-				pr.failLane(l, err, err, true, failed)
-			}
+		blk := s.resp.GetBlock(l.tp.topic, l.tp.partition)
+		if blk == nil {
+			again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), sarama.ErrIncompleteResponse))
+			continue
+		}
+		kerr := blk.Err
+		err := fmt.Errorf("relay: broker %s rejected the record batch for %s: %w", s.broker.Addr(), l.tp, kerr)
+		switch {
+		case kerr == sarama.ErrNoError || kerr == sarama.ErrDuplicateSequenceNumber:
+			pr.acked(l, blk.Offset, s.broker.Addr(), stored)
+		case retriableKError(kerr):
+			again(l, err)
+		case identityKError(kerr):
+			// The broker refused the batch (appended none of it) for
+			// its producer id or sequence: it lost or expired the
+			// producer's state. Every earlier batch of the partition
+			// was acknowledged, so the batch is sent again under a new
+			// identity.
+			pr.markStale(l.head().id)
+			b := l.head()
+			b.assigned, b.rb = false, nil
+			again(l, err)
+		case topicLevelKError(kerr):
+			pr.failTopic(l.tp.topic, lanes, err, failed)
+		case recordLevelKError(kerr):
+			pr.rejected(l, permanent(err), failed)
+		default:
+			pr.failLane(l, err, err, true, failed)
 		}
 	}
-	return retry
 }
 
 // retriableKError reports a partition error after which the same batch is
