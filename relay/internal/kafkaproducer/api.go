@@ -79,13 +79,7 @@ func (pr *Producer) Produce(ctx context.Context, recs []Record) []Result {
 	if len(recs) == 0 {
 		return out
 	}
-	failed, stored := pr.publish(ctx, recs)
-	for i, st := range stored {
-		if st.ok {
-			out[i] = Result{Stored: true, Partition: st.partition, Offset: st.offset, Broker: st.broker}
-		}
-	}
-	for i, err := range failed {
+	for i, err := range pr.publish(ctx, recs, out) {
 		out[i] = outcome(err)
 	}
 	return out

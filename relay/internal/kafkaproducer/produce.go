@@ -167,22 +167,13 @@ func recordSize(m Record) int {
 	return n
 }
 
-// storedAt is where the broker stored an acknowledged message.
-type storedAt struct {
-	ok        bool
-	partition int32
-	offset    int64
-	broker    string
-}
-
 // publish sends msgs and returns the error of each message that was not
-// acknowledged, and where each acknowledged one was stored (when the
-// broker said). It can block in a broker or metadata call (sarama takes no
+// acknowledged; it writes where each acknowledged one was stored (when the
+// broker said) to stored[i]. It can block in a broker or metadata call (sarama takes no
 // context) past the end of ctx, for as long as sarama's timeouts allow
 // (Net.ReadTimeout, Metadata.Timeout).
-func (pr *Producer) publish(ctx context.Context, msgs []Record) (map[int]error, []storedAt) {
+func (pr *Producer) publish(ctx context.Context, msgs []Record, stored []Result) map[int]error {
 	failed := map[int]error{}
-	stored := make([]storedAt, len(msgs))
 	lanes := pr.plan(msgs, failed)
 	defer func() {
 		for _, l := range lanes {
@@ -197,14 +188,14 @@ func (pr *Producer) publish(ctx context.Context, msgs []Record) (map[int]error, 
 			}
 		}
 		if len(active) == 0 {
-			return failed, stored
+			return failed
 		}
 		if err := ctx.Err(); err != nil {
 			for _, l := range active {
 				err := fmt.Errorf("relay: publish to %s: %w", l.tp, err)
 				pr.failLane(l, err, err, true, failed)
 			}
-			return failed, stored
+			return failed
 		}
 		ready := pr.acquire(ctx, active)
 		if len(ready) == 0 {
@@ -393,7 +384,7 @@ type sent struct {
 // wave sends the head batch of every ready lane, one ProduceRequest per
 // leader broker, the brokers in parallel, and resolves the outcomes. It
 // returns the lanes to retry (they keep their lock).
-func (pr *Producer) wave(ready []*plane, msgs []Record, lanes []*plane, failed map[int]error, stored []storedAt) (retry []*plane) {
+func (pr *Producer) wave(ready []*plane, msgs []Record, lanes []*plane, failed map[int]error, stored []Result) (retry []*plane) {
 	again := func(l *plane, err error) {
 		l.retries++
 		if l.retries > pr.conf.Producer.Retry.Max {
@@ -487,7 +478,7 @@ func (pr *Producer) send(ready []*plane, msgs []Record, again func(*plane, error
 // resolve settles each lane of one request by its broker's answer:
 // acknowledged, sent again (again), sent again under a new identity,
 // split, or failed.
-func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, stored []storedAt, again func(*plane, error)) {
+func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, stored []Result, again func(*plane, error)) {
 	if s.err != nil {
 		_ = s.broker.Close() // reopened by the next Leader call
 		for _, l := range s.lanes {
@@ -572,11 +563,11 @@ func recordLevelKError(kerr sarama.KError) bool {
 // acked resolves a lane's head batch as appended at base offset (-1:
 // unknown) by broker: the partition's sequence advances and the lock is
 // released for other calls.
-func (pr *Producer) acked(l *plane, base int64, broker string, stored []storedAt) {
+func (pr *Producer) acked(l *plane, base int64, broker string, stored []Result) {
 	b := l.head()
 	if base >= 0 {
 		for j, i := range b.idx {
-			stored[i] = storedAt{ok: true, partition: l.tp.partition, offset: base + int64(j), broker: broker}
+			stored[i] = Result{Stored: true, Partition: l.tp.partition, Offset: base + int64(j), Broker: broker}
 		}
 	}
 	l.st.seq = nextSeq(b.seq, len(b.idx))
