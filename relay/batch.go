@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
 )
 
@@ -70,7 +71,7 @@ type batchInfo struct {
 // up.
 func (r *Relay) runOnce(ctx context.Context, size int, info *batchInfo) (n, next int, err error) {
 	n, next, err = r.batch(ctx, size, info)
-	if err != nil && !errors.As(err, new(*dbError)) && isDatabase(err) {
+	if err != nil && !errors.As(err, new(*dbError)) && dberr.Is(err) {
 		err = &dbError{err}
 	}
 	return n, next, err

@@ -285,7 +285,7 @@ type streamTx struct {
 
 // runStream is the goroutine of a relay in Stream mode.
 func (r *Relay) runStream(ctx context.Context) {
-	failures := 0
+	b := r.newBackoff()
 	logged := ""
 	for {
 		err := r.streamOnce(ctx)
@@ -298,7 +298,7 @@ func (r *Relay) runStream(ctx context.Context) {
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == "55006":
 			// The slot is active for another relay: stand by.
-			failures = 0
+			b.Reset()
 			if r.stream.state.Swap(int32(StreamStandby)) != int32(StreamStandby) {
 				r.cfg.Logger.Info("outbox relay: standing by: another relay streams from the slot; taking over when it is free",
 					"table", r.cfg.Table.String(), "slot", r.stream.slotName())
@@ -308,7 +308,7 @@ func (r *Relay) runStream(ctx context.Context) {
 				return
 			}
 		case errors.Is(err, ErrSlotInvalidated):
-			failures = 0
+			b.Reset()
 			r.stream.state.Store(int32(StreamFallback))
 			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
 				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "retry_in", r.cfg.Stream.RetryInterval)
@@ -317,15 +317,15 @@ func (r *Relay) runStream(ctx context.Context) {
 			r.loop(ctx, 0, until)
 			t.Stop()
 		default:
-			failures++
+			d := b.Fail()
 			r.stream.state.Store(int32(StreamRetrying))
 			r.health.set(0, err)
 			if k := errorKind(err); k != logged {
 				logged = k
 				r.cfg.Logger.Warn("outbox relay: streaming failed; reconnecting with backoff (events stay in the table, nothing is lost)",
-					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "error.type", ErrorType(err), "consecutive_failures", b.Failures())
 			}
-			if !r.sleep(r.backoff(failures), r.kicks[0]) {
+			if !r.sleep(d, r.kicks[0]) {
 				return
 			}
 			continue
@@ -603,7 +603,7 @@ func (s *streamer) sweep(ctx context.Context, upto int64, report bool) error {
 // from the reception of its first row for more (up to MaxBatchSize rows).
 func (s *streamer) follow(ctx context.Context) error {
 	r := s.r
-	failures := 0
+	b := r.newBackoff()
 	for {
 		if r.stopping() {
 			return nil
@@ -650,33 +650,27 @@ func (s *streamer) follow(ctx context.Context) error {
 		}
 		if len(s.ready) > 0 {
 			if err := s.publish(ctx); err != nil {
-				if (errors.As(err, new(*dbError)) || isDatabase(err)) && !errors.Is(err, context.DeadlineExceeded) {
+				if fromDatabase(err) && !errors.Is(err, context.DeadlineExceeded) {
 					// The database failed: reconnect (on the new
 					// connection the table's waiting rows go first).
 					return err
 				}
 				// The broker fails: keep the rows, back off (the reader
 				// keeps reporting the position) and try again.
-				failures++
 				r.health.set(0, err)
-				if r.failLog.failed(errorKind(err)) {
-					r.cfg.Logger.Warn("outbox relay: publishing the stream failed; its events stay unpublished and are retried with backoff",
-						"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
-				}
-				if !r.sleep(r.backoff(failures), r.kicks[0]) {
+				if !r.failed(&b, err, "outbox relay: publishing the stream failed; its events stay unpublished and are retried with backoff", r.kicks[0]) {
 					return nil
 				}
 				continue
 			}
-			if failures > 0 && r.failLog.recovered() {
-				r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
+			if b.Failures() > 0 {
+				r.recovered(&b)
 			}
-			failures = 0
 			r.health.set(0, nil)
 		}
 		if time.Now().After(s.nextSweep()) {
 			if err := s.sweep(ctx, s.maxSeen, false); err != nil {
-				if errors.As(err, new(*dbError)) || isDatabase(err) {
+				if fromDatabase(err) {
 					return err
 				}
 				r.health.set(0, err)
