@@ -645,7 +645,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	var quiet time.Time
 	for {
 		var info batchInfo
-		n, next, err := r.runOnce(ctx, size, &info)
+		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)
 		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
 			// Woken for events another relay (or worker) is publishing:
