@@ -471,8 +471,6 @@ type Relay struct {
 	// window (see lockLanes).
 	growAfter atomic.Int64
 	stream    streamInfo
-	// sweepUpto, when positive, is the highest id a claim takes (see upto).
-	sweepUpto atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
