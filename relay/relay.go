@@ -185,7 +185,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,6 +197,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
@@ -473,8 +473,6 @@ type Relay struct {
 	// window (see lockLanes).
 	growAfter atomic.Int64
 	stream    streamInfo
-	// sweepUpto, when positive, is the highest id a claim takes (see upto).
-	sweepUpto atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
@@ -642,13 +640,13 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	wake := r.wakes[worker]
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
-	failures := 0 // this worker's consecutive failures, for its backoff
+	b := r.newBackoff() // this worker's consecutive failures
 	size := r.cfg.BatchSize
 	woken := false // the batch runs because of a wake-up
 	var quiet time.Time
 	for {
 		var info batchInfo
-		n, next, err := r.runOnce(ctx, size, &info)
+		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)
 		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
 			// Woken for events another relay (or worker) is publishing:
@@ -671,12 +669,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		}
 		if err != nil {
 			size = r.cfg.BatchSize
-			failures++
-			if r.failLog.failed(errorKind(err)) {
-				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
-					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
-			}
-			if !r.sleep(r.backoff(failures), r.kicks[worker]) {
+			if !r.failed(&b, err, "outbox relay: batch failed; its events stay unpublished and are retried with backoff", r.kicks[worker]) {
 				return
 			}
 			continue
@@ -685,10 +678,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		case <-r.kicks[worker]:
 		default:
 		}
-		if r.failLog.recovered() {
-			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
-		}
-		failures = 0
+		r.recovered(&b)
 		if next > 0 {
 			// More are waiting: drain them, in larger batches.
 			size = next
@@ -767,16 +757,27 @@ func (f *failLog) recovered() bool {
 // sleep waits d or until kicked, or returns false once the relay is
 // stopping.
 func (r *Relay) sleep(d time.Duration, kick <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-r.stop:
-		return false
-	case <-t.C:
-		return true
-	case <-kick:
-		return true
+	return backoff.Sleep(context.Background(), d, r.stop, kick)
+}
+
+// failed counts a failure of a publishing loop (a worker, the stream) in b,
+// logs it once per kind of failure (msg), and waits its backoff or until
+// kicked; false once the relay is stopping.
+func (r *Relay) failed(b *backoff.Backoff, err error, msg string, kick <-chan struct{}) bool {
+	d := b.Fail()
+	if r.failLog.failed(errorKind(err)) {
+		r.cfg.Logger.Warn(msg, "table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", b.Failures())
 	}
+	return r.sleep(d, kick)
+}
+
+// recovered follows a success of a publishing loop: it logs that
+// publishing works again, once after the relay's loops failed, and resets b.
+func (r *Relay) recovered(b *backoff.Backoff) {
+	if r.failLog.recovered() {
+		r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", b.Failures())
+	}
+	b.Reset()
 }
 
 // kick ends the backoff of every worker that is waiting in one (see Health).
@@ -789,16 +790,15 @@ func (r *Relay) kick() {
 	}
 }
 
-// backoff returns PollInterval * 2^(failures-1), capped at MaxBackoff, with
+// newBackoff returns the backoff of the relay's publishing loops and of
+// paced events: PollInterval * 2^(failures-1), capped at MaxBackoff, with
 // ±20% jitter so replicas do not retry in step.
-func (r *Relay) backoff(failures int) time.Duration {
-	return r.backoffFrom(r.cfg.PollInterval, failures)
+func (r *Relay) newBackoff() backoff.Backoff {
+	return backoff.Backoff{Initial: r.cfg.PollInterval, Max: r.cfg.MaxBackoff, Jitter: 0.2}
 }
 
-func (r *Relay) backoffFrom(d time.Duration, failures int) time.Duration {
-	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, r.cfg.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+// backoff is the wait after failures consecutive failures (see newBackoff).
+func (r *Relay) backoff(failures int) time.Duration {
+	b := r.newBackoff()
+	return b.Delay(failures)
 }
