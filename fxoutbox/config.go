@@ -126,6 +126,17 @@ type Config struct {
 	// deletes them; negative keeps them forever [OUTBOX_RETENTION, a
 	// duration or "forever"]. Default 72h.
 	Retention time.Duration
+	// CleanupInterval is the period of the relay's deletion of published
+	// rows past Retention [OUTBOX_CLEANUP_INTERVAL]. Default 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one of those deletions removes, 1-100000
+	// [OUTBOX_CLEANUP_BATCH]. Default 1000.
+	CleanupBatch int
+	// StatsInterval is how often the relay that reports the table-wide
+	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
+	// and how often the others try to become that reporter
+	// [OUTBOX_STATS_INTERVAL]. Default 1s.
+	StatsInterval time.Duration
 	// DisableNotify stops writers from waking relays in other processes
 	// with a coalesced NOTIFY after commits (at most one per 5ms per
 	// process, never inside the business transaction) [OUTBOX_NOTIFY=off].
@@ -461,6 +472,7 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 		{"OUTBOX_WORKERS", &c.Workers},
 		{"OUTBOX_MAX_ATTEMPTS", &c.MaxAttempts},
 		{"OUTBOX_LANES", &c.Lanes},
+		{"OUTBOX_CLEANUP_BATCH", &c.CleanupBatch},
 	} {
 		if v, ok := get(n.name); ok {
 			if *n.dst, err = strconv.Atoi(v); err != nil || *n.dst <= 0 {
@@ -505,6 +517,8 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 		{"OUTBOX_POLL_INTERVAL", &c.PollInterval},
 		{"OUTBOX_BATCH_TIMEOUT", &c.BatchTimeout},
 		{"OUTBOX_MAX_BACKOFF", &c.MaxBackoff},
+		{"OUTBOX_CLEANUP_INTERVAL", &c.CleanupInterval},
+		{"OUTBOX_STATS_INTERVAL", &c.StatsInterval},
 	} {
 		if v, ok := get(d.name); ok {
 			if *d.dst, err = time.ParseDuration(v); err != nil || *d.dst <= 0 {
