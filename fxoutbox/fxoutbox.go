@@ -235,11 +235,11 @@ func (n *named) provide(lc fx.Lifecycle, pool, ownPool *pgxpool.Pool, log *slog.
 	}
 	r, err := in.relay(lc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
 	}
 	u, err := in.writer(lc, r, true)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
 	}
 	return u, r, nil
 }
@@ -297,7 +297,7 @@ func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerPro
 func (in *instance) configure(c Config) error {
 	cfg, err := c.withDefaults()
 	if err != nil {
-		return c.env.rename(err)
+		return c.env.Rename(err)
 	}
 	in.cfg = cfg
 	return nil

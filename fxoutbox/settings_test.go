@@ -7,8 +7,8 @@ import (
 	"go/token"
 	"reflect"
 	"regexp"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -175,5 +176,23 @@ func TestRelayDefaultsInComments(t *testing.T) {
 	}
 	if checked < 10 {
 		t.Errorf("only %d comments checked", checked)
+	}
+}
+
+// envconfig.Outbox, which the environment loader fills, maps field by field
+// onto Config (configFromPrefix copies by name), and its TopicCheck values
+// are Config's.
+func TestEnvconfigMatchesConfig(t *testing.T) {
+	cfg := reflect.TypeFor[Config]()
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[envconfig.Outbox]()) {
+		if f.Name == "Warnings" || f.Name == "Names" {
+			continue
+		}
+		if cf, ok := cfg.FieldByName(f.Name); !ok || !f.Type.ConvertibleTo(cf.Type) {
+			t.Errorf("envconfig.Outbox.%s (%v) has no Config field of that name and a convertible type", f.Name, f.Type)
+		}
+	}
+	if envconfig.TopicsOff != int(TopicsOff) || envconfig.TopicsCheck != int(TopicsCheck) || envconfig.TopicsCreate != int(TopicsCreate) {
+		t.Error("envconfig's TopicCheck values differ from fxoutbox's")
 	}
 }
