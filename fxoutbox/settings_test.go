@@ -2,6 +2,7 @@ package fxoutbox
 
 import (
 	"context"
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/relay"
@@ -194,5 +196,29 @@ func TestEnvconfigMatchesConfig(t *testing.T) {
 	}
 	if envconfig.TopicsOff != int(TopicsOff) || envconfig.TopicsCheck != int(TopicsCheck) || envconfig.TopicsCreate != int(TopicsCreate) {
 		t.Error("envconfig's TopicCheck values differ from fxoutbox's")
+	}
+}
+
+// The relay's config errors reach the user naming the fxoutbox field and
+// its variable.
+func TestRelayErrorNamesVariable(t *testing.T) {
+	for field, want := range map[string]string{
+		"BatchSize":       "BatchSize [OUTBOX_BATCH_SIZE]",
+		"CleanupBatch":    "CleanupBatch [OUTBOX_CLEANUP_BATCH]",
+		"MaxMessageBytes": "Limits.MaxRecordBytes [OUTBOX_MAX_RECORD_BYTES]",
+		"Stream.MaxLag":   "Stream.MaxLag [OUTBOX_STREAM_MAX_LAG, OUTBOX_STREAM_MAX_LAG_BYTES]",
+	} {
+		err := settingError(&outbox.ConfigError{Field: field, Reason: "is -1"}, relaySettings)
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != want {
+			t.Errorf("%s: %v, want the field %q", field, err, want)
+		}
+	}
+	r, _ := relay.New(&pgxpool.Pool{}, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), &relay.Config{StatsInterval: -1})
+	if r != nil {
+		t.Fatal("relay.New took StatsInterval -1")
+	}
+	if settingError(nil, relaySettings) != nil {
+		t.Error("settingError(nil) is not nil")
 	}
 }
