@@ -76,10 +76,11 @@ func New(db DB, uow *unitofwork.UnitOfWork, cfg *Config) (*Consumer, error) {
 	if cfg == nil {
 		return nil, &outbox.ConfigError{Field: "Config", Reason: "is nil: Group, Brokers and Routes are required"}
 	}
-	c, err := cfg.withDefaults()
-	if err != nil {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	var err error
 	if uow == nil {
 		if uow, err = unitofwork.New(db, &unitofwork.Config{Propagator: c.Propagator}); err != nil {
 			return nil, err

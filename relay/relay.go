@@ -230,7 +230,7 @@ type Config struct {
 	// trips, commit) over more events: draining a backlog with batches of
 	// 500 is about 2.4x faster than with batches of 50. A crash then repeats
 	// up to MaxBatchSize events instead of BatchSize. Set it to BatchSize
-	// for fixed batches. BatchSize-10000; default 500, or BatchSize if larger.
+	// for fixed batches. BatchSize-10000. Default 500, or BatchSize if larger.
 	MaxBatchSize int
 	// Workers is how many batches one relay has in flight, each in its own
 	// transaction on its own lanes (under PerKey ordering a lane is still
@@ -239,8 +239,8 @@ type Config struct {
 	// (publishing waits on the network) and cores are free, and adds
 	// little when PostgreSQL already keeps the machine busy. A crash of the
 	// process repeats up to Workers batches instead of one. In Stream mode
-	// one goroutine follows the stream and Workers is not used. 1-64;
-	// default 1.
+	// one goroutine follows the stream and Workers is not used. 1-64.
+	// Default 1.
 	Workers int
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
@@ -248,7 +248,7 @@ type Config struct {
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys
 	// over more replicas; every relay on a table must use the same number
-	// (change it only with all relays stopped). 1-4096; default 64.
+	// (change it only with all relays stopped). 1-4096. Default 64.
 	Lanes int
 	// MaxAttempts is how many permanent failures (see PermanentError) an
 	// event may have before it is parked; its attempts are paced like its
@@ -271,9 +271,8 @@ type Config struct {
 	// max.message.bytes (by default the broker's message.max.bytes,
 	// 1,048,588), and sarama's Producer.MaxMessageBytes (default 1,048,576)
 	// must be at least MaxMessageBytes - 61, since sarama counts a record
-	// without the 61-byte batch header. Default
-	// outbox.DefaultMaxRecordBytes (1,048,588), which fits all three
-	// defaults.
+	// without the 61-byte batch header. Default 1,048,588
+	// (outbox.DefaultMaxRecordBytes), which fits all three defaults.
 	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
 	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
@@ -291,7 +290,7 @@ type Config struct {
 	// Default 1m.
 	CleanupInterval time.Duration
 	// CleanupBatch is the most rows one deletion statement removes, so it
-	// never holds many locks or a long transaction. Default 1000.
+	// never holds many locks or a long transaction. 1-100000. Default 1000.
 	CleanupBatch int
 	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
 	// expiry the batch is abandoned and its rows stay unpublished. It also
@@ -346,47 +345,54 @@ type Config struct {
 	CloudEvents outbox.CloudEvents
 }
 
+// The defaults and bounds of Config: the one place each is written. The
+// field comments, withDefaults, validate, and through fxoutbox the
+// environment variables' documentation, all follow these (a test compares
+// the field comments with them).
+const (
+	defaultPollInterval    = 500 * time.Millisecond
+	minPollInterval        = time.Millisecond
+	defaultBatchSize       = 50
+	maxBatchSize           = 10000 // bound of BatchSize and MaxBatchSize
+	defaultMaxBatchSize    = 500   // or BatchSize, if larger
+	defaultWorkers         = 1
+	maxWorkers             = 64
+	defaultLanes           = 64
+	maxLanes               = 4096
+	defaultMaxAttempts     = 5
+	defaultRetention       = 72 * time.Hour
+	defaultCleanupInterval = time.Minute
+	defaultCleanupBatch    = 1000
+	maxCleanupBatch        = 100000
+	defaultBatchTimeout    = 30 * time.Second
+	minBatchTimeout        = 100 * time.Millisecond
+	defaultMaxBackoff      = 30 * time.Second // or PollInterval, if longer
+	defaultStatsInterval   = time.Second
+	minStatsInterval       = 10 * time.Millisecond
+	// defaultMaxMessageBytes is outbox.DefaultMaxRecordBytes.
+	defaultMaxMessageBytes = outbox.DefaultMaxRecordBytes
+)
+
+// withDefaults sets each zero field to its default. It leaves other values,
+// negative ones included, to validate.
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
 	if c.Mode == Stream {
 		c.Stream = c.Stream.withDefaults()
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 500 * time.Millisecond
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 50
-	}
-	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = max(500, c.BatchSize)
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = outbox.DefaultMaxRecordBytes
-	}
-	if c.Retention == 0 {
-		c.Retention = 72 * time.Hour
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = time.Minute
-	}
-	if c.CleanupBatch == 0 {
-		c.CleanupBatch = 1000
-	}
-	if c.Lanes == 0 {
-		c.Lanes = 64
-	}
-	if c.Workers == 0 {
-		c.Workers = 1
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = 30 * time.Second
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = max(30*time.Second, c.PollInterval)
-	}
+	setDefault(&c.PollInterval, defaultPollInterval)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
+	setDefault(&c.MaxMessageBytes, defaultMaxMessageBytes)
+	setDefault(&c.Retention, defaultRetention)
+	setDefault(&c.CleanupInterval, defaultCleanupInterval)
+	setDefault(&c.CleanupBatch, defaultCleanupBatch)
+	setDefault(&c.Lanes, defaultLanes)
+	setDefault(&c.Workers, defaultWorkers)
+	setDefault(&c.BatchTimeout, defaultBatchTimeout)
+	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
+	setDefault(&c.StatsInterval, defaultStatsInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -396,46 +402,61 @@ func (c Config) withDefaults() Config {
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = time.Second
-	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	return c
 }
 
+// setDefault sets *v to def when it is zero.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks a Config after withDefaults: a negative value is an
+// error (except Retention, where it disables the deletion), and each error
+// names the field, its range and its default.
 func (c Config) validate() error {
 	if err := c.Table.Validate(); err != nil {
 		return err
 	}
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
 	switch {
-	case c.PollInterval < time.Millisecond:
-		return &outbox.ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("is %v: use at least 1ms (default 500ms)", c.PollInterval)}
-	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
-	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > 10000:
-		return &outbox.ConfigError{Field: "MaxBatchSize", Reason: fmt.Sprintf("is %d: use BatchSize (%d) to 10000 (default 500)", c.MaxBatchSize, c.BatchSize)}
+	case c.PollInterval < minPollInterval:
+		return bad("PollInterval", c.PollInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minPollInterval, defaultPollInterval))
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", c.BatchSize, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxBatchSize, defaultBatchSize))
+	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > maxBatchSize:
+		return bad("MaxBatchSize", c.MaxBatchSize, fmt.Sprintf("use BatchSize (%d) to %d (zero means the default, %d or BatchSize if larger)", c.BatchSize, maxBatchSize, defaultMaxBatchSize))
 	case c.Mode != Poll && c.Mode != Stream:
-		return &outbox.ConfigError{Field: "Mode", Reason: fmt.Sprintf("is %v: use relay.Poll or relay.Stream", c.Mode)}
+		return bad("Mode", c.Mode, "use relay.Poll or relay.Stream")
 	case c.Ordering != PerKey && c.Ordering != Unordered:
-		return &outbox.ConfigError{Field: "Ordering", Reason: fmt.Sprintf("is %v: use relay.PerKey or relay.Unordered", c.Ordering)}
-	case c.Workers < 1 || c.Workers > 64:
-		return &outbox.ConfigError{Field: "Workers", Reason: fmt.Sprintf("is %d: use 1 to 64 (default 1)", c.Workers)}
-	case c.Lanes < 1 || c.Lanes > 4096:
-		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
-	case c.BatchTimeout < 100*time.Millisecond:
-		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
-	case c.MaxAttempts < 1 || c.MaxMessageBytes < 1:
-		return &outbox.ConfigError{Field: "MaxAttempts/MaxMessageBytes", Reason: "must be positive (zero means the default)"}
+		return bad("Ordering", c.Ordering, "use relay.PerKey or relay.Unordered")
+	case c.Workers < 1 || c.Workers > maxWorkers:
+		return bad("Workers", c.Workers, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxWorkers, defaultWorkers))
+	case c.Lanes < 1 || c.Lanes > maxLanes:
+		return bad("Lanes", c.Lanes, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxLanes, defaultLanes))
+	case c.BatchTimeout < minBatchTimeout:
+		return bad("BatchTimeout", c.BatchTimeout, fmt.Sprintf("use at least %v (zero means the default, %v)", minBatchTimeout, defaultBatchTimeout))
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", c.MaxAttempts, fmt.Sprintf("use a positive number (zero means the default, %d)", defaultMaxAttempts))
+	case c.MaxMessageBytes < 1:
+		return bad("MaxMessageBytes", c.MaxMessageBytes, fmt.Sprintf("use a positive number of bytes (zero means the default, %d)", defaultMaxMessageBytes))
 	case c.Poison != Park && c.Poison != Hold:
-		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use relay.Park or relay.Hold", c.Poison)}
-	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
-		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
-	case c.StatsInterval < 10*time.Millisecond:
-		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
+		return bad("Poison", int(c.Poison), "use relay.Park or relay.Hold")
+	case c.CleanupInterval < 0:
+		return bad("CleanupInterval", c.CleanupInterval, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultCleanupInterval))
+	case c.CleanupBatch < 0 || c.CleanupBatch > maxCleanupBatch:
+		return bad("CleanupBatch", c.CleanupBatch, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxCleanupBatch, defaultCleanupBatch))
+	case c.StatsInterval < minStatsInterval:
+		return bad("StatsInterval", c.StatsInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minStatsInterval, defaultStatsInterval))
 	case c.MaxBackoff < c.PollInterval:
-		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least PollInterval (%v); zero means the default, %v or PollInterval if longer", c.PollInterval, defaultMaxBackoff))
 	}
 	if err := c.CloudEvents.Validate(); err != nil {
 		return err

@@ -81,39 +81,55 @@ type StreamConfig struct {
 	RetryInterval time.Duration
 }
 
+// The defaults and bounds of StreamConfig (see Config's).
+const (
+	defaultStreamMaxLagBytes    = 1 << 30
+	defaultStreamMaxLag         = 30 * time.Second
+	defaultStreamStandbyRetry   = time.Second
+	defaultStreamStatusInterval = time.Second
+	defaultStreamSweepInterval  = 2 * time.Second
+	defaultStreamLinger         = time.Millisecond
+	maxStreamLinger             = time.Second
+	defaultStreamRetryInterval  = time.Minute
+	minStreamInterval           = 10 * time.Millisecond // of StandbyRetry, StatusInterval, SweepInterval, RetryInterval
+)
+
 func (c StreamConfig) withDefaults() StreamConfig {
-	if c.MaxLagBytes == 0 {
-		c.MaxLagBytes = 1 << 30
-	}
-	if c.MaxLag == 0 {
-		c.MaxLag = 30 * time.Second
-	}
-	if c.StandbyRetry == 0 {
-		c.StandbyRetry = time.Second
-	}
-	if c.StatusInterval == 0 {
-		c.StatusInterval = time.Second
-	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = 2 * time.Second
-	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = time.Minute
-	}
-	if c.Linger == 0 {
-		c.Linger = time.Millisecond
-	}
+	setDefault(&c.MaxLagBytes, defaultStreamMaxLagBytes)
+	setDefault(&c.MaxLag, defaultStreamMaxLag)
+	setDefault(&c.StandbyRetry, defaultStreamStandbyRetry)
+	setDefault(&c.StatusInterval, defaultStreamStatusInterval)
+	setDefault(&c.SweepInterval, defaultStreamSweepInterval)
+	setDefault(&c.RetryInterval, defaultStreamRetryInterval)
+	setDefault(&c.Linger, defaultStreamLinger)
 	return c
 }
 
 func (c StreamConfig) validate() error {
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: "Stream." + field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
 	switch {
-	case c.Linger < 0 || c.Linger > time.Second:
-		return &outbox.ConfigError{Field: "Stream.Linger", Reason: fmt.Sprintf("is %v: use 0 (the default, 1ms) to 1s", c.Linger)}
-	case c.MaxLagBytes < 0 || c.MaxLag < 0:
-		return &outbox.ConfigError{Field: "Stream.MaxLagBytes/MaxLag", Reason: "must be positive (zero means the default)"}
-	case c.StandbyRetry < 10*time.Millisecond || c.StatusInterval < 10*time.Millisecond || c.SweepInterval < 10*time.Millisecond || c.RetryInterval < 10*time.Millisecond:
-		return &outbox.ConfigError{Field: "Stream.StandbyRetry/StatusInterval/SweepInterval/RetryInterval", Reason: "use at least 10ms (zero means the default)"}
+	case c.Linger < 0 || c.Linger > maxStreamLinger:
+		return bad("Linger", c.Linger, fmt.Sprintf("use 0 (the default, %v) to %v", defaultStreamLinger, maxStreamLinger))
+	case c.MaxLagBytes < 0:
+		return bad("MaxLagBytes", c.MaxLagBytes, fmt.Sprintf("use a positive number of bytes (zero means the default, %d)", defaultStreamMaxLagBytes))
+	case c.MaxLag < 0:
+		return bad("MaxLag", c.MaxLag, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultStreamMaxLag))
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+		def   time.Duration
+	}{
+		{"StandbyRetry", c.StandbyRetry, defaultStreamStandbyRetry},
+		{"StatusInterval", c.StatusInterval, defaultStreamStatusInterval},
+		{"SweepInterval", c.SweepInterval, defaultStreamSweepInterval},
+		{"RetryInterval", c.RetryInterval, defaultStreamRetryInterval},
+	} {
+		if d.v < minStreamInterval {
+			return bad(d.field, d.v, fmt.Sprintf("use at least %v (zero means the default, %v)", minStreamInterval, d.def))
+		}
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 )
 
 // Exit codes.
@@ -50,10 +50,10 @@ type env struct {
 	progress bool
 	getenv   func(string) string
 	// config reads the services' configuration (the OUTBOX_* variables).
-	config func() (fxoutbox.Config, error)
+	config func() (envconfig.Outbox, error)
 	// inboxConfig reads the consuming services' (OUTBOX_INBOX_*); nil reads
 	// the environment.
-	inboxConfig func() (fxoutbox.InboxConfig, error)
+	inboxConfig func() (envconfig.Inbox, error)
 }
 
 func main() {
@@ -65,8 +65,8 @@ func main() {
 		interactive: isTerminal(os.Stdin) && isTerminal(os.Stderr),
 		progress:    isTerminal(os.Stderr),
 		getenv:      os.Getenv,
-		config:      fxoutbox.ConfigFromEnv,
-		inboxConfig: fxoutbox.InboxConfigFromEnv,
+		config:      readConfig,
+		inboxConfig: readInboxConfig,
 	})
 	stop()
 	os.Exit(code)
@@ -192,4 +192,14 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	fmt.Fprintf(e.stderr, "outboxctl: unknown command %s (outboxctl help lists them)\n", quote(args[0], 40))
 	return exitUsage
+}
+
+// readConfig reads the services' settings as fxoutbox.ConfigFromEnv does
+// (the same code, in a package that does not link fx).
+func readConfig() (envconfig.Outbox, error) { return envconfig.Read("", os.LookupEnv, os.Environ()...) }
+
+// readInboxConfig reads the inbox settings as fxoutbox.InboxConfigFromEnv
+// does.
+func readInboxConfig() (envconfig.Inbox, error) {
+	return envconfig.ReadInbox(os.LookupEnv, os.Environ()...)
 }
