@@ -1,6 +1,5 @@
-// Package admin is the operator's API of an outbox table: what the relay's
-// own ListParked and Requeue run, and what the outboxctl command is a shell
-// over. It reads and changes only the rows and the bookkeeping columns
+// Package admin is the operator's API of an outbox table: what the
+// outboxctl command is a shell over. It reads and changes only the rows and the bookkeeping columns
 // (published_at, parked_at, attempts); it never publishes, so it needs no
 // broker.
 //

@@ -1,20 +1,15 @@
 package fxoutbox
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"regexp"
-	"slices"
-	"strconv"
-	"strings"
+	"reflect"
 	"time"
 
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -127,6 +122,17 @@ type Config struct {
 	// deletes them; negative keeps them forever [OUTBOX_RETENTION, a
 	// duration or "forever"]. Default 72h.
 	Retention time.Duration
+	// CleanupInterval is the period of the relay's deletion of published
+	// rows past Retention [OUTBOX_CLEANUP_INTERVAL]. Default 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one of those deletions removes, 1-100000
+	// [OUTBOX_CLEANUP_BATCH]. Default 1000.
+	CleanupBatch int
+	// StatsInterval is how often the relay that reports the table-wide
+	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
+	// and how often the others try to become that reporter
+	// [OUTBOX_STATS_INTERVAL]. Default 1s.
+	StatsInterval time.Duration
 	// DisableNotify stops writers from waking relays in other processes
 	// with a coalesced NOTIFY after commits (at most one per 5ms per
 	// process, never inside the business transaction) [OUTBOX_NOTIFY=off].
@@ -187,7 +193,7 @@ type Config struct {
 	warnings []string
 	// env names the variables the Config was read from (ConfigFromEnvPrefix),
 	// for the errors found at start.
-	env envNames
+	env envconfig.Names
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -270,27 +276,7 @@ func (c Config) validateWriter() error {
 // validateBrokers checks that every address is host:port with a port
 // number; field names the setting in errors.
 func validateBrokers(brokers []string, field string) error {
-	if len(brokers) == 0 {
-		return &outbox.ConfigError{Field: field, Reason: "is empty: list the Kafka bootstrap servers as host:port, or supply a relay.Publisher"}
-	}
-	for _, b := range brokers {
-		host, port, err := net.SplitHostPort(b)
-		if err != nil || host == "" {
-			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s is not host:port: write it with the port, e.g. %s", textcut.Quote(b, 64), example(b))}
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("%s has no valid port (1-65535): write it as host:port, e.g. %s", textcut.Quote(b, 64), example(host))}
-		}
-	}
-	return nil
-}
-
-// example suggests host:9092 for an address without a port.
-func example(host string) string {
-	if len(host) > 64 || strings.ContainsAny(host, ":/ \t") {
-		return "kafka-1.internal:9092"
-	}
-	return host + ":9092"
+	return envconfig.ValidateBrokers(brokers, field)
 }
 
 // ConfigFromEnv reads a Config from environment variables (names in the
@@ -320,47 +306,6 @@ func ConfigFromEnvPrefix(prefix string) (Config, error) {
 	return configFromPrefix(prefix, os.LookupEnv, os.Environ()...)
 }
 
-// envNames maps a setting's variable name to the one a Config is read
-// from.
-type envNames struct {
-	prefix string
-	kafka  bool // the KAFKA_ variables are prefixed too
-}
-
-var envPrefixRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]*_$`)
-
-func newEnvNames(prefix string, environ []string) (envNames, error) {
-	if prefix == "" {
-		return envNames{}, nil
-	}
-	if !envPrefixRE.MatchString(prefix) || strings.HasPrefix(prefix, "OUTBOX_") || strings.HasPrefix(prefix, "KAFKA_") {
-		return envNames{}, &outbox.ConfigError{Field: "prefix", Reason: fmt.Sprintf("%s is not usable: use upper-case letters, digits and underscores "+
-			"ending with '_' and not starting with OUTBOX_ or KAFKA_, e.g. AUDIT_", textcut.Quote(prefix, 64))}
-	}
-	n := envNames{prefix: prefix}
-	n.kafka = slices.ContainsFunc(environ, func(kv string) bool { return strings.HasPrefix(kv, prefix+"KAFKA_") })
-	return n, nil
-}
-
-// name is the variable that holds the setting named v in ConfigFromEnv.
-func (n envNames) name(v string) string {
-	if n.prefix != "" && (strings.HasPrefix(v, "OUTBOX_") || (n.kafka && strings.HasPrefix(v, "KAFKA_"))) {
-		return n.prefix + v
-	}
-	return v
-}
-
-var envVarRE = regexp.MustCompile(`\b(OUTBOX|KAFKA)_[A-Z0-9_]*[A-Z0-9]\b`)
-
-// rename makes a ConfigError name the variables as they are set.
-func (n envNames) rename(err error) error {
-	ce, ok := err.(*outbox.ConfigError)
-	if !ok || n.prefix == "" {
-		return err
-	}
-	return &outbox.ConfigError{Field: envVarRE.ReplaceAllStringFunc(ce.Field, n.name), Reason: envVarRE.ReplaceAllStringFunc(ce.Reason, n.name), Err: ce.Err}
-}
-
 // UnitOfWork returns the configuration of the unit of work the writer
 // builds from c: the same service, table, topic naming and limits, with
 // the defaults applied, and the error the writer would fail with. Build a
@@ -373,7 +318,7 @@ func (c Config) UnitOfWork() (unitofwork.Config, error) {
 		err = cfg.validateWriter()
 	}
 	if err != nil {
-		return unitofwork.Config{}, c.env.rename(err)
+		return unitofwork.Config{}, c.env.Rename(err)
 	}
 	return unitofwork.Config{Service: cfg.Service, Table: cfg.Table, Topics: cfg.Topics, Limits: cfg.Limits}, nil
 }
@@ -385,266 +330,20 @@ func configFrom(lookupEnv func(string) (string, bool), environ ...string) (Confi
 }
 
 // configFromPrefix is configFrom for the variables named with prefix (see
-// ConfigFromEnvPrefix): it reads each setting's unprefixed name through
-// env.name, and its errors name the variables as set.
-func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), environ ...string) (c Config, err error) {
-	env, err := newEnvNames(prefix, environ)
+// ConfigFromEnvPrefix); envconfig.Read reads them, and the Config takes
+// each of its fields by name.
+func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), environ ...string) (Config, error) {
+	o, err := envconfig.Read(prefix, lookupEnv, environ...)
 	if err != nil {
-		return c, err
+		return Config{}, err
 	}
-	defer func() { err = env.rename(err) }()
-	c.env = env
-	known := map[string]bool{}
-	lookup := func(name string) (string, bool) {
-		known[env.name(name)] = true
-		return lookupEnv(env.name(name))
-	}
-	get := func(name string) (string, bool) {
-		v, ok := lookup(name)
-		if v = strings.TrimSpace(v); !ok || v == "" {
-			return "", false
-		}
-		return v, true
-	}
-	bad := func(name, v, want string) error {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
-	}
-	c.Service, _ = get("OUTBOX_SERVICE")
-	c.Table.Schema, _ = get("OUTBOX_SCHEMA")
-	c.Table.Name, _ = get("OUTBOX_TABLE")
-	if err := choose(get, "OUTBOX_TOPIC_NAMING", `"per-event", "per-aggregate" or "explicit"`,
-		map[string]outbox.TopicFunc{"per-event": outbox.TopicPerEvent, "per-aggregate": outbox.TopicPerAggregate, "explicit": ExplicitTopics}, &c.Topics, nil); err != nil {
-		return c, err
-	}
-	if err := choose(get, "OUTBOX_TOPICS", `"off", "check" or "create"`,
-		map[string]TopicCheck{"off": TopicsOff, "check": TopicsCheck, "create": TopicsCreate}, &c.TopicCheck, strings.ToLower); err != nil {
-		return c, err
-	}
-	for _, n := range []struct {
-		name string
-		bits int
-		set  func(int64)
-	}{
-		{"OUTBOX_TOPIC_PARTITIONS", 32, func(v int64) { c.TopicPartitions = int32(v) }},
-		{"OUTBOX_TOPIC_REPLICATION_FACTOR", 16, func(v int64) { c.TopicReplicationFactor = int16(v) }},
-	} {
-		if v, ok := get(n.name); ok {
-			x, err := strconv.ParseInt(v, 10, n.bits)
-			if err != nil || (x < 1 && x != -1) {
-				return c, bad(n.name, v, "a positive number, or -1 for the broker's default")
-			}
-			n.set(x)
-		}
-	}
-	for _, n := range []struct {
-		name string
-		dst  *int
-	}{
-		{"OUTBOX_MAX_RECORD_BYTES", &c.Limits.MaxRecordBytes},
-		{"OUTBOX_MAX_PAYLOAD_BYTES", &c.Limits.MaxPayloadBytes},
-		{"OUTBOX_MAX_TYPE_BYTES", &c.Limits.MaxTypeBytes},
-		{"OUTBOX_MAX_AGGREGATE_TYPE_BYTES", &c.Limits.MaxAggregateTypeBytes},
-		{"OUTBOX_MAX_AGGREGATE_ID_BYTES", &c.Limits.MaxAggregateIDBytes},
-		{"OUTBOX_MAX_KEY_BYTES", &c.Limits.MaxKeyBytes},
-		{"OUTBOX_MAX_HEADERS", &c.Limits.MaxHeaders},
-		{"OUTBOX_MAX_HEADER_BYTES", &c.Limits.MaxHeaderBytes},
-		{"OUTBOX_BATCH_SIZE", &c.BatchSize},
-		{"OUTBOX_MAX_BATCH_SIZE", &c.MaxBatchSize},
-		{"OUTBOX_WORKERS", &c.Workers},
-		{"OUTBOX_MAX_ATTEMPTS", &c.MaxAttempts},
-		{"OUTBOX_LANES", &c.Lanes},
-	} {
-		if v, ok := get(n.name); ok {
-			if *n.dst, err = strconv.Atoi(v); err != nil || *n.dst <= 0 {
-				return c, bad(n.name, v, "a positive number")
-			}
-		}
-	}
-	if err := choose(get, "OUTBOX_MIGRATE", "true or false (on or off)", onOff(true), &c.Migrate, strings.ToLower); err != nil {
-		return c, err
-	}
-	if v, ok := get("KAFKA_BROKERS"); ok {
-		for _, b := range strings.Split(v, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				c.Brokers = append(c.Brokers, b)
-			}
-		}
-		if err := validateBrokers(c.Brokers, "KAFKA_BROKERS"); err != nil {
-			return c, err
-		}
-	}
-	id, hasID := get("KAFKA_CLIENT_ID")
-	ver, hasVer := get("KAFKA_VERSION")
-	if hasID || hasVer {
-		sc := relay.DefaultSaramaConfig()
-		if hasID {
-			sc.ClientID = id
-		}
-		if hasVer {
-			if sc.Version, err = sarama.ParseKafkaVersion(ver); err != nil {
-				return c, bad("KAFKA_VERSION", ver, "a Kafka version such as 3.7.0")
-			}
-		}
-		c.Sarama = sc
-	}
-	if err := kafkaSecurityFrom(get, lookup, &c); err != nil {
-		return c, err
-	}
-	for _, d := range []struct {
-		name string
-		dst  *time.Duration
-	}{
-		{"OUTBOX_POLL_INTERVAL", &c.PollInterval},
-		{"OUTBOX_BATCH_TIMEOUT", &c.BatchTimeout},
-		{"OUTBOX_MAX_BACKOFF", &c.MaxBackoff},
-	} {
-		if v, ok := get(d.name); ok {
-			if *d.dst, err = time.ParseDuration(v); err != nil || *d.dst <= 0 {
-				return c, bad(d.name, v, "a positive duration such as 500ms")
-			}
-		}
-	}
-	switches := func(name string, dst *bool, on bool) error {
-		return choose(get, name, "on or off", onOff(on), dst, strings.ToLower)
-	}
-	for _, e := range []error{
-		switches("OUTBOX_RELAY", &c.DisableRelay, false),
-		switches("OUTBOX_NOTIFY", &c.DisableNotify, false),
-		switches("OUTBOX_LISTEN", &c.DisableListen, false),
-		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
-		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
-		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, nil),
-		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
-		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,
-			map[string]relay.Partitioner{"murmur2": relay.Murmur2, "fnv1a": relay.FNV1a, "crc32": relay.CRC32}, &c.Partitioner, strings.ToLower),
-	} {
-		if e != nil {
-			return c, e
-		}
-	}
-	if err := choose(get, "OUTBOX_CLOUDEVENTS", `"off" or "binary"`,
-		map[string]outbox.CloudEventsMode{"off": outbox.CloudEventsOff, "binary": outbox.CloudEventsBinary}, &c.CloudEvents.Mode, strings.ToLower); err != nil {
-		return c, err
-	}
-	c.CloudEvents.Source, _ = get("OUTBOX_CLOUDEVENTS_SOURCE")
-	if v, ok := get("OUTBOX_STREAM_MAX_LAG"); ok {
-		if c.Stream.MaxLag, err = time.ParseDuration(v); err != nil || c.Stream.MaxLag <= 0 {
-			return c, bad("OUTBOX_STREAM_MAX_LAG", v, "a positive duration such as 30s")
-		}
-	}
-	if v, ok := get("OUTBOX_STREAM_MAX_LAG_BYTES"); ok {
-		if c.Stream.MaxLagBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.Stream.MaxLagBytes <= 0 {
-			return c, bad("OUTBOX_STREAM_MAX_LAG_BYTES", v, "a positive number of bytes such as 1073741824")
-		}
-	}
-	if v, ok := get("OUTBOX_RETENTION"); ok {
-		if v == "forever" {
-			c.Retention = -1
-		} else if c.Retention, err = time.ParseDuration(v); err != nil || c.Retention <= 0 {
-			return c, bad("OUTBOX_RETENTION", v, `a positive duration such as 72h, or "forever"`)
-		}
-	}
-	if err := c.Table.Validate(); err != nil {
-		// Name the variable the value came from, not the Go field.
-		var ce *outbox.ConfigError
-		if errors.As(err, &ce) {
-			if v, ok := map[string]string{"Table.Schema": "OUTBOX_SCHEMA", "Table.Name": "OUTBOX_TABLE"}[ce.Field]; ok {
-				return c, &outbox.ConfigError{Field: v, Reason: ce.Reason, Err: ce.Err}
-			}
-		}
-		return c, err
-	}
-	if prefix == "" {
-		for _, n := range inboxVariables {
-			known[n] = true // read by InboxConfigFromEnv
-		}
-	}
-	if c.warnings, err = unknownVariablesOf(environ, known, prefix+"OUTBOX_", prefix+"KAFKA_"); err != nil {
-		return c, err
-	}
-	return c, nil
-}
-
-// unknownVariables checks the OUTBOX_ and KAFKA_ variables of environ
-// against the settings read (known): one close to a setting's name is an
-// error naming both, any other one a warning.
-func unknownVariables(environ []string, known map[string]bool) ([]string, error) {
-	return unknownVariablesOf(environ, known, "OUTBOX_", "KAFKA_")
-}
-
-// unknownVariablesOf is unknownVariables for the variables whose names
-// start with one of prefixes.
-func unknownVariablesOf(environ []string, known map[string]bool, prefixes ...string) ([]string, error) {
-	var warnings []string
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if known[name] || !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+	c := Config{warnings: o.Warnings, env: o.Names}
+	src, dst := reflect.ValueOf(o), reflect.ValueOf(&c).Elem()
+	for i, f := range reflect.VisibleFields(src.Type()) {
+		if f.Name == "Warnings" || f.Name == "Names" {
 			continue
 		}
-		best, dist := "", 1<<30
-		for k := range known {
-			if d := typoDistance(name, k); d < dist || (d == dist && k < best) {
-				best, dist = k, d
-			}
-		}
-		// One edit away, or two for long names, is a typo; KAFKA_OPTS (a
-		// JVM setting) is two away from KAFKA_TLS and is not.
-		if dist == 0 || dist == 1 || (dist == 2 && len(best) > 14) {
-			return nil, &outbox.ConfigError{Field: strings.Trim(textcut.Quote(name, 64), `"`), Reason: fmt.Sprintf("is not a setting of the outbox: did you mean %s? "+
-				"Rename it (an unknown OUTBOX_ or KAFKA_ variable this close to a setting is taken for a typo)", best)}
-		}
-		warnings = append(warnings, fmt.Sprintf("%s is set but is not a setting of the outbox; it is ignored", textcut.Quote(name, 64)))
+		dst.FieldByName(f.Name).Set(src.Field(i).Convert(dst.FieldByName(f.Name).Type()))
 	}
-	slices.Sort(warnings)
-	return warnings, nil
-}
-
-// typoDistance is the edit distance between a and b, ignoring case and
-// underscores (OUTBOX_BATCHSIZE is 0 away from OUTBOX_BATCH_SIZE).
-func typoDistance(a, b string) int {
-	norm := func(s string) []rune { return []rune(strings.ToUpper(strings.ReplaceAll(s, "_", ""))) }
-	x, y := norm(a), norm(b)
-	prev := make([]int, len(y)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(x); i++ {
-		cur := make([]int, len(y)+1)
-		cur[0] = i
-		for j := 1; j <= len(y); j++ {
-			cost := 1
-			if x[i-1] == y[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(y)]
-}
-
-// choose sets *dst to the choice named by the variable name, if it is set
-// (after fold, when not nil); any other value is a ConfigError saying what
-// is accepted (want).
-func choose[T any](get func(string) (string, bool), name, want string, choices map[string]T, dst *T, fold func(string) string) error {
-	v, ok := get(name)
-	if !ok {
-		return nil
-	}
-	key := v
-	if fold != nil {
-		key = fold(v)
-	}
-	x, found := choices[key]
-	if !found {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
-	}
-	*dst = x
-	return nil
-}
-
-// onOff maps the spellings of a switch, in lower case, to on for on/true/1
-// and to !on for off/false/0.
-func onOff(on bool) map[string]bool {
-	return map[string]bool{"on": on, "true": on, "1": on, "off": !on, "false": !on, "0": !on}
+	return c, nil
 }

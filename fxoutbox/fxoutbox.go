@@ -236,11 +236,11 @@ func (n *named) provide(lc fx.Lifecycle, pool, ownPool *pgxpool.Pool, log *slog.
 	}
 	r, err := in.relay(lc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
 	}
 	u, err := in.writer(lc, r, true)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.rename(err))
+		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
 	}
 	return u, r, nil
 }
@@ -298,7 +298,7 @@ func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerPro
 func (in *instance) configure(c Config) error {
 	cfg, err := c.withDefaults()
 	if err != nil {
-		return c.env.rename(err)
+		return c.env.Rename(err)
 	}
 	in.cfg = cfg
 	return nil
@@ -404,30 +404,9 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 		}
 		h.topics = names
 	}
-	r, err := relay.New(in.pool, pub, &relay.Config{
-		Table:             cfg.Table,
-		Mode:              cfg.Mode,
-		Stream:            cfg.Stream,
-		PollInterval:      cfg.PollInterval,
-		BatchSize:         cfg.BatchSize,
-		MaxBatchSize:      cfg.MaxBatchSize,
-		Workers:           cfg.Workers,
-		SynchronousCommit: cfg.SynchronousCommit,
-		BatchTimeout:      cfg.BatchTimeout,
-		MaxBackoff:        cfg.MaxBackoff,
-		Ordering:          cfg.Ordering,
-		Lanes:             cfg.Lanes,
-		Retention:         cfg.Retention,
-		Listen:            !cfg.DisableListen,
-		MaxAttempts:       cfg.MaxAttempts,
-		Poison:            cfg.Poison,
-		MaxMessageBytes:   cfg.Limits.MaxRecordBytes, // what the writers accept
-		CloudEvents:       cfg.CloudEvents,
-		Logger:            in.log,
-		TracerProvider:    in.tp,
-		MeterProvider:     in.mp,
-		Propagator:        in.prop,
-	})
+	rc := in.relayConfig(cfg)
+	r, err := relay.New(in.pool, pub, &rc)
+	err = settingError(err, relaySettings)
 	if err != nil {
 		if h.owned != nil {
 			_ = h.owned.Close()

@@ -12,6 +12,7 @@ import (
 	"github.com/xdg-go/scram"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -129,59 +130,11 @@ func ApplyKafkaSecurity(sc *sarama.Config, t KafkaTLS, s KafkaSASL) error {
 	return nil
 }
 
-func errSASLPlaintext() error {
-	return &outbox.ConfigError{Field: "KafkaSASL.AllowPlaintext [KAFKA_SASL_ALLOW_PLAINTEXT]", Reason: "is off, and SASL is on without TLS: " +
-		"credentials and the session would cross the network in clear. Enable TLS (KafkaTLS.Enable, KAFKA_TLS=on), " +
-		"or set KAFKA_SASL_ALLOW_PLAINTEXT=on on a network you trust"}
-}
+func errSASLPlaintext() error { return envconfig.ErrSASLPlaintext() }
 
 // validateKafkaSecurity checks t and s without reading files.
 func validateKafkaSecurity(t KafkaTLS, s KafkaSASL) error {
-	bad := func(field, reason string) error { return &outbox.ConfigError{Field: field, Reason: reason} }
-	if !t.Enable {
-		for _, f := range []struct{ field, v string }{
-			{"KafkaTLS.CAFile [KAFKA_TLS_CA_FILE]", t.CAFile},
-			{"KafkaTLS.CertFile [KAFKA_TLS_CERT_FILE]", t.CertFile},
-			{"KafkaTLS.KeyFile [KAFKA_TLS_KEY_FILE]", t.KeyFile},
-			{"KafkaTLS.ServerName [KAFKA_TLS_SERVER_NAME]", t.ServerName},
-		} {
-			if f.v != "" {
-				return bad(f.field, "is set but TLS is off: enable it (KafkaTLS.Enable, KAFKA_TLS=on) or unset this")
-			}
-		}
-		if t.InsecureSkipVerify {
-			return bad("KafkaTLS.InsecureSkipVerify [KAFKA_TLS_INSECURE_SKIP_VERIFY]", "is set but TLS is off: enable it (KafkaTLS.Enable, KAFKA_TLS=on) or unset this")
-		}
-	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		return bad("KafkaTLS.CertFile/KeyFile [KAFKA_TLS_CERT_FILE, KAFKA_TLS_KEY_FILE]", "only one is set: a client certificate needs both its certificate and its key file")
-	}
-	if s.Mechanism == "" {
-		if s.User != "" || s.Password != "" {
-			return bad("KafkaSASL.Mechanism [KAFKA_SASL_MECHANISM]", "is empty but a SASL user or password is set: name the mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
-		}
-		return nil
-	}
-	switch sarama.SASLMechanism(strings.ToUpper(s.Mechanism)) {
-	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512:
-	default:
-		return bad("KafkaSASL.Mechanism [KAFKA_SASL_MECHANISM]", fmt.Sprintf("%q is not supported: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (for OAUTHBEARER or GSSAPI, configure Config.Sarama yourself)", s.Mechanism))
-	}
-	if s.User == "" {
-		return bad("KafkaSASL.User [KAFKA_SASL_USER]", "is empty: SASL needs the user name the brokers know")
-	}
-	if s.Password == "" {
-		return bad("KafkaSASL.Password [KAFKA_SASL_PASSWORD]", "is empty: SASL needs the user's password")
-	}
-	if strings.HasPrefix(strings.ToUpper(s.Mechanism), "SCRAM-") {
-		// SASLprep rejects some passwords; fail now rather than at every
-		// connection. scram's error does not echo the password; ours names
-		// no part of it either.
-		if _, err := scram.SHA256.NewClient(s.User, s.Password, ""); err != nil {
-			return bad("KafkaSASL.User/Password [KAFKA_SASL_USER, KAFKA_SASL_PASSWORD]", "cannot be prepared for SCRAM (SASLprep, RFC 4013): use printable Unicode text")
-		}
-	}
-	return nil
+	return envconfig.ValidateKafkaSecurity(envconfig.KafkaTLS(t), envconfig.KafkaSASL(s))
 }
 
 func (t KafkaTLS) tlsConfig() (*tls.Config, error) {
@@ -278,47 +231,4 @@ func partitionerName(sc *sarama.Config) string {
 		return p.String()
 	}
 	return "custom (Sarama.Producer.Partitioner)"
-}
-
-// kafkaSecurityFrom reads KafkaTLS and KafkaSASL from the environment.
-// get trims values; lookup does not, for the password.
-func kafkaSecurityFrom(get, lookup func(string) (string, bool), c *Config) error {
-	for _, f := range []struct {
-		name string
-		dst  *bool
-	}{
-		{"KAFKA_TLS", &c.KafkaTLS.Enable},
-		{"KAFKA_TLS_INSECURE_SKIP_VERIFY", &c.KafkaTLS.InsecureSkipVerify},
-		{"KAFKA_SASL_ALLOW_PLAINTEXT", &c.KafkaSASL.AllowPlaintext},
-	} {
-		if err := choose(get, f.name, "on or off", onOff(true), f.dst, strings.ToLower); err != nil {
-			return err
-		}
-	}
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{
-		{"KAFKA_TLS_CA_FILE", &c.KafkaTLS.CAFile},
-		{"KAFKA_TLS_CERT_FILE", &c.KafkaTLS.CertFile},
-		{"KAFKA_TLS_KEY_FILE", &c.KafkaTLS.KeyFile},
-		{"KAFKA_TLS_SERVER_NAME", &c.KafkaTLS.ServerName},
-		{"KAFKA_SASL_MECHANISM", &c.KafkaSASL.Mechanism},
-		{"KAFKA_SASL_USER", &c.KafkaSASL.User},
-	} {
-		if v, ok := get(f.name); ok {
-			*f.dst = v
-		}
-	}
-	c.KafkaSASL.Mechanism = strings.ToUpper(c.KafkaSASL.Mechanism)
-	if v, ok := lookup("KAFKA_SASL_PASSWORD"); ok {
-		c.KafkaSASL.Password = v
-	}
-	if err := validateKafkaSecurity(c.KafkaTLS, c.KafkaSASL); err != nil {
-		return err
-	}
-	if c.KafkaSASL.Mechanism != "" && !c.KafkaTLS.Enable && !c.KafkaSASL.AllowPlaintext {
-		return errSASLPlaintext() // also checked when applied; here ConfigFromEnv fails already
-	}
-	return nil
 }

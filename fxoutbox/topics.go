@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -91,8 +92,8 @@ func (c Config) TopicNames() ([]string, error) {
 // ExplicitTopics is the TopicFunc of a service whose events all name their
 // Topic [OUTBOX_TOPIC_NAMING=explicit]: it derives none, so Config.Service
 // may stay empty, and an event without a Topic fails at Add.
-func ExplicitTopics(string, outbox.Event) (string, error) {
-	return "", errors.New("is empty, and this service derives no topic names (OUTBOX_TOPIC_NAMING=explicit): set the event's Topic")
+func ExplicitTopics(service string, e outbox.Event) (string, error) {
+	return envconfig.ExplicitTopics(service, e)
 }
 
 // derivesFromService reports whether f is one of the library's namings,

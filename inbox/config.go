@@ -164,7 +164,7 @@ type Config struct {
 	// once, on distinct keys (records of one key are applied in partition
 	// order, one at a time). An idle worker takes the next record whose key
 	// has nothing earlier in progress, reading up to Concurrency x 64
-	// records ahead of the lowest one not yet done. Default 16.
+	// records ahead of the lowest one not yet done. 1-1024. Default 16.
 	Concurrency int
 	// BatchSize is how many records of a partition one transaction may
 	// apply (default 1: a transaction per record). Above 1, a worker that
@@ -188,7 +188,7 @@ type Config struct {
 	// advisory locks, temporary tables; a deferred constraint one handler
 	// breaks fails the whole batch at COMMIT. TryTimeout bounds the batch's
 	// transaction; a partition's batches halve after one failed and grow
-	// again as they commit. At most 1000.
+	// again as they commit. 1-1000. Default 1.
 	BatchSize int
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.
@@ -217,9 +217,12 @@ type Config struct {
 	// takes, instead of skipping them. Default false: they are skipped
 	// (counted as ignored) and their offsets committed.
 	ParkUnrouted bool
-	// MinBackoff and MaxBackoff bound the wait between tries of a failing
-	// record, doubling from MinBackoff. Default 100ms and 30s.
-	MinBackoff, MaxBackoff time.Duration
+	// MinBackoff is the first wait between tries of a failing record; the
+	// wait doubles up to MaxBackoff. Default 100ms.
+	MinBackoff time.Duration
+	// MaxBackoff caps the wait between tries of a failing record. Default
+	// 30s, or MinBackoff if longer.
+	MaxBackoff time.Duration
 	// TryTimeout bounds one try at a record (its transaction, handler
 	// included): at the deadline the transaction is cancelled and rolls
 	// back, and the record is retried like after any timeout, with backoff
@@ -271,47 +274,30 @@ func DefaultSaramaConfig() *sarama.Config {
 	return sc
 }
 
-func (c Config) withDefaults() (Config, error) {
-	if c.Group == "" {
-		return c, &outbox.ConfigError{Field: "Group", Reason: "is empty: name the Kafka consumer group"}
-	}
+// The defaults and bounds of Config: the one place each is written (a test
+// compares the field comments with them).
+const (
+	defaultConcurrency     = 16
+	maxConcurrency         = 1024
+	defaultBatchSize       = 1
+	maxBatchSize           = 1000
+	defaultMaxAttempts     = 5
+	defaultMinBackoff      = 100 * time.Millisecond
+	defaultMaxBackoff      = 30 * time.Second // or MinBackoff, if longer
+	defaultTryTimeout      = 60 * time.Second
+	defaultDrainTimeout    = 5 * time.Second
+	defaultRetention       = 720 * time.Hour
+	defaultCleanupInterval = 10 * time.Minute
+)
+
+// withDefaults sets each zero field to its default, and gives the Config its
+// own copy of Sarama. It leaves other values, negative ones included, to
+// validate.
+func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = c.Group
 	}
-	if len(c.Brokers) == 0 {
-		return c, &outbox.ConfigError{Field: "Brokers", Reason: "is empty: give the Kafka bootstrap addresses (host:port)"}
-	}
-	if len(c.Routes) == 0 {
-		return c, &outbox.ConfigError{Field: "Routes", Reason: "is empty: route at least one topic to a handler"}
-	}
-	seen := map[[2]string]bool{}
-	for i, r := range c.Routes {
-		if err := outbox.ValidateTopic(r.Topic); err != nil {
-			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Topic", i), Reason: err.Error()}
-		}
-		if r.Handler == nil {
-			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Handler", i), Reason: "is nil"}
-		}
-		k := [2]string{r.Topic, r.Type}
-		if seen[k] {
-			return c, &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d]", i), Reason: fmt.Sprintf("routes topic %q, type %q a second time: one handler per topic and type", r.Topic, r.Type)}
-		}
-		seen[k] = true
-	}
-	if c.DeadLetterTopic != "" {
-		if err := outbox.ValidateTopic(c.DeadLetterTopic); err != nil {
-			return c, &outbox.ConfigError{Field: "DeadLetterTopic", Reason: err.Error()}
-		}
-		for _, r := range c.Routes {
-			if r.Topic == c.DeadLetterTopic {
-				return c, &outbox.ConfigError{Field: "DeadLetterTopic", Reason: fmt.Sprintf("%q is also a routed topic: the consumer would read its own dead letters; use a topic no route reads", c.DeadLetterTopic)}
-			}
-		}
-	}
 	c.Table = migrations.InboxTable(c.Table)
-	if err := c.Table.Validate(); err != nil {
-		return c, err
-	}
 	if c.Sarama == nil {
 		c.Sarama = DefaultSaramaConfig()
 	} else {
@@ -319,69 +305,120 @@ func (c Config) withDefaults() (Config, error) {
 		c.Sarama = &cp
 	}
 	c.Sarama.Consumer.Return.Errors = true
-	if c.Sarama.Consumer.Group.Rebalance.Timeout >= c.Sarama.Net.ReadTimeout {
-		return c, &outbox.ConfigError{Field: "Sarama.Consumer.Group.Rebalance.Timeout", Reason: fmt.Sprintf(
-			"%v is not below Net.ReadTimeout %v: sarama waits for a JoinGroup answer only the read timeout, and a group whose members died then rejoins in a loop (IBM/sarama#2820); lower it or raise Net.ReadTimeout",
-			c.Sarama.Consumer.Group.Rebalance.Timeout, c.Sarama.Net.ReadTimeout)}
-	}
-	if err := c.Sarama.Validate(); err != nil {
-		return c, &outbox.ConfigError{Field: "Sarama", Reason: err.Error(), Err: err}
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 16
-	}
-	if c.Concurrency < 1 || c.Concurrency > 1024 {
-		return c, &outbox.ConfigError{Field: "Concurrency", Reason: fmt.Sprintf("%d is out of range 1-1024", c.Concurrency)}
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1
-	}
-	if c.BatchSize < 1 || c.BatchSize > 1000 {
-		return c, &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("%d is out of range 1-1000", c.BatchSize)}
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
-	}
-	if c.MaxAttempts < 1 {
-		return c, &outbox.ConfigError{Field: "MaxAttempts", Reason: "must be at least 1"}
-	}
-	if c.Poison != outbox.Park && c.Poison != outbox.Hold {
-		return c, &outbox.ConfigError{Field: "Poison", Reason: "must be outbox.Park or outbox.Hold"}
-	}
+	setDefault(&c.Concurrency, defaultConcurrency)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
 	if c.Identity == nil {
 		c.Identity = EventID
 	}
-	if c.MinBackoff <= 0 {
-		c.MinBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = 30 * time.Second
-	}
-	if c.MaxBackoff < c.MinBackoff {
-		c.MaxBackoff = c.MinBackoff
-	}
-	if c.TryTimeout <= 0 {
-		c.TryTimeout = 60 * time.Second
-	}
-	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 5 * time.Second
-	}
-	if c.DrainTimeout >= c.Sarama.Consumer.Group.Rebalance.Timeout {
-		return c, &outbox.ConfigError{Field: "DrainTimeout", Reason: fmt.Sprintf(
-			"%v is not below Sarama.Consumer.Group.Rebalance.Timeout %v: a member still draining when the rebalance times out is thrown out of the group",
-			c.DrainTimeout, c.Sarama.Consumer.Group.Rebalance.Timeout)}
-	}
-	if c.Retention == 0 {
-		c.Retention = 720 * time.Hour
-	}
-	if c.CleanupInterval <= 0 {
-		c.CleanupInterval = 10 * time.Minute
-	}
+	setDefault(&c.MinBackoff, defaultMinBackoff)
+	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.MinBackoff))
+	setDefault(&c.TryTimeout, defaultTryTimeout)
+	setDefault(&c.DrainTimeout, defaultDrainTimeout)
+	setDefault(&c.Retention, defaultRetention)
+	setDefault(&c.CleanupInterval, defaultCleanupInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	return c, nil
+	return c
+}
+
+// setDefault sets *v to def when it is zero.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks a Config after withDefaults: what is required, the
+// routes, and each setting's range; a negative value is an error (except
+// Retention, where it keeps rows forever). Each error names the field and
+// says what to do.
+func (c Config) validate() error {
+	if c.Group == "" {
+		return &outbox.ConfigError{Field: "Group", Reason: "is empty: name the Kafka consumer group"}
+	}
+	if len(c.Brokers) == 0 {
+		return &outbox.ConfigError{Field: "Brokers", Reason: "is empty: give the Kafka bootstrap addresses (host:port)"}
+	}
+	if err := c.validateRoutes(); err != nil {
+		return err
+	}
+	if err := c.Table.Validate(); err != nil {
+		return err
+	}
+	if c.Sarama.Consumer.Group.Rebalance.Timeout >= c.Sarama.Net.ReadTimeout {
+		return &outbox.ConfigError{Field: "Sarama.Consumer.Group.Rebalance.Timeout", Reason: fmt.Sprintf(
+			"%v is not below Net.ReadTimeout %v: sarama waits for a JoinGroup answer only the read timeout, and a group whose members died then rejoins in a loop (IBM/sarama#2820); lower it or raise Net.ReadTimeout",
+			c.Sarama.Consumer.Group.Rebalance.Timeout, c.Sarama.Net.ReadTimeout)}
+	}
+	if err := c.Sarama.Validate(); err != nil {
+		return &outbox.ConfigError{Field: "Sarama", Reason: err.Error(), Err: err}
+	}
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > maxConcurrency:
+		return bad("Concurrency", c.Concurrency, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxConcurrency, defaultConcurrency))
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", c.BatchSize, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxBatchSize, defaultBatchSize))
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", c.MaxAttempts, fmt.Sprintf("use at least 1 (zero means the default, %d)", defaultMaxAttempts))
+	case c.Poison != outbox.Park && c.Poison != outbox.Hold:
+		return bad("Poison", int(c.Poison), "use outbox.Park or outbox.Hold")
+	case c.MinBackoff < 0:
+		return bad("MinBackoff", c.MinBackoff, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultMinBackoff))
+	case c.MaxBackoff < c.MinBackoff:
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least MinBackoff (%v); zero means the default, %v or MinBackoff if longer", c.MinBackoff, defaultMaxBackoff))
+	case c.TryTimeout < 0:
+		return bad("TryTimeout", c.TryTimeout, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultTryTimeout))
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout", c.DrainTimeout, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultDrainTimeout))
+	case c.CleanupInterval < 0:
+		return bad("CleanupInterval", c.CleanupInterval, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultCleanupInterval))
+	}
+	if c.DrainTimeout >= c.Sarama.Consumer.Group.Rebalance.Timeout {
+		return &outbox.ConfigError{Field: "DrainTimeout", Reason: fmt.Sprintf(
+			"%v is not below Sarama.Consumer.Group.Rebalance.Timeout %v: a member still draining when the rebalance times out is thrown out of the group",
+			c.DrainTimeout, c.Sarama.Consumer.Group.Rebalance.Timeout)}
+	}
+	return nil
+}
+
+// validateRoutes checks the routes and the dead-letter topic.
+func (c Config) validateRoutes() error {
+	if len(c.Routes) == 0 {
+		return &outbox.ConfigError{Field: "Routes", Reason: "is empty: route at least one topic to a handler"}
+	}
+	seen := map[[2]string]bool{}
+	for i, r := range c.Routes {
+		if err := outbox.ValidateTopic(r.Topic); err != nil {
+			return &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Topic", i), Reason: err.Error()}
+		}
+		if r.Handler == nil {
+			return &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d].Handler", i), Reason: "is nil: give the route a Handler"}
+		}
+		k := [2]string{r.Topic, r.Type}
+		if seen[k] {
+			return &outbox.ConfigError{Field: fmt.Sprintf("Routes[%d]", i), Reason: fmt.Sprintf("routes topic %q, type %q a second time: one handler per topic and type", r.Topic, r.Type)}
+		}
+		seen[k] = true
+	}
+	if c.DeadLetterTopic == "" {
+		return nil
+	}
+	if err := outbox.ValidateTopic(c.DeadLetterTopic); err != nil {
+		return &outbox.ConfigError{Field: "DeadLetterTopic", Reason: err.Error()}
+	}
+	for _, r := range c.Routes {
+		if r.Topic == c.DeadLetterTopic {
+			return &outbox.ConfigError{Field: "DeadLetterTopic", Reason: fmt.Sprintf("%q is also a routed topic: the consumer would read its own dead letters; use a topic no route reads", c.DeadLetterTopic)}
+		}
+	}
+	return nil
 }

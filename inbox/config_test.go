@@ -41,6 +41,14 @@ func TestConfigRefusals(t *testing.T) {
 		{"batch size", "BatchSize", func(c *inbox.Config) { c.BatchSize = 5000 }},
 		{"bad dead-letter topic", "DeadLetterTopic", func(c *inbox.Config) { c.DeadLetterTopic = "a dlq" }},
 		{"dead letters read back", "DeadLetterTopic", func(c *inbox.Config) { c.DeadLetterTopic = "t" }},
+		{"negative batch size", "BatchSize", func(c *inbox.Config) { c.BatchSize = -1 }},
+		{"negative max attempts", "MaxAttempts", func(c *inbox.Config) { c.MaxAttempts = -1 }},
+		{"negative min backoff", "MinBackoff", func(c *inbox.Config) { c.MinBackoff = -1 }},
+		{"negative max backoff", "MaxBackoff", func(c *inbox.Config) { c.MaxBackoff = -1 }},
+		{"max backoff below min", "MaxBackoff", func(c *inbox.Config) { c.MinBackoff, c.MaxBackoff = time.Second, time.Millisecond }},
+		{"negative try timeout", "TryTimeout", func(c *inbox.Config) { c.TryTimeout = -1 }},
+		{"negative drain timeout", "DrainTimeout", func(c *inbox.Config) { c.DrainTimeout = -1 }},
+		{"negative cleanup interval", "CleanupInterval", func(c *inbox.Config) { c.CleanupInterval = -1 }},
 	} {
 		cfg := valid()
 		tc.edit(&cfg)

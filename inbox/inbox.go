@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -75,10 +76,11 @@ func New(db DB, uow *unitofwork.UnitOfWork, cfg *Config) (*Consumer, error) {
 	if cfg == nil {
 		return nil, &outbox.ConfigError{Field: "Config", Reason: "is nil: Group, Brokers and Routes are required"}
 	}
-	c, err := cfg.withDefaults()
-	if err != nil {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	var err error
 	if uow == nil {
 		if uow, err = unitofwork.New(db, &unitofwork.Config{Propagator: c.Propagator}); err != nil {
 			return nil, err
@@ -206,13 +208,13 @@ func (c *Consumer) fail(err error) {
 
 // run joins the group and consumes until ctx ends.
 func (c *Consumer) run(ctx context.Context) {
-	b := backoff{min: c.cfg.MinBackoff * 10, max: c.cfg.MaxBackoff}
+	b := backoff.Backoff{Initial: c.cfg.MinBackoff * 10, Max: c.cfg.MaxBackoff}
 	for ctx.Err() == nil {
 		group, err := sarama.NewConsumerGroup(c.cfg.Brokers, c.cfg.Group, c.cfg.Sarama)
 		if err != nil {
 			c.fail(err)
 			c.cfg.Logger.Warn("outbox inbox: cannot reach the brokers; retrying with backoff", "consumer", c.cfg.Name, "group", c.cfg.Group, "error", err)
-			if !b.wait(ctx, nil) {
+			if !b.Wait(ctx, nil, nil) {
 				return
 			}
 			continue
@@ -222,7 +224,7 @@ func (c *Consumer) run(ctx context.Context) {
 	}
 }
 
-func (c *Consumer) consume(ctx context.Context, group sarama.ConsumerGroup, b *backoff) {
+func (c *Consumer) consume(ctx context.Context, group sarama.ConsumerGroup, b *backoff.Backoff) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	errs := group.Errors()
@@ -249,12 +251,12 @@ func (c *Consumer) consume(ctx context.Context, group sarama.ConsumerGroup, b *b
 			c.joined.Store(false)
 			c.fail(err)
 			c.cfg.Logger.Warn("outbox inbox: joining the group failed; retrying with backoff", "consumer", c.cfg.Name, "group", c.cfg.Group, "error", err)
-			if !b.wait(ctx, nil) {
+			if !b.Wait(ctx, nil, nil) {
 				return
 			}
 			continue
 		}
-		b.reset()
+		b.Reset()
 	}
 }
 
@@ -280,32 +282,6 @@ func (h *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.
 
 func (c *Consumer) parkedTable() outbox.Table {
 	return outbox.Table{Schema: c.cfg.Table.Schema, Name: c.cfg.Table.Name + "_parked"}
-}
-
-// backoff doubles from min to max.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-// wait sleeps the next backoff; false if ctx ended or stop closed first.
-func (b *backoff) wait(ctx context.Context, stop <-chan struct{}) bool {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	t := time.NewTimer(b.cur)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-stop:
-		return false
-	}
 }
 
 func (c *Consumer) isStarted() bool {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -166,7 +167,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 	log := func() *slog.Logger {
 		return c.cfg.Logger.With("consumer", c.cfg.Name, "topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset)
 	}
-	b := backoff{min: c.cfg.MinBackoff, max: c.cfg.MaxBackoff}
+	b := backoff.Backoff{Initial: c.cfg.MinBackoff, Max: c.cfg.MaxBackoff}
 	attempts := 0
 	for cause == nil {
 		m.Attempt = attempts + 1
@@ -202,7 +203,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 			log().Warn("outbox inbox: handler failed; the record's transaction rolled back and is retried",
 				"event_id", m.ID, "attempt", attempts, "max_attempts", c.cfg.MaxAttempts, "error.type", errorType(err), "error", err)
 		}
-		if !b.wait(ctx, stop) {
+		if !b.Wait(ctx, stop, nil) {
 			return "", context.Canceled
 		}
 	}
@@ -225,7 +226,7 @@ func (c *Consumer) try(ctx context.Context, msg *sarama.ConsumerMessage, m *Mess
 		}
 		c.ms.failed(ctx, msg.Topic, err, "transient")
 		log().Warn("outbox inbox: parking the record failed; retrying with backoff", "event_id", m.ID, "error.type", errorType(err), "error", err)
-		if !b.wait(ctx, stop) {
+		if !b.Wait(ctx, stop, nil) {
 			return "", context.Canceled
 		}
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fxoutbox/outbox/internal/backoff"
 )
 
 type acquirer interface {
@@ -18,27 +20,24 @@ type acquirer interface {
 // re-established with backoff; each (re)connect wakes the relay once, since
 // notifications sent meanwhile were lost.
 func (r *Relay) listen(ctx context.Context) {
-	failures := 0
+	b := r.newBackoff()
+	b.Initial = min(250*time.Millisecond, r.cfg.PollInterval)
 	for {
 		start := time.Now()
 		err := r.listenOnce(ctx)
 		if time.Since(start) > time.Minute {
-			failures = 0 // it worked for a while: this is a new failure
+			b.Reset() // it worked for a while: this is a new failure
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		failures++
-		if failures == 1 {
+		d := b.Fail()
+		if b.Failures() == 1 {
 			r.cfg.Logger.Warn("outbox relay: LISTEN connection lost; polling every PollInterval until it is back",
 				"channel", r.cfg.Table.Channel(), "error", err)
 		}
-		t := time.NewTimer(r.backoffFrom(min(250*time.Millisecond, r.cfg.PollInterval), failures))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, d, nil, nil) {
 			return
-		case <-t.C:
 		}
 	}
 }

@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
@@ -19,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -52,7 +50,7 @@ type row struct {
 // failed event and its key wait for their paced retry while the other keys
 // flow. RunOnce may run concurrently with other relays on the same table.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	n, _, err := r.runOnce(ctx, r.cfg.BatchSize, nil)
+	n, _, err := r.runOnce(ctx, r.cfg.BatchSize, 0, nil)
 	return n, err
 }
 
@@ -68,63 +66,35 @@ type batchInfo struct {
 // full batch (up to MaxBatchSize), size after a batch that other relays'
 // lanes, held keys or failed events cut short; 0 when the relay has caught
 // up.
-func (r *Relay) runOnce(ctx context.Context, size int, info *batchInfo) (n, next int, err error) {
-	n, next, err = r.batch(ctx, size, info)
-	if err != nil && !errors.As(err, new(*dbError)) && isDatabase(err) {
+func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
+	n, next, err = r.batch(ctx, size, upto, info)
+	if err != nil && !errors.As(err, new(*dbError)) && dberr.Is(err) {
 		err = &dbError{err}
 	}
 	return n, next, err
 }
 
-func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next int, err error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
-	defer cancel()
-	t := time.Now()
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		_, err = r.metrics.lap(ctx, StepClaim, t, fmt.Errorf("relay: begin: %w", err))
-		return 0, 0, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
+// batch is one batch of the polling claim (see pipeline), taking no row
+// past id upto when upto is positive (a streaming relay's sweep).
+func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
 	held := r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff)
-	c, err := r.claim(ctx, tx, size, held)
-	if errors.Is(err, errIsolate) {
-		// An Unordered claim met a row it cannot read: start over, reading
-		// ids first.
-		_ = tx.Rollback(ctx)
-		if tx, err = r.db.Begin(ctx); err != nil {
-			_, err = r.metrics.lap(ctx, StepClaim, t, fmt.Errorf("relay: begin: %w", err))
-			return 0, 0, err
+	c, d, err := r.pipeline(ctx, func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
+		if isolate {
+			return r.claimIsolating(ctx, tx, size, held, upto)
 		}
-		c, err = r.claimIsolating(ctx, tx, size, held)
-	}
+		return r.claim(ctx, tx, size, held, upto)
+	})
 	if info != nil {
 		info.heldElsewhere = err == nil && c.heldElsewhere
 	}
-	rows := c.rows
-	var badParked []int64
-	if err == nil && len(c.bad) > 0 {
-		rows, badParked, err = r.chargeUnreadable(ctx, tx, c.bad, rows)
-	}
-	if t, err = r.metrics.lap(ctx, StepClaim, t, err); err != nil {
-		return 0, 0, err
-	}
-	if len(rows) == 0 {
-		if len(c.bad) > 0 {
-			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
-				return 0, 0, fmt.Errorf("relay: commit: %w", err)
-			}
-			r.pacer.done(badParked...)
-			if c.more {
-				next = size
-			}
-		}
-		return 0, next, nil
-	}
-	d, err := r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked, false)
 	if err != nil {
 		return 0, 0, err
+	}
+	if len(d.errs) == 0 { // nothing to publish
+		if len(c.bad) > 0 && c.more {
+			next = size
+		}
+		return 0, next, nil
 	}
 	progress := len(d.ids) > 0 || len(d.failed) > 0 || len(d.transient) > 0 || len(c.bad) > 0
 	switch {
@@ -137,164 +107,6 @@ func (r *Relay) batch(ctx context.Context, size int, info *batchInfo) (n, next i
 		next = size
 	}
 	return len(d.ids), next, nil
-}
-
-// delivery is what deliver did with a batch's rows.
-type delivery struct {
-	errs       []error // each row's outcome: nil when published
-	ids        []int64 // published and marked
-	failed     []int   // permanent failures (charged, maybe parked)
-	transient  []int   // transient failures (paced, left unpublished)
-	parked     map[int64]bool
-	heldBehind bool // some row waits behind its key's failure
-}
-
-// deliver is the one publish, park and mark path, whatever found the rows
-// (a claim, or the stream): it publishes rows (in order, locked or claimed
-// in tx by the caller), marks the acknowledged ones published and charges
-// the failed ones in tx, commits tx (also when nothing was acknowledged but
-// commit is set), logs, counts, and paces the failed events with their
-// keys. done lists ids the caller resolved otherwise (parked unreadable
-// rows), forgotten by the pacer once tx committed. claimed says the caller
-// claimed the rows by marking them published in tx (the stream does): the
-// acknowledged ones are left so, the others unmarked. It returns an error when
-// the database failed, or when nothing went through because of transient
-// failures (the broker, or the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, claimed bool) (d delivery, err error) {
-	msgs, spans, encErrs := r.messages(ctx, rows)
-	errs, alone := r.publish(ctx, rows, msgs, encErrs)
-	acked := r.metrics.publishLap(ctx, t, rows, errs)
-	r.endSpans(spans, msgs, errs)
-	d.errs = errs
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			d.ids = append(d.ids, rows[i].id)
-		case outbox.IsPermanent(err):
-			d.failed = append(d.failed, i)
-		case errors.Is(err, ErrHeld):
-			// Waits behind its key's failed event: not a failure of its own.
-			d.heldBehind = true
-		default:
-			d.transient = append(d.transient, i)
-		}
-	}
-	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
-		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, alone, claimed)
-		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
-			return d, err
-		}
-		if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
-			// Acknowledged events will be sent again (same x-event-id).
-			return d, fmt.Errorf("relay: commit: %w", err)
-		}
-		r.logFailures(rows, errs, d.failed, d.parked)
-	}
-	r.metrics.record(ctx, rows, errs, acked)
-
-	// Pace the events that failed, so they and their keys wait while the
-	// rest flows; forget those that were published or parked.
-	now := time.Now()
-	for _, i := range d.failed {
-		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.get(rows[i].topic, now) == nil {
-			r.missing.set(rows[i].topic, errs[i], now)
-		}
-	}
-	r.missing.forget(rows, errs)
-	r.pacer.done(d.ids...)
-	r.pacer.done(done...)
-	for _, i := range d.failed {
-		if d.parked[rows[i].id] {
-			r.pacer.done(rows[i].id)
-		} else {
-			r.pacer.failed(rows[i].id, rows[i].key, now, r.backoff)
-		}
-	}
-	if len(d.transient) > 0 {
-		first := errs[d.transient[0]]
-		if len(d.ids) == 0 {
-			// Nothing went through: the broker (or the way to it) fails,
-			// not an event. The relay backs off.
-			return d, fmt.Errorf("relay: %d of %d events not published: %w", len(d.transient), len(rows), first)
-		}
-		for _, i := range d.transient {
-			x := rows[i]
-			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
-				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
-					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, 300), "topic", textcut.Cut(x.topic, 300), "error", errs[i], "error.type", ErrorType(errs[i]))
-			}
-		}
-	}
-	return d, nil
-}
-
-// chargeUnreadable charges the rows that cannot be read, without reading
-// them: parked at once with what PostgreSQL said and what to do, or, under
-// Hold, charged and paced with their keys, whose later rows leave the batch.
-// It returns the rows left to publish and the ids parked.
-func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadable, rows []row) ([]row, []int64, error) {
-	ids := make([]int64, len(bad))
-	msgs := make([]string, len(bad))
-	for i, b := range bad {
-		ids[i] = b.id
-		msgs[i] = textcut.Cut("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
-	}
-	park := r.cfg.Poison != outbox.Hold
-	type charged struct {
-		id      int64
-		eventID uuid.UUID
-		topic   string
-		key     string
-		parked  bool
-	}
-	rs, err := tx.Query(ctx, r.q.unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park})
-	var res []charged
-	if err == nil {
-		res, err = pgx.CollectRows(rs, func(row pgx.CollectableRow) (charged, error) {
-			var c charged
-			err := row.Scan(&c.id, &c.eventID, &c.topic, &c.key, &c.parked)
-			return c, err
-		})
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("relay: park %d unreadable rows: %w", len(bad), err)
-	}
-	var parked []int64
-	heldFrom := map[string]int64{} // Hold: key -> its unreadable row
-	now := time.Now()
-	for _, c := range res {
-		var reason, detail string
-		for i, b := range bad {
-			if b.id == c.id {
-				reason, detail = msgs[i], unreadableDetail(b.err)
-			}
-		}
-		if c.parked {
-			parked = append(parked, c.id)
-			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, 300), Reason: reason}) {
-				r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
-					"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
-			}
-			continue
-		}
-		if first, ok := heldFrom[c.key]; !ok || c.id < first {
-			heldFrom[c.key] = c.id
-		}
-		r.pacer.failed(c.id, c.key, now, r.backoff)
-		r.cfg.Logger.Warn("outbox relay: event held: its stored row cannot be read (Poison is Hold); its key waits until the row is fixed or deleted",
-			"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
-	}
-	if len(heldFrom) > 0 {
-		kept := rows[:0:0]
-		for _, x := range rows {
-			if first, ok := heldFrom[x.key]; ok && x.id > first {
-				continue
-			}
-			kept = append(kept, x)
-		}
-		rows = kept
-	}
-	return rows, parked, nil
 }
 
 // isolateMax caps the events that failed before (attempts > 0) one batch
@@ -470,110 +282,6 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 		}
 	}
 	r.metrics.sendDone(ctx, msgs, idx, errs, time.Since(start))
-}
-
-// record marks the acknowledged events published and counts an attempt on
-// each permanently failed one, parking those out of attempts, in one round
-// trip. It returns which failed rows were parked.
-//
-// An event the relay cannot send, that the broker refused when it was sent
-// alone for a reason of its own (too large for the topic, an invalid
-// record), or whose topic does not exist, is parked at once: no retry
-// changes it. (The producer has already waited for the topic's metadata, up
-// to Metadata.Retry.Max times, and for 5s after that the relay parks the
-// topic's events without sending them; a topic created later finds its
-// events parked, and Requeue sends them.) Other permanent failures (no
-// authorization for the topic, a policy violation, a publisher's own) are
-// charged MaxAttempts times, paced (see pacer), so a cause fixed within
-// seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed, alone []int, claimed bool) (map[int64]bool, error) {
-	b := &pgx.Batch{}
-	switch {
-	case claimed:
-		var back []int64
-		for i, err := range errs {
-			if err != nil {
-				back = append(back, rows[i].id)
-			}
-		}
-		if len(back) > 0 {
-			b.Queue(r.q.unmark, back)
-		}
-	case len(ids) > 0:
-		b.Queue(r.q.mark, ids)
-	}
-	parked := map[int64]bool{}
-	if len(failed) > 0 {
-		fids := make([]int64, len(failed))
-		msgs := make([]string, len(failed))
-		limits := make([]int32, len(failed))
-		for j, i := range failed {
-			fids[j], msgs[j] = rows[i].id, Reason(errs[i], rows[i].topic)
-			switch {
-			case r.cfg.Poison == outbox.Hold:
-				limits[j] = 0 // never park
-			case errors.Is(errs[i], errCannotSend):
-				limits[j] = 1 // can never be sent: park at once
-			case slices.Contains(alone, i) && refusedForGood(errs[i]):
-				limits[j] = 1 // refused alone, for good: park at once
-			case errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition):
-				limits[j] = 1 // the topic does not exist: park at once
-			default:
-				limits[j] = int32(r.cfg.MaxAttempts)
-			}
-		}
-		b.Queue(r.q.attempt, fids, msgs, limits).Query(func(rows pgx.Rows) error {
-			var id int64
-			var p bool
-			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
-				if p {
-					parked[id] = true
-				}
-				return nil
-			})
-			return err
-		})
-	}
-	if b.Len() == 0 {
-		return parked, nil
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("relay: mark %d events published, %d failed: %w", len(ids), len(failed), err)
-	}
-	return parked, nil
-}
-
-// refusedForGood reports an error with which a broker (or the producer)
-// refuses one record for what it is: too large for the topic or the
-// producer, or an invalid record. Sent alone, such an event can never go.
-func refusedForGood(err error) bool {
-	var cerr sarama.ConfigurationError
-	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrInvalidRecord) ||
-		errors.Is(err, sarama.ErrInvalidMessage) || errors.As(err, &cerr)
-}
-
-func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[int64]bool) {
-	for _, i := range failed {
-		x := rows[i]
-		// Stored fields are cut: a row written by hand may hold anything.
-		eventType, topic := textcut.Cut(x.eventType, 300), textcut.Cut(x.topic, 300)
-		if parked[x.id] {
-			reason := Reason(errs[i], x.topic)
-			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
-				continue // counted in the cause's summary (see newParkLog)
-			}
-			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
-				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
-		} else {
-			reason := Reason(errs[i], x.topic)
-			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
-				continue // counted in the cause's summary
-			}
-			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
-		}
-	}
 }
 
 // messages turns rows into Kafka messages, each with a publish span whose

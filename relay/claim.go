@@ -199,14 +199,21 @@ func (r *Relay) query(ctx context.Context, tx pgx.Tx, pre string, preArgs []any,
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// claimed is what a claim returns.
+// claimed is what a finder (see pipeline) claimed in a batch's
+// transaction.
 type claimed struct {
-	rows []row        // readable rows, in id order
-	bad  []unreadable // rows that cannot be read, in id order
+	rows []row        // readable rows, in order
+	bad  []unreadable // rows that cannot be read, in order
 	more bool         // more unpublished rows are likely waiting
 	// heldElsewhere: no rows, because the lanes of the unpublished rows the
 	// claim saw are all held by other relays (PerKey only).
 	heldElsewhere bool
+	// marked: the finder claimed rows by marking them published in the
+	// transaction (the stream does); deliver takes the mark back from
+	// those that fail.
+	marked bool
+	// deferred: rows were left in the table for a sweep (the stream).
+	deferred bool
 }
 
 // unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot
@@ -216,8 +223,9 @@ type unreadable struct {
 	err error
 }
 
-// errIsolate says an Unordered claim met a row it cannot read: the batch
-// starts over in a new transaction with claimIsolating.
+// errIsolate says an Unordered claim met a row it cannot read: the
+// pipeline starts the batch over in a new transaction, with a finder that
+// reads ids first (claimIsolating).
 var errIsolate = errors.New("relay: claim met an unreadable row")
 
 // claim returns the next batch of up to n rows, locked for this
@@ -233,13 +241,13 @@ var errIsolate = errors.New("relay: claim met an unreadable row")
 // Unordered the claim reads and locks in one statement; if it fails so,
 // claim returns errIsolate and the caller runs claimIsolating in a new
 // transaction.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c claimed, err error) {
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64) (c claimed, err error) {
 	if r.cfg.Ordering == Unordered {
 		sql, args := r.q.claim, pgx.NamedArgs{"n": n}
 		if len(held) > 0 {
 			sql, args["held"] = r.q.claimHeld, held
 		}
-		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, r.bounded(sql, args), args)
+		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, bounded(r.q, sql, args, upto), args)
 		if err != nil {
 			if isUnreadable(err) {
 				return claimed{}, errIsolate
@@ -249,7 +257,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c c
 		c.more = len(c.rows) == n
 		return c, nil
 	}
-	ids, more, err := r.lockLanes(ctx, tx, n, held)
+	ids, more, err := r.lockLanes(ctx, tx, n, held, upto)
 	if err != nil || len(ids) == 0 {
 		// With no lane locked, more says the window saw unpublished rows.
 		return claimed{heldElsewhere: err == nil && more}, err
@@ -262,13 +270,13 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string) (c c
 
 // claimIsolating is the Unordered claim after it met an unreadable row: it
 // locks the rows reading only their ids, then reads them as readGuarded does.
-func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []string) (claimed, error) {
+func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64) (claimed, error) {
 	if held == nil {
 		held = []string{}
 	}
 	var ids []int64
 	args := pgx.NamedArgs{"n": n, "held": held}
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.bounded(r.q.claimIDs, args), args, func(rows pgx.Rows) error {
+	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, bounded(r.q, r.q.claimIDs, args, upto), args, func(rows pgx.Rows) error {
 		var err error
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
@@ -363,7 +371,7 @@ func isUnreadable(err error) bool {
 //
 // The rows of held keys are left out (windowHeld), so a key waiting for a
 // failed event's retry takes no room in the batch.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) (ids []int64, more bool, err error) {
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64) (ids []int64, more bool, err error) {
 	covered := 0
 	tried := map[int32]bool{}
 	for window := 2 * n; ; window *= 4 {
@@ -391,7 +399,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string) 
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
 		}
-		err = r.query(ctx, tx, pre, preArgs, r.bounded(sql, args), args,
+		err = r.query(ctx, tx, pre, preArgs, bounded(r.q, sql, args, upto), args,
 			func(rows pgx.Rows) error {
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
@@ -475,13 +483,13 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []a
 	return out, err
 }
 
-// bounded returns the claim statement sql, or, in the sweep of a streaming
-// relay, its variant that takes no row past the stream's position (those
-// are the stream's), with its argument added to args.
-func (r *Relay) bounded(sql string, args pgx.NamedArgs) string {
-	if u := r.sweepUpto.Load(); u > 0 {
-		args["upto"] = u
-		return r.q.upto[sql]
+// bounded returns the claim statement sql, or, when upto is positive (the
+// sweep of a streaming relay), its variant that takes no row past id upto
+// (those are the stream's), with its argument added to args.
+func bounded(q queries, sql string, args pgx.NamedArgs, upto int64) string {
+	if upto > 0 {
+		args["upto"] = upto
+		return q.upto[sql]
 	}
 	return sql
 }

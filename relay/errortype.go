@@ -177,6 +177,12 @@ func (e *dbError) Error() string     { return e.err.Error() }
 func (e *dbError) Unwrap() error     { return e.err }
 func (e *dbError) ErrorType() string { return databaseErrorType(e.err) }
 
+// fromDatabase reports an error of a database step, or one from
+// PostgreSQL or the connection to it.
+func fromDatabase(err error) bool {
+	return errors.As(err, new(*dbError)) || dberr.Is(err)
+}
+
 // kafkaErrorNames are the Kafka protocol's names of its error codes
 // (org.apache.kafka.common.protocol.Errors), lower case.
 var kafkaErrorNames = map[sarama.KError]string{

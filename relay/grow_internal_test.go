@@ -77,7 +77,7 @@ func claimReads(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, r *Relay, n 
 		return c
 	}
 	before := count()
-	ids, _, err = r.lockLanes(ctx, tx, n, nil)
+	ids, _, err = r.lockLanes(ctx, tx, n, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestClaimSaysWhenEventsAreHeldElsewhere(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		c, err := r.claim(ctx, tx, 50, nil)
+		c, err := r.claim(ctx, tx, 50, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

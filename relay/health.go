@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Pinger is implemented by publishers that can check the broker without
@@ -162,13 +160,8 @@ func (r *Relay) Health(ctx context.Context, maxAge time.Duration) error {
 // of the batch's statements), "broker" for everything the publisher
 // returned.
 func component(err error) string {
-	if errors.As(err, new(*dbError)) || isDatabase(err) {
+	if fromDatabase(err) {
 		return "database"
 	}
 	return "broker"
-}
-
-// isDatabase reports an error from PostgreSQL or the connection to it.
-func isDatabase(err error) bool {
-	return errors.As(err, new(*pgconn.PgError)) || errors.As(err, new(*pgconn.ConnectError))
 }

@@ -4,21 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/locks"
-	"github.com/fxoutbox/outbox/internal/tablesql"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/semconv/v1.40.0/messagingconv"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
 // Metric names (OpenTelemetry; unit in brackets; the name a Prometheus
@@ -154,7 +154,6 @@ type metrics struct {
 	opDur     messagingconv.ClientOperationDuration
 
 	lastPublish atomic.Int64 // unix nanoseconds of the last commit of a published event, or of Start
-	snap        snapshot     // the table-wide statistics, when this relay reports them
 
 	// register starts the observable instruments' callback (at Start; Stop
 	// unregisters it).
@@ -234,11 +233,11 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 		return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			table := metric.WithAttributes(ms.table)
 			o.ObserveFloat64(lastAge, max(0, time.Since(time.Unix(0, ms.lastPublish.Load())).Seconds()), table)
-			if st, ok := ms.snap.get(); ok {
-				o.ObserveInt64(backlog, st.backlog, table)
-				o.ObserveFloat64(age, st.age, table)
-				for _, p := range st.parked {
-					o.ObserveInt64(parked, p.n, metric.WithAttributes(ms.table, semconv.MessagingDestinationName(p.topic), semconv.ErrorTypeKey.String(p.reason)))
+			if st, ok := r.stats.Snapshot(); ok {
+				o.ObserveInt64(backlog, st.Backlog, table)
+				o.ObserveFloat64(age, st.Age, table)
+				for _, p := range st.Parked {
+					o.ObserveInt64(parked, p.N, metric.WithAttributes(ms.table, semconv.MessagingDestinationName(p.Topic), semconv.ErrorTypeKey.String(p.Reason)))
 				}
 			}
 			if r.cfg.Mode == Stream {
@@ -387,154 +386,23 @@ func (m *metrics) record(ctx context.Context, rows []row, errs []error, acked ti
 	}
 }
 
-// snapshot holds the table-wide statistics the reporting relay read last.
-type snapshot struct {
-	mu  sync.Mutex
-	ok  bool
-	val tableStats
-}
-
-type tableStats struct {
-	backlog int64
-	age     float64 // seconds, never negative
-	future  bool    // the oldest waiting event's created_at is in the future
-	parked  []parkedGroup
-}
-
-type parkedGroup struct {
-	topic, reason string
-	n             int64
-}
-
-func (s *snapshot) get() (tableStats, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.val, s.ok
-}
-
-func (s *snapshot) set(v tableStats, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.val, s.ok = v, ok
-}
-
-// reporterKey is the second key of the advisory lock the reporting relay
-// holds (with the table's namespace; lanes use keys 0 and up).
-const reporterKey = locks.StatsReporter
-
-// reportStats keeps the table-wide statistics current until ctx ends: once
-// per StatsInterval the relay that holds the reporter lock reads them;
-// the others try to take the lock.
-func (r *Relay) reportStats(ctx context.Context) {
-	var conn *pgx.Conn // holds the reporter lock
-	defer func() {
-		if conn != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-		}
-		r.metrics.snap.set(tableStats{}, false)
-	}()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	var failing, future bool
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		st, c, err := r.readTableStats(ctx, conn)
-		took := time.Since(start)
-		conn = c
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err != nil:
-			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(ErrorType(err))))
-			if !failing {
-				r.cfg.Logger.Warn("outbox relay: reading the table statistics failed; the table-wide gauges are not reported until it works",
-					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
-			}
-		case st != nil && st.future && !future:
-			r.cfg.Logger.Warn("outbox relay: the oldest unpublished event has a created_at in the future; its age counts as 0 (check the clocks of the database and of writers that set created_at)",
-				"table", r.cfg.Table.String())
-		}
-		failing = err != nil
-		if st != nil {
-			future = st.future
-		}
-		if st != nil {
-			r.metrics.snap.set(*st, true)
-		} else {
-			r.metrics.snap.set(tableStats{}, false)
-		}
-		// A slow read (a large backlog to count) spaces the next one out,
-		// so statistics never take more than a tenth of a connection's time.
-		t.Reset(max(r.cfg.StatsInterval, 10*took))
-	}
-}
-
-// readTableStats reads the table-wide statistics if this relay reports
-// them: on conn, which holds the reporter lock, or on a connection it
-// takes from the pool once it wins the lock. It returns nil statistics
-// when another relay reports them, and the connection to keep (nil once it
-// failed). A DB that is not a pool has no lock: every relay reports.
-func (r *Relay) readTableStats(ctx context.Context, conn *pgx.Conn) (*tableStats, *pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(r.cfg.StatsInterval, 5*time.Second))
-	defer cancel()
-	pool, ok := r.db.(acquirer)
-	if !ok {
-		tx, err := r.db.Begin(ctx)
-		if err != nil {
-			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		st, err := r.queryTableStats(ctx, tx)
-		return st, nil, err
-	}
-	if conn == nil {
-		pc, err := pool.Acquire(ctx)
-		if err != nil {
-			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
-		}
-		var won bool
-		if err := pc.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", r.q.ns, int32(reporterKey)).Scan(&won); err != nil {
-			pc.Release()
-			return nil, nil, &dbError{err: fmt.Errorf("relay: table statistics: take the reporter lock: %w", err)}
-		}
-		if !won {
-			pc.Release() // another relay reports; the connection holds no lock
-			return nil, nil, nil
-		}
-		conn = pc.Hijack() // the lock lives as long as this connection
-	}
-	st, err := r.queryTableStats(ctx, conn)
-	if err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx)) // releases the lock for another relay
-		return nil, nil, err
-	}
-	return st, conn, nil
-}
-
-// queryTableStats reads the backlog, the oldest age and the parked events
-// by topic and reason with the SQL admin.ReadStatus (outboxctl status) shares.
-func (r *Relay) queryTableStats(ctx context.Context, q tablesql.Querier) (*tableStats, error) {
-	c, err := tablesql.ReadCounts(ctx, q, r.cfg.Table)
-	if err != nil {
-		return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
-	}
-	st := &tableStats{backlog: c.Backlog, age: c.OldestAge.Seconds(), future: c.OldestInFuture}
-	if c.Parked > 0 {
-		groups, err := tablesql.CountParkedByType(ctx, q, r.cfg.Table, 1000)
-		if err != nil {
-			return nil, &dbError{err: fmt.Errorf("relay: table statistics: %w", err)}
-		}
-		for _, g := range groups {
-			st.parked = append(st.parked, parkedGroup{topic: g.Topic, reason: g.ErrorType, n: g.Count})
-		}
-	}
-	return st, nil
+// newStatsReporter returns the reporter of the table-wide gauges: the
+// relay that holds the session-level advisory lock (the table's namespace,
+// locks.StatsReporter; lanes use keys 0 and up) reads them once per
+// StatsInterval.
+func newStatsReporter(r *Relay) *tablestats.Reporter {
+	return tablestats.New(tablestats.Config{
+		DB:            r.db,
+		Table:         r.cfg.Table,
+		LockNamespace: r.q.ns,
+		LockKey:       locks.StatsReporter,
+		Interval:      r.cfg.StatsInterval,
+		Logger:        r.cfg.Logger,
+		Failed: func(ctx context.Context, err error) {
+			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(ErrorType(&dbError{err}))))
+		},
+		ErrorType: func(err error) string { return ErrorType(&dbError{err}) },
+	})
 }
 
 // spanOutcome returns the attributes a publish span gets once its message's

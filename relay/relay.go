@@ -185,7 +185,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,7 +197,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
 // DB begins transactions: normally the application's *pgxpool.Pool.
@@ -229,7 +230,7 @@ type Config struct {
 	// trips, commit) over more events: draining a backlog with batches of
 	// 500 is about 2.4x faster than with batches of 50. A crash then repeats
 	// up to MaxBatchSize events instead of BatchSize. Set it to BatchSize
-	// for fixed batches. BatchSize-10000; default 500, or BatchSize if larger.
+	// for fixed batches. BatchSize-10000. Default 500, or BatchSize if larger.
 	MaxBatchSize int
 	// Workers is how many batches one relay has in flight, each in its own
 	// transaction on its own lanes (under PerKey ordering a lane is still
@@ -238,8 +239,8 @@ type Config struct {
 	// (publishing waits on the network) and cores are free, and adds
 	// little when PostgreSQL already keeps the machine busy. A crash of the
 	// process repeats up to Workers batches instead of one. In Stream mode
-	// one goroutine follows the stream and Workers is not used. 1-64;
-	// default 1.
+	// one goroutine follows the stream and Workers is not used. 1-64.
+	// Default 1.
 	Workers int
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
@@ -247,7 +248,7 @@ type Config struct {
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys
 	// over more replicas; every relay on a table must use the same number
-	// (change it only with all relays stopped). 1-4096; default 64.
+	// (change it only with all relays stopped). 1-4096. Default 64.
 	Lanes int
 	// MaxAttempts is how many permanent failures (see outbox.PermanentError) an
 	// event may have before it is parked; its attempts are paced like its
@@ -270,9 +271,8 @@ type Config struct {
 	// max.message.bytes (by default the broker's message.max.bytes,
 	// 1,048,588), and sarama's Producer.MaxMessageBytes (default 1,048,576)
 	// must be at least MaxMessageBytes - 61, since sarama counts a record
-	// without the 61-byte batch header. Default
-	// outbox.DefaultMaxRecordBytes (1,048,588), which fits all three
-	// defaults.
+	// without the 61-byte batch header. Default 1,048,588
+	// (outbox.DefaultMaxRecordBytes), which fits all three defaults.
 	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
 	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
@@ -290,7 +290,7 @@ type Config struct {
 	// Default 1m.
 	CleanupInterval time.Duration
 	// CleanupBatch is the most rows one deletion statement removes, so it
-	// never holds many locks or a long transaction. Default 1000.
+	// never holds many locks or a long transaction. 1-100000. Default 1000.
 	CleanupBatch int
 	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
 	// expiry the batch is abandoned and its rows stay unpublished. It also
@@ -345,47 +345,54 @@ type Config struct {
 	CloudEvents outbox.CloudEvents
 }
 
+// The defaults and bounds of Config: the one place each is written. The
+// field comments, withDefaults, validate, and through fxoutbox the
+// environment variables' documentation, all follow these (a test compares
+// the field comments with them).
+const (
+	defaultPollInterval    = 500 * time.Millisecond
+	minPollInterval        = time.Millisecond
+	defaultBatchSize       = 50
+	maxBatchSize           = 10000 // bound of BatchSize and MaxBatchSize
+	defaultMaxBatchSize    = 500   // or BatchSize, if larger
+	defaultWorkers         = 1
+	maxWorkers             = 64
+	defaultLanes           = 64
+	maxLanes               = 4096
+	defaultMaxAttempts     = 5
+	defaultRetention       = 72 * time.Hour
+	defaultCleanupInterval = time.Minute
+	defaultCleanupBatch    = 1000
+	maxCleanupBatch        = 100000
+	defaultBatchTimeout    = 30 * time.Second
+	minBatchTimeout        = 100 * time.Millisecond
+	defaultMaxBackoff      = 30 * time.Second // or PollInterval, if longer
+	defaultStatsInterval   = time.Second
+	minStatsInterval       = 10 * time.Millisecond
+	// defaultMaxMessageBytes is outbox.DefaultMaxRecordBytes.
+	defaultMaxMessageBytes = outbox.DefaultMaxRecordBytes
+)
+
+// withDefaults sets each zero field to its default. It leaves other values,
+// negative ones included, to validate.
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
 	if c.Mode == Stream {
 		c.Stream = c.Stream.withDefaults()
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 500 * time.Millisecond
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 50
-	}
-	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = max(500, c.BatchSize)
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = outbox.DefaultMaxRecordBytes
-	}
-	if c.Retention == 0 {
-		c.Retention = 72 * time.Hour
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = time.Minute
-	}
-	if c.CleanupBatch == 0 {
-		c.CleanupBatch = 1000
-	}
-	if c.Lanes == 0 {
-		c.Lanes = 64
-	}
-	if c.Workers == 0 {
-		c.Workers = 1
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = 30 * time.Second
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = max(30*time.Second, c.PollInterval)
-	}
+	setDefault(&c.PollInterval, defaultPollInterval)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
+	setDefault(&c.MaxMessageBytes, defaultMaxMessageBytes)
+	setDefault(&c.Retention, defaultRetention)
+	setDefault(&c.CleanupInterval, defaultCleanupInterval)
+	setDefault(&c.CleanupBatch, defaultCleanupBatch)
+	setDefault(&c.Lanes, defaultLanes)
+	setDefault(&c.Workers, defaultWorkers)
+	setDefault(&c.BatchTimeout, defaultBatchTimeout)
+	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
+	setDefault(&c.StatsInterval, defaultStatsInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -395,46 +402,61 @@ func (c Config) withDefaults() Config {
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = time.Second
-	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	return c
 }
 
+// setDefault sets *v to def when it is zero.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks a Config after withDefaults: a negative value is an
+// error (except Retention, where it disables the deletion), and each error
+// names the field, its range and its default.
 func (c Config) validate() error {
 	if err := c.Table.Validate(); err != nil {
 		return err
 	}
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
 	switch {
-	case c.PollInterval < time.Millisecond:
-		return &outbox.ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("is %v: use at least 1ms (default 500ms)", c.PollInterval)}
-	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return &outbox.ConfigError{Field: "BatchSize", Reason: fmt.Sprintf("is %d: use 1 to 10000 (default 50)", c.BatchSize)}
-	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > 10000:
-		return &outbox.ConfigError{Field: "MaxBatchSize", Reason: fmt.Sprintf("is %d: use BatchSize (%d) to 10000 (default 500)", c.MaxBatchSize, c.BatchSize)}
+	case c.PollInterval < minPollInterval:
+		return bad("PollInterval", c.PollInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minPollInterval, defaultPollInterval))
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", c.BatchSize, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxBatchSize, defaultBatchSize))
+	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > maxBatchSize:
+		return bad("MaxBatchSize", c.MaxBatchSize, fmt.Sprintf("use BatchSize (%d) to %d (zero means the default, %d or BatchSize if larger)", c.BatchSize, maxBatchSize, defaultMaxBatchSize))
 	case c.Mode != Poll && c.Mode != Stream:
-		return &outbox.ConfigError{Field: "Mode", Reason: fmt.Sprintf("is %v: use relay.Poll or relay.Stream", c.Mode)}
+		return bad("Mode", c.Mode, "use relay.Poll or relay.Stream")
 	case c.Ordering != PerKey && c.Ordering != Unordered:
-		return &outbox.ConfigError{Field: "Ordering", Reason: fmt.Sprintf("is %v: use relay.PerKey or relay.Unordered", c.Ordering)}
-	case c.Workers < 1 || c.Workers > 64:
-		return &outbox.ConfigError{Field: "Workers", Reason: fmt.Sprintf("is %d: use 1 to 64 (default 1)", c.Workers)}
-	case c.Lanes < 1 || c.Lanes > 4096:
-		return &outbox.ConfigError{Field: "Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default 64)", c.Lanes)}
-	case c.BatchTimeout < 100*time.Millisecond:
-		return &outbox.ConfigError{Field: "BatchTimeout", Reason: fmt.Sprintf("is %v: use at least 100ms (default 30s)", c.BatchTimeout)}
-	case c.MaxAttempts < 1 || c.MaxMessageBytes < 1:
-		return &outbox.ConfigError{Field: "MaxAttempts/MaxMessageBytes", Reason: "must be positive (zero means the default)"}
+		return bad("Ordering", c.Ordering, "use relay.PerKey or relay.Unordered")
+	case c.Workers < 1 || c.Workers > maxWorkers:
+		return bad("Workers", c.Workers, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxWorkers, defaultWorkers))
+	case c.Lanes < 1 || c.Lanes > maxLanes:
+		return bad("Lanes", c.Lanes, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxLanes, defaultLanes))
+	case c.BatchTimeout < minBatchTimeout:
+		return bad("BatchTimeout", c.BatchTimeout, fmt.Sprintf("use at least %v (zero means the default, %v)", minBatchTimeout, defaultBatchTimeout))
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", c.MaxAttempts, fmt.Sprintf("use a positive number (zero means the default, %d)", defaultMaxAttempts))
+	case c.MaxMessageBytes < 1:
+		return bad("MaxMessageBytes", c.MaxMessageBytes, fmt.Sprintf("use a positive number of bytes (zero means the default, %d)", defaultMaxMessageBytes))
 	case c.Poison != outbox.Park && c.Poison != outbox.Hold:
-		return &outbox.ConfigError{Field: "Poison", Reason: fmt.Sprintf("is %d: use outbox.Park or outbox.Hold", c.Poison)}
-	case c.CleanupInterval < 0 || c.CleanupBatch < 0 || c.CleanupBatch > 100000:
-		return &outbox.ConfigError{Field: "CleanupInterval/CleanupBatch", Reason: "must be positive (batch at most 100000); zero means the default"}
-	case c.StatsInterval < 10*time.Millisecond:
-		return &outbox.ConfigError{Field: "StatsInterval", Reason: fmt.Sprintf("is %v: use at least 10ms (default 1s)", c.StatsInterval)}
+		return bad("Poison", int(c.Poison), "use outbox.Park or outbox.Hold")
+	case c.CleanupInterval < 0:
+		return bad("CleanupInterval", c.CleanupInterval, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultCleanupInterval))
+	case c.CleanupBatch < 0 || c.CleanupBatch > maxCleanupBatch:
+		return bad("CleanupBatch", c.CleanupBatch, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxCleanupBatch, defaultCleanupBatch))
+	case c.StatsInterval < minStatsInterval:
+		return bad("StatsInterval", c.StatsInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minStatsInterval, defaultStatsInterval))
 	case c.MaxBackoff < c.PollInterval:
-		return &outbox.ConfigError{Field: "MaxBackoff", Reason: fmt.Sprintf("is %v, below PollInterval %v", c.MaxBackoff, c.PollInterval)}
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least PollInterval (%v); zero means the default, %v or PollInterval if longer", c.PollInterval, defaultMaxBackoff))
 	}
 	if err := c.CloudEvents.Validate(); err != nil {
 		return err
@@ -456,6 +478,7 @@ type Relay struct {
 	txSettings, idleMillis string
 	tracer                 trace.Tracer
 	metrics                *metrics
+	stats                  *tablestats.Reporter // the table-wide gauges' statistics
 	health                 health
 
 	wakes   []chan struct{} // one per worker
@@ -471,8 +494,6 @@ type Relay struct {
 	// window (see lockLanes).
 	growAfter atomic.Int64
 	stream    streamInfo
-	// sweepUpto, when positive, is the highest id a claim takes (see upto).
-	sweepUpto atomic.Int64
 
 	mu       sync.Mutex
 	started  bool
@@ -531,6 +552,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
 	}
 	r.metrics = m
+	r.stats = newStatsReporter(r)
 	return r, nil
 }
 
@@ -575,7 +597,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		go func() { defer r.bg.Done(); r.listen(bgCtx) }()
 	}
 	r.bg.Add(1)
-	go func() { defer r.bg.Done(); r.reportStats(bgCtx) }()
+	go func() { defer r.bg.Done(); r.stats.Run(bgCtx) }()
 	r.bg.Add(1)
 	go func() { defer r.bg.Done(); r.parkLog.Run(bgCtx) }()
 	r.bg.Add(1)
@@ -639,13 +661,13 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	wake := r.wakes[worker]
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
-	failures := 0 // this worker's consecutive failures, for its backoff
+	b := r.newBackoff() // this worker's consecutive failures
 	size := r.cfg.BatchSize
 	woken := false // the batch runs because of a wake-up
 	var quiet time.Time
 	for {
 		var info batchInfo
-		n, next, err := r.runOnce(ctx, size, &info)
+		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)
 		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
 			// Woken for events another relay (or worker) is publishing:
@@ -668,12 +690,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		}
 		if err != nil {
 			size = r.cfg.BatchSize
-			failures++
-			if r.failLog.failed(errorKind(err)) {
-				r.cfg.Logger.Warn("outbox relay: batch failed; its events stay unpublished and are retried with backoff",
-					"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", failures)
-			}
-			if !r.sleep(r.backoff(failures), r.kicks[worker]) {
+			if !r.failed(&b, err, "outbox relay: batch failed; its events stay unpublished and are retried with backoff", r.kicks[worker]) {
 				return
 			}
 			continue
@@ -682,10 +699,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		case <-r.kicks[worker]:
 		default:
 		}
-		if r.failLog.recovered() {
-			r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", failures)
-		}
-		failures = 0
+		r.recovered(&b)
 		if next > 0 {
 			// More are waiting: drain them, in larger batches.
 			size = next
@@ -764,16 +778,27 @@ func (f *failLog) recovered() bool {
 // sleep waits d or until kicked, or returns false once the relay is
 // stopping.
 func (r *Relay) sleep(d time.Duration, kick <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-r.stop:
-		return false
-	case <-t.C:
-		return true
-	case <-kick:
-		return true
+	return backoff.Sleep(context.Background(), d, r.stop, kick)
+}
+
+// failed counts a failure of a publishing loop (a worker, the stream) in b,
+// logs it once per kind of failure (msg), and waits its backoff or until
+// kicked; false once the relay is stopping.
+func (r *Relay) failed(b *backoff.Backoff, err error, msg string, kick <-chan struct{}) bool {
+	d := b.Fail()
+	if r.failLog.failed(errorKind(err)) {
+		r.cfg.Logger.Warn(msg, "table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", b.Failures())
 	}
+	return r.sleep(d, kick)
+}
+
+// recovered follows a success of a publishing loop: it logs that
+// publishing works again, once after the relay's loops failed, and resets b.
+func (r *Relay) recovered(b *backoff.Backoff) {
+	if r.failLog.recovered() {
+		r.cfg.Logger.Info("outbox relay: publishing again", "table", r.cfg.Table.String(), "after_failures", b.Failures())
+	}
+	b.Reset()
 }
 
 // kick ends the backoff of every worker that is waiting in one (see Health).
@@ -786,16 +811,15 @@ func (r *Relay) kick() {
 	}
 }
 
-// backoff returns PollInterval * 2^(failures-1), capped at MaxBackoff, with
+// newBackoff returns the backoff of the relay's publishing loops and of
+// paced events: PollInterval * 2^(failures-1), capped at MaxBackoff, with
 // ±20% jitter so replicas do not retry in step.
-func (r *Relay) backoff(failures int) time.Duration {
-	return r.backoffFrom(r.cfg.PollInterval, failures)
+func (r *Relay) newBackoff() backoff.Backoff {
+	return backoff.Backoff{Initial: r.cfg.PollInterval, Max: r.cfg.MaxBackoff, Jitter: 0.2}
 }
 
-func (r *Relay) backoffFrom(d time.Duration, failures int) time.Duration {
-	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, r.cfg.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+// backoff is the wait after failures consecutive failures (see newBackoff).
+func (r *Relay) backoff(failures int) time.Duration {
+	b := r.newBackoff()
+	return b.Delay(failures)
 }

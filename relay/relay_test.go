@@ -625,3 +625,40 @@ func TestConfigValidation(t *testing.T) {
 		t.Errorf("default config rejected: %v", err)
 	}
 }
+
+// TestConfigNegative checks that a negative setting is an error naming the
+// field (zero means the default; only Retention takes a negative value).
+func TestConfigNegative(t *testing.T) {
+	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
+	pool := &pgxpool.Pool{}
+	for field, c := range map[string]relay.Config{
+		"PollInterval":          {PollInterval: -1},
+		"BatchSize":             {BatchSize: -1},
+		"MaxBatchSize":          {MaxBatchSize: -1},
+		"Workers":               {Workers: -1},
+		"Lanes":                 {Lanes: -1},
+		"MaxAttempts":           {MaxAttempts: -1},
+		"MaxMessageBytes":       {MaxMessageBytes: -1},
+		"CleanupInterval":       {CleanupInterval: -1},
+		"CleanupBatch":          {CleanupBatch: -1},
+		"BatchTimeout":          {BatchTimeout: -1},
+		"MaxBackoff":            {MaxBackoff: -1},
+		"StatsInterval":         {StatsInterval: -1},
+		"Stream.MaxLag":         {Mode: relay.Stream, Stream: relay.StreamConfig{MaxLag: -1}},
+		"Stream.MaxLagBytes":    {Mode: relay.Stream, Stream: relay.StreamConfig{MaxLagBytes: -1}},
+		"Stream.Linger":         {Mode: relay.Stream, Stream: relay.StreamConfig{Linger: -1}},
+		"Stream.StandbyRetry":   {Mode: relay.Stream, Stream: relay.StreamConfig{StandbyRetry: -1}},
+		"Stream.StatusInterval": {Mode: relay.Stream, Stream: relay.StreamConfig{StatusInterval: -1}},
+		"Stream.SweepInterval":  {Mode: relay.Stream, Stream: relay.StreamConfig{SweepInterval: -1}},
+		"Stream.RetryInterval":  {Mode: relay.Stream, Stream: relay.StreamConfig{RetryInterval: -1}},
+	} {
+		_, err := relay.New(pool, pub, &c)
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != field || !strings.Contains(ce.Reason, "default") {
+			t.Errorf("%s negative: err = %v, want a ConfigError for %s saying its default", field, err, field)
+		}
+	}
+	if _, err := relay.New(pool, pub, &relay.Config{Retention: -1}); err != nil {
+		t.Errorf("Retention -1 (no deletion): %v", err)
+	}
+}

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
 // DefaultSaramaConfig returns a producer configuration that keeps the
@@ -88,18 +87,8 @@ func ValidateSaramaConfig(c *sarama.Config) error {
 // do not need Kafka); Publish returns the connection error and the relay
 // retries with backoff. Close it after the relay has stopped.
 type SaramaPublisher struct {
-	addrs []string
-	cfg   *sarama.Config
-
-	mu         sync.Mutex
-	prod       *producer
-	client     sarama.Client
-	connecting chan struct{} // closed when the connect in flight ends
-	connErr    error         // the last connect's error
-	closed     bool
-	closing    context.Context // ended by Close: abandoned publishes stop early
-	stop       context.CancelFunc
-	wg         sync.WaitGroup
+	cfg  *sarama.Config
+	prod *kafkaproducer.Lazy
 }
 
 var (
@@ -109,6 +98,15 @@ var (
 
 // ErrPublisherClosed is returned by Publish after Close.
 var ErrPublisherClosed = errors.New("relay: publisher closed")
+
+// closed returns ErrPublisherClosed for the producer's ErrClosed, err
+// otherwise.
+func closed(err error) error {
+	if err == kafkaproducer.ErrClosed {
+		return ErrPublisherClosed
+	}
+	return err
+}
 
 // NewSaramaPublisher validates cfg (nil means DefaultSaramaConfig()) and
 // returns a publisher for the brokers at addrs. It works on a copy of cfg.
@@ -124,8 +122,7 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 	if err := ValidateSaramaConfig(&c); err != nil {
 		return nil, err
 	}
-	closing, stop := context.WithCancel(context.Background())
-	return &SaramaPublisher{addrs: addrs, cfg: &c, closing: closing, stop: stop}, nil
+	return &SaramaPublisher{cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
 }
 
 // Publish sends msgs and waits for every acknowledgement or ctx.
@@ -154,12 +151,12 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 //     next batch, because whether the broker appended it is unknown.
 //   - A record batch rejected for its content (too large, invalid record,
 //     policy): it is split and the halves sent in turn, so the records
-//     before the bad one are delivered and only the bad one fails, with a
-//     PermanentError; the later messages of its partition are not sent and
+//     before the bad one are delivered and only the bad one fails, with an
+//     outbox.PermanentError; the later messages of its partition are not sent and
 //     fail with ErrHeld.
 //   - A topic that is missing (with Metadata.AllowAutoTopicCreation off, or
 //     not created), invalid or not authorized: every message of the topic
-//     fails with a PermanentError at once, without retries.
+//     fails with an outbox.PermanentError at once, without retries.
 //   - Connection, TLS and authentication errors are transient.
 //
 // Each acknowledged message gets Stored, Partition, Offset and Broker.
@@ -173,154 +170,70 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	prod, err := p.connect(ctx)
+	// A call abandoned when ctx ends goes on reading its records after
+	// Publish returned, when msgs is the caller's again: the records are a
+	// copy (sharing keys, values and header values, which the relay never
+	// changes).
+	res, err := p.prod.Produce(ctx, records(msgs))
 	if err != nil {
-		return err
+		return closed(err)
 	}
-	type outcome struct {
-		failed map[int]error
-		stored []storedAt
-	}
-	done := make(chan outcome, 1)
-	// A call abandoned when ctx ends goes on reading its messages after
-	// Publish returned, when msgs is the caller's again: it reads a copy.
-	own := slices.Clone(msgs)
-	if !p.goTracked(func() {
-		pctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(p.closing, cancel)()
-		failed, stored := prod.publish(pctx, own)
-		done <- outcome{failed, stored}
-	}) {
-		return ErrPublisherClosed
-	}
-	select {
-	case o := <-done:
-		// Written here, not by the abandoned goroutine: msgs belongs to
-		// the caller once Publish returned.
-		for i, st := range o.stored {
-			if st.ok {
-				msgs[i].Stored, msgs[i].Partition, msgs[i].Offset, msgs[i].Broker = true, st.partition, st.offset, st.broker
+	var failed map[int]error
+	for i, r := range res {
+		switch {
+		case r.Err == nil:
+			if r.Stored {
+				msgs[i].Stored, msgs[i].Partition, msgs[i].Offset, msgs[i].Broker = true, r.Partition, r.Offset, r.Broker
 			}
+			continue
+		case failed == nil:
+			failed = map[int]error{}
 		}
-		if failed := o.failed; len(failed) > 0 {
-			return &BatchError{Failed: failed}
+		switch {
+		case r.Held:
+			failed[i] = fmt.Errorf("%w: %w", r.Err, ErrHeld)
+		case r.Permanent:
+			failed[i] = outbox.Permanent(r.Err)
+		default:
+			failed[i] = r.Err
 		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("relay: publish: %w", ctx.Err())
 	}
+	if len(failed) > 0 {
+		return &BatchError{Failed: failed}
+	}
+	return nil
+}
+
+// records copies msgs into the producer's records, with one allocation for
+// all their headers.
+func records(msgs []Message) []kafkaproducer.Record {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Headers)
+	}
+	hs := make([]kafkaproducer.Header, 0, n)
+	recs := make([]kafkaproducer.Record, len(msgs))
+	for i, m := range msgs {
+		from := len(hs)
+		for _, h := range m.Headers {
+			hs = append(hs, kafkaproducer.Header{Key: h.Key, Value: h.Value})
+		}
+		recs[i] = kafkaproducer.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs[from:len(hs):len(hs)]}
+	}
+	return recs
 }
 
 // ClientID returns the sarama configuration's ClientID (Kafka client.id).
 // It implements ClientIdentifier.
 func (p *SaramaPublisher) ClientID() string { return p.cfg.ClientID }
 
-// goTracked runs f in a goroutine that Close waits for, unless the
-// publisher is closed.
-func (p *SaramaPublisher) goTracked(f func()) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return false
-	}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		f()
-	}()
-	return true
-}
-
-// connect returns the producer, creating its client on first use. Creating
-// it talks to the brokers without a context, so it runs in its own
-// goroutine and a caller whose ctx ends stops waiting (the attempt goes on,
-// bounded by Metadata.Timeout, and its client serves the next call).
-func (p *SaramaPublisher) connect(ctx context.Context) (*producer, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil, ErrPublisherClosed
-	}
-	if p.prod != nil {
-		defer p.mu.Unlock()
-		return p.prod, nil
-	}
-	if p.connecting == nil {
-		done := make(chan struct{})
-		p.connecting = done
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			client, err := sarama.NewClient(p.addrs, p.cfg)
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			switch {
-			case err != nil:
-				p.connErr = fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, err)
-			case p.closed:
-				_ = client.Close()
-			default:
-				p.client, p.prod, p.connErr = client, newProducer(client, p.cfg), nil
-			}
-			p.connecting = nil
-			close(done)
-		}()
-	}
-	done := p.connecting
-	p.mu.Unlock()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("relay: connect to Kafka %v: %w", p.addrs, ctx.Err())
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.prod == nil {
-		if p.closed {
-			return nil, ErrPublisherClosed
-		}
-		return nil, p.connErr
-	}
-	return p.prod, nil
-}
-
 // Ping checks that a broker answers: it connects if needed and asks the
 // cluster for its metadata. It implements Pinger for Relay.Health.
-func (p *SaramaPublisher) Ping(ctx context.Context) error {
-	prod, err := p.connect(ctx)
-	if err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	if !p.goTracked(func() { done <- prod.client.RefreshMetadata() }) { // sarama takes no context
-		return ErrPublisherClosed
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("relay: kafka metadata from %v: %w", p.addrs, err)
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("relay: kafka metadata from %v: %w", p.addrs, ctx.Err())
-	}
-}
+func (p *SaramaPublisher) Ping(ctx context.Context) error { return closed(p.prod.Ping(ctx)) }
 
 // Close stops the publishes still running (calls abandoned when their ctx
 // ended), waits for every goroutine, including a connect in flight (bounded
 // by Metadata.Timeout) and broker calls (bounded by Net.ReadTimeout), and
 // closes the client. Call it after the relay has stopped; Publish fails
 // with ErrPublisherClosed after.
-func (p *SaramaPublisher) Close() error {
-	p.mu.Lock()
-	client := p.client
-	p.closed, p.prod, p.client = true, nil, nil
-	p.mu.Unlock()
-	p.stop()
-	p.wg.Wait()
-	if client != nil {
-		_ = client.Close()
-	}
-	return nil
-}
+func (p *SaramaPublisher) Close() error { return p.prod.Close() }

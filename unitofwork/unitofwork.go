@@ -155,6 +155,37 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// withDefaults sets each zero field to its default (the table's, the
+// limits', outbox.TopicPerEvent and the W3C propagator), as relay and inbox
+// do; validate checks the result.
+func (c Config) withDefaults() Config {
+	c.Table = c.Table.WithDefaults()
+	c.Limits = c.Limits.WithDefaults()
+	if c.Topics == nil {
+		c.Topics = outbox.TopicPerEvent
+	}
+	if c.Propagator == nil {
+		c.Propagator = record.DefaultPropagator()
+	}
+	return c
+}
+
+// validate checks a Config after withDefaults; each error names the field.
+func (c Config) validate() error {
+	if err := c.Table.Validate(); err != nil {
+		return err
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
+	if c.Service != "" {
+		if err := outbox.ValidateTopic(c.Service); err != nil {
+			return &outbox.ConfigError{Field: "Service", Reason: "must be usable in a topic name: " + err.Error()}
+		}
+	}
+	return nil
+}
+
 // UnitOfWork runs business transactions that record outbox events. It is
 // safe for concurrent use.
 type UnitOfWork struct {
@@ -174,27 +205,12 @@ func New(db Beginner, cfg *Config) (*UnitOfWork, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Table = c.Table.WithDefaults()
-	c.Limits = c.Limits.WithDefaults()
-	if c.Topics == nil {
-		c.Topics = outbox.TopicPerEvent
-	}
-	if c.Propagator == nil {
-		c.Propagator = record.DefaultPropagator()
-	}
-	if err := c.Table.Validate(); err != nil {
-		return nil, err
-	}
-	if err := c.Limits.Validate(); err != nil {
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	if _, ok := db.(txBeginner); !ok && c.TxOptions != (pgx.TxOptions{}) {
 		return nil, &outbox.ConfigError{Field: "TxOptions", Reason: "are set but the db has no BeginTx method: pass a *pgxpool.Pool or *pgx.Conn"}
-	}
-	if c.Service != "" {
-		if err := outbox.ValidateTopic(c.Service); err != nil {
-			return nil, &outbox.ConfigError{Field: "Service", Reason: "must be usable in a topic name: " + err.Error()}
-		}
 	}
 	u := &UnitOfWork{db: db, cfg: c, insert: newInserter(c.Table)}
 	if q, ok := db.(querier); ok && c.OnCommit != nil {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
-	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -83,7 +82,7 @@ func (c *inboxCommand) consumerFlag() {
 func (c *inboxCommand) connectInbox(ctx context.Context) (conn *pgx.Conn, table outbox.Table, code int) {
 	read := c.e.inboxConfig
 	if read == nil {
-		read = fxoutbox.InboxConfigFromEnv
+		read = readInboxConfig
 	}
 	cfg, err := read()
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -82,9 +82,9 @@ func (w *inboxWorld) runInbox(table outbox.Table, stdin string, interactive bool
 			}
 			return ""
 		},
-		config: func() (fxoutbox.Config, error) { return fxoutbox.Config{Table: w.table}, nil },
-		inboxConfig: func() (fxoutbox.InboxConfig, error) {
-			return fxoutbox.InboxConfig{Consumer: inbox.Config{Table: table}}, nil
+		config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
+		inboxConfig: func() (envconfig.Inbox, error) {
+			return envconfig.Inbox{Consumer: inbox.Config{Table: table}}, nil
 		},
 	})
 	return result{code, out.String(), errb.String()}

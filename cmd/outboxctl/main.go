@@ -3,8 +3,7 @@
 // published events, checks, shows and drops what the streaming relay uses
 // (its replication slot and publication), and counts, lists, shows and
 // deletes an inbox's parked records. It is a shell over package admin, the
-// API the relay's own ListParked and Requeue and the inbox's List and Delete
-// use.
+// API the inbox's List and Delete use too.
 //
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
 //
@@ -26,7 +25,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -51,10 +50,10 @@ type env struct {
 	progress bool
 	getenv   func(string) string
 	// config reads the services' configuration (the OUTBOX_* variables).
-	config func() (fxoutbox.Config, error)
+	config func() (envconfig.Outbox, error)
 	// inboxConfig reads the consuming services' (OUTBOX_INBOX_*); nil reads
 	// the environment.
-	inboxConfig func() (fxoutbox.InboxConfig, error)
+	inboxConfig func() (envconfig.Inbox, error)
 }
 
 func main() {
@@ -66,8 +65,8 @@ func main() {
 		interactive: isTerminal(os.Stdin) && isTerminal(os.Stderr),
 		progress:    isTerminal(os.Stderr),
 		getenv:      os.Getenv,
-		config:      fxoutbox.ConfigFromEnv,
-		inboxConfig: fxoutbox.InboxConfigFromEnv,
+		config:      readConfig,
+		inboxConfig: readInboxConfig,
 	})
 	stop()
 	os.Exit(code)
@@ -193,4 +192,14 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	fmt.Fprintf(e.stderr, "outboxctl: unknown command %s (outboxctl help lists them)\n", textcut.Quote(args[0], 40))
 	return exitUsage
+}
+
+// readConfig reads the services' settings as fxoutbox.ConfigFromEnv does
+// (the same code, in a package that does not link fx).
+func readConfig() (envconfig.Outbox, error) { return envconfig.Read("", os.LookupEnv, os.Environ()...) }
+
+// readInboxConfig reads the inbox settings as fxoutbox.InboxConfigFromEnv
+// does.
+func readInboxConfig() (envconfig.Inbox, error) {
+	return envconfig.ReadInbox(os.LookupEnv, os.Environ()...)
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
@@ -82,7 +82,7 @@ func (w *world) run(stdin string, interactive bool, args ...string) result {
 			}
 			return ""
 		},
-		config: func() (fxoutbox.Config, error) { return fxoutbox.Config{Table: w.table}, nil },
+		config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
 	})
 	return result{code, out.String(), errb.String()}
 }
@@ -454,7 +454,7 @@ func TestInterruptedRequeueKeepsWhatItDid(t *testing.T) {
 	errw := &cancelOnWrite{cancel: cancel}
 	code := run(ctx, []string{"parked", "requeue", "--all", "--yes", "--chunk", "100"}, env{
 		stdin: strings.NewReader(""), stdout: &out, stderr: errw, progress: true,
-		getenv: os.Getenv, config: func() (fxoutbox.Config, error) { return fxoutbox.Config{Table: w.table}, nil },
+		getenv: os.Getenv, config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
 	})
 	if code != exitError || !strings.Contains(errw.String(), "interrupted after 100 of 3,000 parked events") || !strings.Contains(errw.String(), "run the same command again") {
 		t.Fatalf("exit %d, stderr: %s", code, errw.String())

@@ -68,3 +68,8 @@ func IsConnection(err error) bool {
 		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// Is reports an error from PostgreSQL or from connecting to it.
+func Is(err error) bool {
+	return errors.As(err, new(*pgconn.PgError)) || errors.As(err, new(*pgconn.ConnectError))
+}

@@ -30,7 +30,7 @@ var ErrNotFound = errors.New("no such event")
 const DefaultLimit = 100
 
 // BacklogCap is the most unpublished events ReadCounts counts, so a huge
-// backlog costs a bounded scan (admin.BacklogCap).
+// backlog costs a bounded scan (admin.Status.Backlog stops there too).
 const BacklogCap = 1000000
 
 // Counts is what the partial indexes say of a table: its backlog, the

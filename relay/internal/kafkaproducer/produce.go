@@ -1,4 +1,13 @@
-package relay
+// Package kafkaproducer is the relay's Kafka producer: an idempotent,
+// acks=all producer of its own on sarama's client and broker API, that keeps
+// the order of first deliveries per partition through broker faults.
+// Producer sends on a connected sarama.Client; Lazy connects on first use,
+// returns when a caller's ctx ends and waits for its goroutines at Close
+// (relay.SaramaPublisher is Lazy plus the relay's message and error types).
+//
+// Error texts start with "relay:": they reach the relay's logs and the
+// last_error of events as they were before this package was split out.
+package kafkaproducer
 
 import (
 	"context"
@@ -11,12 +20,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-
-	"github.com/fxoutbox/outbox"
 )
 
-// The produce path of SaramaPublisher: an idempotent producer of its own on
-// sarama's client and broker API, built around one rule that keeps the
+// The produce path: an idempotent producer of its own on sarama's client
+// and broker API, built around one rule that keeps the
 // order of first deliveries through any fault:
 //
 //	for each partition, at most one record batch is in flight, and the next
@@ -63,8 +70,10 @@ type partState struct {
 	seq  int32  // the next sequence number under that identity
 }
 
-// producer sends record batches for SaramaPublisher.
-type producer struct {
+// Producer sends record batches on a sarama client, as an idempotent
+// producer. It is safe for concurrent use: concurrent Produce calls share
+// partitions, one batch in flight per partition (see Produce).
+type Producer struct {
 	client  sarama.Client
 	conf    *sarama.Config
 	version int16 // of ProduceRequest
@@ -78,8 +87,12 @@ type producer struct {
 	partitioners map[string]sarama.Partitioner
 }
 
-func newProducer(client sarama.Client, conf *sarama.Config) *producer {
-	return &producer{
+// New returns a producer that sends on client with conf, the configuration
+// the client was made with (already validated: Producer.Idempotent,
+// RequiredAcks = WaitForAll, Retry.Max >= 1). The producer owns client from
+// now on: Close closes it. It does no I/O.
+func New(client sarama.Client, conf *sarama.Config) *Producer {
+	return &Producer{
 		client:       client,
 		conf:         conf,
 		version:      produceVersion(conf.Version),
@@ -146,7 +159,7 @@ func (l *plane) add(i, size, max int) {
 
 // recordSize bounds a message's encoded size in a record batch, as sarama's
 // producer does.
-func recordSize(m Message) int {
+func recordSize(m Record) int {
 	n := maximumRecordOverhead + len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {
 		n += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
@@ -154,22 +167,13 @@ func recordSize(m Message) int {
 	return n
 }
 
-// storedAt is where the broker stored an acknowledged message.
-type storedAt struct {
-	ok        bool
-	partition int32
-	offset    int64
-	broker    string
-}
-
 // publish sends msgs and returns the error of each message that was not
-// acknowledged, and where each acknowledged one was stored (when the
-// broker said). It can block in a broker or metadata call (sarama takes no
+// acknowledged; it writes where each acknowledged one was stored (when the
+// broker said) to stored[i]. It can block in a broker or metadata call (sarama takes no
 // context) past the end of ctx, for as long as sarama's timeouts allow
 // (Net.ReadTimeout, Metadata.Timeout).
-func (pr *producer) publish(ctx context.Context, msgs []Message) (map[int]error, []storedAt) {
+func (pr *Producer) publish(ctx context.Context, msgs []Record, stored []Result) map[int]error {
 	failed := map[int]error{}
-	stored := make([]storedAt, len(msgs))
 	lanes := pr.plan(msgs, failed)
 	defer func() {
 		for _, l := range lanes {
@@ -184,14 +188,14 @@ func (pr *producer) publish(ctx context.Context, msgs []Message) (map[int]error,
 			}
 		}
 		if len(active) == 0 {
-			return failed, stored
+			return failed
 		}
 		if err := ctx.Err(); err != nil {
 			for _, l := range active {
 				err := fmt.Errorf("relay: publish to %s: %w", l.tp, err)
 				pr.failLane(l, err, err, true, failed)
 			}
-			return failed, stored
+			return failed
 		}
 		ready := pr.acquire(ctx, active)
 		if len(ready) == 0 {
@@ -224,7 +228,7 @@ func (pr *producer) publish(ctx context.Context, msgs []Message) (map[int]error,
 // Producer.MaxMessageBytes. Every message of a topic that cannot be produced
 // to (missing, invalid, unauthorized) fails in failed, permanently; of a
 // topic whose metadata cannot be had, transiently.
-func (pr *producer) plan(msgs []Message, failed map[int]error) []*plane {
+func (pr *Producer) plan(msgs []Record, failed map[int]error) []*plane {
 	byTopic := map[string][]int{}
 	var topics []string
 	for i, m := range msgs {
@@ -271,7 +275,7 @@ func (pr *producer) plan(msgs []Message, failed map[int]error) []*plane {
 // chosen as sarama's producer does: the configured partitioner (by default
 // a hash of the key) over all the topic's partitions, or over the writable
 // ones for a partitioner that does not require consistency.
-func (pr *producer) partition(topic string, msgs []Message, idx []int) ([]int32, error) {
+func (pr *Producer) partition(topic string, msgs []Record, idx []int) ([]int32, error) {
 	// A topic not in the client's metadata yet is asked for (and created,
 	// with Metadata.AllowAutoTopicCreation and a broker that allows it);
 	// sarama confirms a missing one Metadata.Retry.Max times, and then it
@@ -312,7 +316,7 @@ func (pr *producer) partition(topic string, msgs []Message, idx []int) ([]int32,
 // the topic is missing, invalid or not authorized, else transient.
 func classifyTopic(topic string, err error) error {
 	if topicLevelKError(err) {
-		return outbox.Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %w", topic, err))
+		return permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %w", topic, err))
 	}
 	return fmt.Errorf("relay: metadata of topic %q: %w", topic, err)
 }
@@ -327,7 +331,7 @@ func topicLevelKError(err error) bool {
 // returns the lanes it holds. Holding none, it waits for the first lane's
 // lock (never while holding one: calls cannot deadlock). It returns nil
 // when ctx ends first.
-func (pr *producer) acquire(ctx context.Context, active []*plane) []*plane {
+func (pr *Producer) acquire(ctx context.Context, active []*plane) []*plane {
 	var ready []*plane
 	for _, l := range active {
 		if !l.held {
@@ -362,7 +366,7 @@ func (pr *producer) acquire(ctx context.Context, active []*plane) []*plane {
 	return ready
 }
 
-func (pr *producer) release(l *plane) {
+func (pr *Producer) release(l *plane) {
 	if l.held {
 		l.held = false
 		<-l.st.lock
@@ -380,7 +384,7 @@ type sent struct {
 // wave sends the head batch of every ready lane, one ProduceRequest per
 // leader broker, the brokers in parallel, and resolves the outcomes. It
 // returns the lanes to retry (they keep their lock).
-func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed map[int]error, stored []storedAt) (retry []*plane) {
+func (pr *Producer) wave(ready []*plane, msgs []Record, lanes []*plane, failed map[int]error, stored []Result) (retry []*plane) {
 	again := func(l *plane, err error) {
 		l.retries++
 		if l.retries > pr.conf.Producer.Retry.Max {
@@ -390,36 +394,51 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 		}
 		retry = append(retry, l)
 	}
+	ready = pr.assign(ready, again)
+	for _, s := range pr.send(ready, msgs, again) {
+		pr.resolve(s, lanes, failed, stored, again)
+	}
+	return retry
+}
 
-	// Fix the identity and sequence of batches sent for the first time.
+// assign fixes the identity and sequence of the ready lanes' head batches
+// sent for the first time, and returns the lanes that can be sent. When no
+// identity can be had, the fresh batches go to again and are not sent.
+func (pr *Producer) assign(ready []*plane, again func(*plane, error)) []*plane {
 	var fresh []*plane
 	for _, l := range ready {
 		if !l.head().assigned {
 			fresh = append(fresh, l)
 		}
 	}
-	if len(fresh) > 0 {
-		id, err := pr.identity()
-		if err != nil {
-			for _, l := range fresh {
-				again(l, err)
-			}
-			// A lane whose retries ran out was failed (done, no batches).
-			ready = slices.DeleteFunc(ready, func(l *plane) bool { return l.done || !l.head().assigned })
-		}
-		for _, l := range ready {
-			b := l.head()
-			if b.assigned {
-				continue
-			}
-			if l.st.gen != id.gen {
-				l.st.gen, l.st.seq = id.gen, 0
-			}
-			b.assigned, b.id, b.seq, b.rb = true, id, l.st.seq, nil
-		}
+	if len(fresh) == 0 {
+		return ready
 	}
+	id, err := pr.identity()
+	if err != nil {
+		for _, l := range fresh {
+			again(l, err)
+		}
+		// A lane whose retries ran out was failed (done, no batches).
+		ready = slices.DeleteFunc(ready, func(l *plane) bool { return l.done || !l.head().assigned })
+	}
+	for _, l := range ready {
+		b := l.head()
+		if b.assigned {
+			continue
+		}
+		if l.st.gen != id.gen {
+			l.st.gen, l.st.seq = id.gen, 0
+		}
+		b.assigned, b.id, b.seq, b.rb = true, id, l.st.seq, nil
+	}
+	return ready
+}
 
-	// One request per leader.
+// send sends the head batches of the ready lanes, one request per leader
+// broker, the brokers in parallel, and returns the requests with their
+// outcomes. A lane whose leader is unknown goes to again.
+func (pr *Producer) send(ready []*plane, msgs []Record, again func(*plane, error)) []*sent {
 	byBroker := map[*sarama.Broker]*sent{}
 	var reqs []*sent
 	for _, l := range ready {
@@ -453,51 +472,54 @@ func (pr *producer) wave(ready []*plane, msgs []Message, lanes []*plane, failed 
 		}()
 	}
 	wg.Wait()
+	return reqs
+}
 
-	for _, s := range reqs {
-		if s.err != nil {
-			_ = s.broker.Close() // reopened by the next Leader call
-			for _, l := range s.lanes {
-				again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), s.err))
-			}
+// resolve settles each lane of one request by its broker's answer:
+// acknowledged, sent again (again), sent again under a new identity,
+// split, or failed.
+func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, stored []Result, again func(*plane, error)) {
+	if s.err != nil {
+		_ = s.broker.Close() // reopened by the next Leader call
+		for _, l := range s.lanes {
+			again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), s.err))
+		}
+		return
+	}
+	for _, l := range s.lanes {
+		if l.done { // failed with its topic in this loop
 			continue
 		}
-		for _, l := range s.lanes {
-			if l.done { // failed with its topic in this loop
-				continue
-			}
-			blk := s.resp.GetBlock(l.tp.topic, l.tp.partition)
-			if blk == nil {
-				again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), sarama.ErrIncompleteResponse))
-				continue
-			}
-			kerr := blk.Err
-			err := fmt.Errorf("relay: broker %s rejected the record batch for %s: %w", s.broker.Addr(), l.tp, kerr)
-			switch {
-			case kerr == sarama.ErrNoError || kerr == sarama.ErrDuplicateSequenceNumber:
-				pr.acked(l, blk.Offset, s.broker.Addr(), stored)
-			case retriableKError(kerr):
-				again(l, err)
-			case identityKError(kerr):
-				// The broker refused the batch (appended none of it) for
-				// its producer id or sequence: it lost or expired the
-				// producer's state. Every earlier batch of the partition
-				// was acknowledged, so the batch is sent again under a new
-				// identity.
-				pr.markStale(l.head().id)
-				b := l.head()
-				b.assigned, b.rb = false, nil
-				again(l, err)
-			case topicLevelKError(kerr):
-				pr.failTopic(l.tp.topic, lanes, err, failed)
-			case recordLevelKError(kerr):
-				pr.rejected(l, outbox.Permanent(err), failed)
-			default:
-				pr.failLane(l, err, err, true, failed)
-			}
+		blk := s.resp.GetBlock(l.tp.topic, l.tp.partition)
+		if blk == nil {
+			again(l, fmt.Errorf("relay: produce to %s via broker %s: %w", l.tp, s.broker.Addr(), sarama.ErrIncompleteResponse))
+			continue
+		}
+		kerr := blk.Err
+		err := fmt.Errorf("relay: broker %s rejected the record batch for %s: %w", s.broker.Addr(), l.tp, kerr)
+		switch {
+		case kerr == sarama.ErrNoError || kerr == sarama.ErrDuplicateSequenceNumber:
+			pr.acked(l, blk.Offset, s.broker.Addr(), stored)
+		case retriableKError(kerr):
+			again(l, err)
+		case identityKError(kerr):
+			// The broker refused the batch (appended none of it) for
+			// its producer id or sequence: it lost or expired the
+			// producer's state. Every earlier batch of the partition
+			// was acknowledged, so the batch is sent again under a new
+			// identity.
+			pr.markStale(l.head().id)
+			b := l.head()
+			b.assigned, b.rb = false, nil
+			again(l, err)
+		case topicLevelKError(kerr):
+			pr.failTopic(l.tp.topic, lanes, err, failed)
+		case recordLevelKError(kerr):
+			pr.rejected(l, permanent(err), failed)
+		default:
+			pr.failLane(l, err, err, true, failed)
 		}
 	}
-	return retry
 }
 
 // retriableKError reports a partition error after which the same batch is
@@ -541,11 +563,11 @@ func recordLevelKError(kerr sarama.KError) bool {
 // acked resolves a lane's head batch as appended at base offset (-1:
 // unknown) by broker: the partition's sequence advances and the lock is
 // released for other calls.
-func (pr *producer) acked(l *plane, base int64, broker string, stored []storedAt) {
+func (pr *Producer) acked(l *plane, base int64, broker string, stored []Result) {
 	b := l.head()
 	if base >= 0 {
 		for j, i := range b.idx {
-			stored[i] = storedAt{ok: true, partition: l.tp.partition, offset: base + int64(j), broker: broker}
+			stored[i] = Result{Stored: true, Partition: l.tp.partition, Offset: base + int64(j), Broker: broker}
 		}
 	}
 	l.st.seq = nextSeq(b.seq, len(b.idx))
@@ -559,9 +581,9 @@ func (pr *producer) acked(l *plane, base int64, broker string, stored []storedAt
 // of several records is split in two and the halves are sent in turn, down
 // to the one record the broker refuses, so the records before it are
 // delivered and the error names that record alone. A single record fails
-// with err; the later messages of the partition are not sent (ErrHeld),
+// with err; the later messages of the partition are not sent (Held),
 // so none of them overtakes it.
-func (pr *producer) rejected(l *plane, err error, failed map[int]error) {
+func (pr *Producer) rejected(l *plane, err error, failed map[int]error) {
 	b := l.head()
 	if n := len(b.idx); n > 1 {
 		first := &pbatch{idx: b.idx[: n/2 : n/2]}
@@ -571,13 +593,13 @@ func (pr *producer) rejected(l *plane, err error, failed map[int]error) {
 		pr.release(l)
 		return
 	}
-	pr.failLane(l, err, fmt.Errorf("relay: not sent after an earlier record of %s was rejected: %w", l.tp, ErrHeld), false, failed)
+	pr.failLane(l, err, held(fmt.Errorf("relay: not sent after an earlier record of %s was rejected", l.tp)), false, failed)
 }
 
 // failLane fails the lane's messages: its head batch with headErr, the
 // later ones with restErr. unknown says the head batch may have been
 // appended: its identity is then replaced before the next batch.
-func (pr *producer) failLane(l *plane, headErr, restErr error, unknown bool, failed map[int]error) {
+func (pr *Producer) failLane(l *plane, headErr, restErr error, unknown bool, failed map[int]error) {
 	if l.done {
 		return
 	}
@@ -598,7 +620,7 @@ func (pr *producer) failLane(l *plane, headErr, restErr error, unknown bool, fai
 }
 
 // failTopic fails every message of topic in the call, permanently.
-func (pr *producer) failTopic(topic string, lanes []*plane, err error, failed map[int]error) {
+func (pr *Producer) failTopic(topic string, lanes []*plane, err error, failed map[int]error) {
 	err = classifyTopic(topic, err)
 	for _, l := range lanes {
 		if l.tp.topic == topic {
@@ -607,7 +629,7 @@ func (pr *producer) failTopic(topic string, lanes []*plane, err error, failed ma
 	}
 }
 
-func (pr *producer) markStale(id identity) {
+func (pr *Producer) markStale(id identity) {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	if pr.id.gen == id.gen {
@@ -617,7 +639,7 @@ func (pr *producer) markStale(id identity) {
 
 // identity returns the producer identity for new batches, fetching a new
 // one first if there is none or the current one is stale.
-func (pr *producer) identity() (identity, error) {
+func (pr *Producer) identity() (identity, error) {
 	current := func() (identity, bool) {
 		pr.mu.Lock()
 		defer pr.mu.Unlock()
@@ -645,7 +667,7 @@ func (pr *producer) identity() (identity, error) {
 // initProducerID asks a broker for a new idempotent producer id. Unlike
 // sarama's Client.InitProducerID it does not drop the broker from the
 // client's list when it is down: the caller retries.
-func (pr *producer) initProducerID() (int64, int16, error) {
+func (pr *Producer) initProducerID() (int64, int16, error) {
 	broker := pr.client.LeastLoadedBroker()
 	if broker == nil {
 		return 0, 0, fmt.Errorf("relay: get a producer id: %w", sarama.ErrOutOfBrokers)
@@ -674,7 +696,7 @@ func (pr *producer) initProducerID() (int64, int16, error) {
 }
 
 // recordBatch returns b's record batch, building it at its first send.
-func (pr *producer) recordBatch(b *pbatch, msgs []Message) *sarama.RecordBatch {
+func (pr *Producer) recordBatch(b *pbatch, msgs []Record) *sarama.RecordBatch {
 	if b.rb != nil {
 		return b.rb
 	}
@@ -713,7 +735,7 @@ func nextSeq(seq int32, n int) int32 {
 }
 
 // backoff is the wait before the next attempt, after attempts failures.
-func (pr *producer) backoff(attempts int) time.Duration {
+func (pr *Producer) backoff(attempts int) time.Duration {
 	r := pr.conf.Producer.Retry
 	if r.BackoffFunc != nil {
 		return r.BackoffFunc(attempts, r.Max)

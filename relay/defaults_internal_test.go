@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDefaultsInComments checks that each Config and StreamConfig field
+// comment states the default its constant holds, so the constants stay the
+// one source of each default.
+func TestDefaultsInComments(t *testing.T) {
+	want := map[string]map[string]any{
+		"Config": {
+			"PollInterval": defaultPollInterval, "BatchSize": defaultBatchSize, "MaxBatchSize": defaultMaxBatchSize,
+			"Workers": defaultWorkers, "Lanes": defaultLanes, "MaxAttempts": defaultMaxAttempts,
+			"MaxMessageBytes": defaultMaxMessageBytes, "Retention": defaultRetention, "CleanupInterval": defaultCleanupInterval,
+			"CleanupBatch": defaultCleanupBatch, "BatchTimeout": defaultBatchTimeout, "MaxBackoff": defaultMaxBackoff,
+			"StatsInterval": defaultStatsInterval,
+		},
+		"StreamConfig": {
+			"MaxLagBytes": defaultStreamMaxLagBytes, "MaxLag": defaultStreamMaxLag, "StandbyRetry": defaultStreamStandbyRetry,
+			"StatusInterval": defaultStreamStatusInterval, "SweepInterval": defaultStreamSweepInterval,
+			"Linger": defaultStreamLinger, "RetryInterval": defaultStreamRetryInterval,
+		},
+	}
+	comments := fieldComments(t, "relay.go", "stream.go")
+	for typ, fields := range want {
+		for field, def := range fields {
+			doc, ok := comments[typ+"."+field]
+			if !ok {
+				t.Errorf("%s.%s: no field comment found", typ, field)
+				continue
+			}
+			if s := "Default " + defaultText(def); !strings.Contains(strings.Join(strings.Fields(doc), " "), s) {
+				t.Errorf("%s.%s: comment does not say %q (the constant's value):\n%s", typ, field, s, doc)
+			}
+		}
+	}
+}
+
+// defaultText writes a default as the field comments do: 500ms, 1m, 72h,
+// 1 GiB, 1,048,588.
+func defaultText(v any) string {
+	switch v := v.(type) {
+	case time.Duration:
+		s := v.String()
+		for _, z := range []string{"m0s", "h0m"} {
+			if strings.HasSuffix(s, z) {
+				s = strings.TrimSuffix(s, z[1:])
+			}
+		}
+		return s
+	case int:
+		return intText(int64(v))
+	case int64:
+		return intText(v)
+	}
+	panic("unexpected default type")
+}
+
+func intText(n int64) string {
+	if n >= 1<<30 && n%(1<<30) == 0 {
+		return strconv.FormatInt(n>>30, 10) + " GiB"
+	}
+	s := strconv.FormatInt(n, 10)
+	if n < 100000 {
+		return s
+	}
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// fieldComments returns the doc comments of the struct fields declared in
+// files, keyed by "Type.Field".
+func fieldComments(t *testing.T, files ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return false
+			}
+			for _, fl := range st.Fields.List {
+				for _, id := range fl.Names {
+					out[ts.Name.Name+"."+id.Name] = fl.Doc.Text()
+				}
+			}
+			return false
+		})
+	}
+	return out
+}

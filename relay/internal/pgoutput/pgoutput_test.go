@@ -1,0 +1,128 @@
+package pgoutput_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
+)
+
+// The reader hands over each committed transaction's inserts into the
+// table, decoded, in commit order, and nothing of a transaction that rolled
+// back; a position the user confirms reaches the server's slot.
+func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Table(t, pool).WithDefaults()
+	slot := testenv.Streaming(t, pool, table, true)
+
+	var progress pgoutput.Progress
+	conn, err := pgoutput.Connect(ctx, pgoutput.Config{Conn: &pool.Config().ConnConfig.Config, Table: table,
+		Timeout: 10 * time.Second, StatusInterval: 100 * time.Millisecond, Pending: 4, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if conn.Slot() != slot {
+		t.Fatalf("slot %q, want %q", conn.Slot(), slot)
+	}
+	if ok, err := conn.SlotExists(ctx, pool); err != nil || !ok {
+		t.Fatalf("SlotExists = %v, %v; want true", ok, err)
+	}
+	if err := conn.StartReplication(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	go conn.Read(rctx)
+	defer func() { stop(); <-conn.Done() }()
+
+	insert := "INSERT INTO " + table.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
+		" VALUES ($1, 'order', $2, 'order.created', $3, 'orders', $2)"
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, key := range []string{"k1", "k2"} {
+		if _, err := tx.Exec(ctx, insert, ids[i], key, `{"n":1}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, insert, ids[2], "rolled-back", `{}`); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	if _, err := pool.Exec(ctx, insert, ids[3], "k3", `{}`); err != nil {
+		t.Fatal(err)
+	}
+
+	next := func() pgoutput.Tx {
+		t.Helper()
+		select {
+		case tx, ok := <-conn.Txs():
+			if !ok {
+				t.Fatalf("the reader stopped: %v", conn.Err())
+			}
+			return tx
+		case <-time.After(30 * time.Second):
+			t.Fatal("no transaction within 30s")
+		}
+		return pgoutput.Tx{}
+	}
+	first, second := next(), next()
+	if len(first.Rows) != 2 || len(second.Rows) != 1 {
+		t.Fatalf("transactions of %d and %d rows, want 2 and 1", len(first.Rows), len(second.Rows))
+	}
+	for i, want := range []struct {
+		id  uuid.UUID
+		key string
+		x   pgoutput.Row
+	}{{ids[0], "k1", first.Rows[0]}, {ids[1], "k2", first.Rows[1]}, {ids[3], "k3", second.Rows[0]}} {
+		x := want.x
+		if x.Err != nil || x.ID == 0 || x.EventID != want.id || x.Key != want.key || x.Topic != "orders" ||
+			x.EventType != "order.created" || x.CreatedAt.IsZero() || !json.Valid(x.Payload) {
+			t.Errorf("row %d: %+v; want event %s of key %s, decoded", i, x, want.id, want.key)
+		}
+	}
+	if first.End == 0 || second.End <= first.End || first.Commit.IsZero() {
+		t.Fatalf("positions %v then %v, commit %v: want increasing positions and a commit time", first.End, second.End, first.Commit)
+	}
+
+	conn.Confirm(first.End)
+	if got := progress.Confirmed(); got < first.End {
+		t.Fatalf("Confirmed() = %v after Confirm(%v)", got, first.End)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var flushed pglogrepl.LSN
+		var s string
+		if err := pool.QueryRow(ctx, "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		if flushed, err = pglogrepl.ParseLSN(s); err != nil {
+			t.Fatal(err)
+		}
+		if flushed >= first.End {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot's confirmed_flush_lsn is %v, want at least the confirmed %v", flushed, first.End)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
