@@ -435,11 +435,14 @@ func TestWakePublishesBeforeTheTick(t *testing.T) {
 	s := newSetup(t)
 	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
 	r := s.relay(t, pub, relay.Config{PollInterval: time.Hour})
+	s.write(t, "wake.topic", 1, 1) // for the first poll, at start
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Stop(s.ctx) }()
-	time.Sleep(50 * time.Millisecond) // the first poll found nothing; the relay now waits for its tick
+	// Once the first poll has published it, the relay waits for its tick
+	// (an hour) or a wake-up.
+	waitUntil(t, 10*time.Second, "the first poll to publish", func() bool { return s.unpublished(t) == 0 })
 	s.write(t, "wake.topic", 1, 1)
 	time.Sleep(300 * time.Millisecond)
 	if n := s.unpublished(t); n != 1 {

@@ -291,8 +291,13 @@ func TestReplayThenTheRelayPublishesAgain(t *testing.T) {
 		t.Fatalf("published %d, want 3000", len(firsts))
 	}
 	// Event seq g was written 3h - g seconds ago: the range selects seq
-	// 1001 to 2000, the key o-3 those with seq % 10 = 3.
-	now := time.Now()
+	// 1001 to 2000, the key o-3 those with seq % 10 = 3. "Ago" is from the
+	// INSERT's now(), on the server's clock: the drain before this line
+	// takes seconds on a loaded machine.
+	var now time.Time
+	if err := w.pool.QueryRow(w.ctx, "SELECT min(created_at) + interval '3 hours' - interval '1 s' FROM "+w.table.Ident()).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
 	since := now.Add(-3*time.Hour + 1000*time.Second - 500*time.Millisecond).UTC().Format(time.RFC3339Nano)
 	until := now.Add(-3*time.Hour + 2000*time.Second + 500*time.Millisecond).UTC().Format(time.RFC3339Nano)
 	res := w.run("", false, "replay", "--key", "o-3", "--since", since, "--until", until, "--yes", "--json", "--chunk", "7")
