@@ -1,0 +1,90 @@
+package outbox_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// mayImport is ARCHITECTURE.md's table: the packages of this module each
+// package's non-test files may import, by path relative to the module.
+// A package missing from it fails the test, so a new package is placed on
+// the map when it is added.
+var mayImport = map[string][]string{
+	".":                            {"internal/textcut"},
+	"unitofwork":                   {".", "internal/record", "internal/textcut"},
+	"relay":                        {".", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
+	"relay/internal/kafkaproducer": {"."},
+	"relay/internal/pgoutput":      {"."},
+	"relay/internal/tablestats":    {".", "internal/locks", "internal/tablesql"},
+	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
+	"admin":                        {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut"},
+	"migrations":                   {".", "internal/textcut"},
+	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
+	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
+	"cmd/outboxctl":                {".", "admin", "migrations", "internal/envconfig", "internal/textcut"},
+	"internal/envconfig":           {".", "relay", "inbox", "internal/textcut"},
+	"internal/record":              {".", "internal/textcut"},
+	"internal/tablesql":            {".", "migrations", "internal/textcut"},
+	"internal/backoff":             nil,
+	"internal/dberr":               nil,
+	"internal/locks":               nil,
+	"internal/parklog":             nil,
+	"internal/textcut":             nil,
+	// Test set-up and test-only packages: anything but cmd and examples.
+	"internal/testenv":    {"*"},
+	"internal/nestjs":     {"*"},
+	"internal/faulttest":  {"*"},
+	"internal/limitstest": {"*"},
+	"internal/rolestest":  {"*"},
+}
+
+const module = "github.com/fxoutbox/outbox"
+
+// TestImportsFollowTheMap checks every package's imports of this module
+// against mayImport, and that outboxctl links no fx.
+func TestImportsFollowTheMap(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \",\"}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	rel := func(p string) string {
+		if p == module {
+			return "."
+		}
+		return strings.TrimPrefix(p, module+"/")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, imports, _ := strings.Cut(line, " ")
+		pkg := rel(path)
+		allowed, ok := mayImport[pkg]
+		if !ok {
+			t.Errorf("package %s is not on the map: add it to ARCHITECTURE.md and mayImport, with what it may import", pkg)
+			continue
+		}
+		for _, imp := range strings.Split(imports, ",") {
+			if imp != module && !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			dep := rel(imp)
+			if strings.HasPrefix(dep, "cmd/") || strings.HasPrefix(dep, "examples/") {
+				t.Errorf("%s imports %s: nothing imports cmd/ or examples/", pkg, dep)
+				continue
+			}
+			if !slices.Contains(allowed, "*") && !slices.Contains(allowed, dep) {
+				t.Errorf("%s imports %s, which ARCHITECTURE.md does not allow it (it may import %v)", pkg, dep, allowed)
+			}
+		}
+	}
+
+	deps, err := exec.Command("go", "list", "-deps", "./cmd/outboxctl").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, d := range strings.Fields(string(deps)) {
+		if strings.HasPrefix(d, "go.uber.org/fx") {
+			t.Errorf("cmd/outboxctl links %s: the command reads its settings through internal/envconfig, not fx", d)
+		}
+	}
+}
