@@ -178,6 +178,9 @@ func ReadStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	return st, nil
 }
 
+// readStatus is ReadStatus without the error's context: one statement per
+// part of Status, one after another, so that it reads top to bottom as
+// the status prints.
 func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
 	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}}
 	if err := table.Validate(); err != nil {

@@ -28,7 +28,7 @@ func TestDefaultsInComments(t *testing.T) {
 			"Linger": defaultStreamLinger, "RetryInterval": defaultStreamRetryInterval,
 		},
 	}
-	comments := fieldComments(t, "relay.go", "stream.go")
+	comments := fieldComments(t, "config.go", "stream.go")
 	for typ, fields := range want {
 		for field, def := range fields {
 			doc, ok := comments[typ+"."+field]

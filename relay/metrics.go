@@ -160,6 +160,9 @@ type metrics struct {
 	register func() (metric.Registration, error)
 }
 
+// newMetrics creates the relay's instruments. It is a flat list of
+// instrument declarations (name, unit, description) and their one
+// callback, kept together so that the metric names read as a table.
 func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	meter := mp.Meter("github.com/fxoutbox/outbox/relay")
 	ms := &metrics{

@@ -180,7 +180,9 @@ func (n Names) Rename(err error) error {
 // Read reads the settings of fxoutbox.ConfigFromEnvPrefix (prefix "" for
 // ConfigFromEnv) through lookupEnv; environ, when given, is scanned for
 // unknown variables. It reads each setting's unprefixed name through
-// Names.Name, and its errors name the variables as set.
+// Names.Name, and its errors name the variables as set. It is long on
+// purpose: one short block per variable, in the order the README lists
+// them, so that each variable is read, checked and named in one place.
 func Read(prefix string, lookupEnv func(string) (string, bool), environ ...string) (c Outbox, err error) {
 	env, err := NewNames(prefix, environ)
 	if err != nil {
@@ -558,7 +560,8 @@ var InboxVariables = []string{
 
 // ReadInbox reads the settings of fxoutbox.InboxConfigFromEnv through
 // lookupEnv; environ, when given, is scanned for OUTBOX_INBOX_ variables
-// one typo away from a setting.
+// one typo away from a setting. Like Read, it is one short block per
+// variable, on purpose.
 func ReadInbox(lookupEnv func(string) (string, bool), environ ...string) (ic Inbox, err error) {
 	c := &ic.Consumer
 	get := func(name string) (string, bool) {

@@ -18,7 +18,9 @@ import (
 // with their defaults. The payload must be JSON that PostgreSQL's jsonb
 // accepts, and the Kafka record the relay will build from the event must fit
 // limits.MaxRecordBytes. The returned error is an *outbox.EventError that matches
-// ErrInvalidEvent.
+// ErrInvalidEvent. It checks the fields one after another, in the order
+// the record is built, so that a refusal names the first field at fault;
+// splitting it would scatter that order over helpers that each see a part.
 func Prepare(e outbox.Event, service string, topics outbox.TopicFunc, limits outbox.Limits, trace map[string]string) (Record, error) {
 	limits = limits.WithDefaults()
 	fail := func(field, reason string) (Record, error) {

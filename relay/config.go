@@ -1,0 +1,274 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// Config configures a Relay. The zero value means every default.
+type Config struct {
+	// Table is the outbox table. Default: outbox_event in the search_path.
+	Table outbox.Table
+	// Mode is Poll (default: claim unpublished rows from the table) or
+	// Stream (follow the table's inserts in a logical replication slot;
+	// see Stream and the package documentation).
+	Mode Mode
+	// Stream configures the Stream mode.
+	Stream StreamConfig
+	// PollInterval is the period of the relay's ticker: the longest an event
+	// waits when no wake-up reaches the relay. Default 500ms.
+	PollInterval time.Duration
+	// BatchSize is the most rows one claim takes when the relay is keeping
+	// up (1-10000). Default 50.
+	BatchSize int
+	// MaxBatchSize is the most rows one claim takes while a backlog drains:
+	// after a full batch the next claim takes twice as many, up to
+	// MaxBatchSize, and the first claim that is not full returns to
+	// BatchSize. Larger batches cut the per-batch cost (statements, round
+	// trips, commit) over more events: draining a backlog with batches of
+	// 500 is about 2.4x faster than with batches of 50. A crash then repeats
+	// up to MaxBatchSize events instead of BatchSize. Set it to BatchSize
+	// for fixed batches. BatchSize-10000. Default 500, or BatchSize if larger.
+	MaxBatchSize int
+	// Workers is how many batches one relay has in flight, each in its own
+	// transaction on its own lanes (under PerKey ordering a lane is still
+	// published by one worker at a time, so order holds). A second worker
+	// claims while the first publishes: it helps when the broker is far
+	// (publishing waits on the network) and cores are free, and adds
+	// little when PostgreSQL already keeps the machine busy. A crash of the
+	// process repeats up to Workers batches instead of one. In Stream mode
+	// one goroutine follows the stream and Workers is not used. 1-64.
+	// Default 1.
+	Workers int
+	// Ordering is PerKey (default: each key's events reach Kafka in the
+	// order they were written, with any number of replicas) or Unordered.
+	Ordering Ordering
+	// Lanes is the number of lanes keys are hashed into under PerKey
+	// ordering: the unit one relay replica claims. More lanes spread keys
+	// over more replicas; every relay on a table must use the same number
+	// (change it only with all relays stopped). 1-4096. Default 64.
+	Lanes int
+	// MaxAttempts is how many permanent failures (see outbox.PermanentError) an
+	// event may have before it is parked; its attempts are paced like its
+	// retries (see Failures in the package documentation). Events the relay
+	// cannot read or send, those the broker refuses alone for good (too
+	// large for the topic) and those for a missing topic are parked at once.
+	// Default 5.
+	MaxAttempts int
+	// Poison says what happens to an event that keeps failing permanently:
+	// Park (default) sets it aside, so its key's later events flow on
+	// without it; Hold retries it forever, keeping its key's order but
+	// blocking the key until an operator acts.
+	Poison outbox.PoisonPolicy
+	// MaxMessageBytes is the largest record the relay sends, counted as
+	// the writers count it (key, value, headers, and the record and
+	// batch overhead a broker compares with message.max.bytes); larger
+	// events are parked at once. Give the writers the same number as
+	// outbox.Limits.MaxRecordBytes (the fxoutbox module does), so that every
+	// event they accept can be sent. It must not exceed the topics'
+	// max.message.bytes (by default the broker's message.max.bytes,
+	// 1,048,588), and sarama's Producer.MaxMessageBytes (default 1,048,576)
+	// must be at least MaxMessageBytes - 61, since sarama counts a record
+	// without the 61-byte batch header. Default 1,048,588
+	// (outbox.DefaultMaxRecordBytes), which fits all three defaults.
+	MaxMessageBytes int
+	// Listen makes the relay LISTEN on the table's channel
+	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
+	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
+	// connection comes from the DB, which must then be a *pgxpool.Pool; it
+	// is re-established with backoff when lost, and the ticker covers the
+	// gap. In Stream mode the relay does not listen (the stream wakes it).
+	// Default false.
+	Listen bool
+	// Retention is how long published rows are kept before the relay
+	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
+	// Default 72h; a negative value disables the deletion.
+	Retention time.Duration
+	// CleanupInterval is the period of the deletion of old published rows.
+	// Default 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one deletion statement removes, so it
+	// never holds many locks or a long transaction. 1-100000. Default 1000.
+	CleanupBatch int
+	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
+	// expiry the batch is abandoned and its rows stay unpublished. It also
+	// sets the server-side idle_in_transaction_session_timeout of the batch's
+	// transaction (BatchTimeout + 5s). Default 30s.
+	BatchTimeout time.Duration
+	// SynchronousCommit makes each batch's COMMIT wait for its WAL flush,
+	// as the session's synchronous_commit says. By default a batch commits
+	// with synchronous_commit=off: its marks are all it writes, and marks
+	// lost in a crash of the database server (at most 3 x wal_writer_delay,
+	// 600ms by default) only make the next relay publish those events again,
+	// as at-least-once delivery allows (same x-event-id, order kept). The
+	// relay then does not wait for a disk flush per batch, and its commits do
+	// not queue behind the writers' flushes. Default false.
+	SynchronousCommit bool
+	// MaxBackoff caps the wait after consecutive failed batches, and between
+	// the retries of a failed event; the wait starts at PollInterval and
+	// doubles, with jitter. Default 30s (or PollInterval, if longer).
+	MaxBackoff time.Duration
+	// Logger receives the relay's logs: one line when publishing starts to
+	// fail, and one when it recovers. No payloads or header values are
+	// logged. Default: slog.Default().
+	Logger *slog.Logger
+	// TracerProvider creates the publish spans. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider creates the relay's metrics (see the Metric constants).
+	// Default: otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// StatsInterval is how often the relay that reports the table-wide
+	// gauges (outbox.backlog, outbox.oldest.age, outbox.parked) reads them,
+	// and how often the other relays try to become that reporter; scrapes
+	// read the last result. The reporter holds a session-level advisory lock
+	// on a connection it takes out of the pool (a *pgxpool.Pool; with any
+	// other DB every relay reports). After a slow read (a large backlog to
+	// count) the next waits at least ten times as long as it took.
+	// Default 1s.
+	StatsInterval time.Duration
+	// Propagator reads the stored trace context and writes the publish
+	// span's into the Kafka headers. Default: W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+	// CloudEvents makes the relay also send each record in the binary
+	// content mode of the CloudEvents Kafka protocol binding (Mode
+	// outbox.CloudEventsBinary): headers ce_specversion "1.0", ce_id (the
+	// event id), ce_source (CloudEvents.Source, required then), ce_type (the
+	// event type), ce_time (the row's created_at, RFC 3339 in UTC) and
+	// content-type "application/json", besides x-event-id, x-event-type and
+	// the trace context; key and value stay the same. A stored header of one
+	// of those six names is replaced by the relay's. Give the writers the
+	// same value (outbox.Limits.CloudEvents) so that they count these
+	// headers in MaxRecordBytes. Both modes, Poll and Stream, send them.
+	// Default: off [OUTBOX_CLOUDEVENTS, OUTBOX_CLOUDEVENTS_SOURCE].
+	CloudEvents outbox.CloudEvents
+}
+
+// The defaults and bounds of Config: the one place each is written. The
+// field comments, withDefaults, validate, and through fxoutbox the
+// environment variables' documentation, all follow these (a test compares
+// the field comments with them).
+const (
+	defaultPollInterval    = 500 * time.Millisecond
+	minPollInterval        = time.Millisecond
+	defaultBatchSize       = 50
+	maxBatchSize           = 10000 // bound of BatchSize and MaxBatchSize
+	defaultMaxBatchSize    = 500   // or BatchSize, if larger
+	defaultWorkers         = 1
+	maxWorkers             = 64
+	defaultLanes           = 64
+	maxLanes               = 4096
+	defaultMaxAttempts     = 5
+	defaultRetention       = 72 * time.Hour
+	defaultCleanupInterval = time.Minute
+	defaultCleanupBatch    = 1000
+	maxCleanupBatch        = 100000
+	defaultBatchTimeout    = 30 * time.Second
+	minBatchTimeout        = 100 * time.Millisecond
+	defaultMaxBackoff      = 30 * time.Second // or PollInterval, if longer
+	defaultStatsInterval   = time.Second
+	minStatsInterval       = 10 * time.Millisecond
+	// defaultMaxMessageBytes is outbox.DefaultMaxRecordBytes.
+	defaultMaxMessageBytes = outbox.DefaultMaxRecordBytes
+)
+
+// withDefaults sets each zero field to its default. It leaves other values,
+// negative ones included, to validate.
+func (c Config) withDefaults() Config {
+	c.Table = c.Table.WithDefaults()
+	if c.Mode == Stream {
+		c.Stream = c.Stream.withDefaults()
+	}
+	setDefault(&c.PollInterval, defaultPollInterval)
+	setDefault(&c.BatchSize, defaultBatchSize)
+	setDefault(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	setDefault(&c.MaxAttempts, defaultMaxAttempts)
+	setDefault(&c.MaxMessageBytes, defaultMaxMessageBytes)
+	setDefault(&c.Retention, defaultRetention)
+	setDefault(&c.CleanupInterval, defaultCleanupInterval)
+	setDefault(&c.CleanupBatch, defaultCleanupBatch)
+	setDefault(&c.Lanes, defaultLanes)
+	setDefault(&c.Workers, defaultWorkers)
+	setDefault(&c.BatchTimeout, defaultBatchTimeout)
+	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
+	setDefault(&c.StatsInterval, defaultStatsInterval)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return c
+}
+
+// setDefault sets *v to def when it is zero.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks a Config after withDefaults: a negative value is an
+// error (except Retention, where it disables the deletion), and each error
+// names the field, its range and its default.
+func (c Config) validate() error {
+	if err := c.Table.Validate(); err != nil {
+		return err
+	}
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
+	switch {
+	case c.PollInterval < minPollInterval:
+		return bad("PollInterval", c.PollInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minPollInterval, defaultPollInterval))
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", c.BatchSize, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxBatchSize, defaultBatchSize))
+	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > maxBatchSize:
+		return bad("MaxBatchSize", c.MaxBatchSize, fmt.Sprintf("use BatchSize (%d) to %d (zero means the default, %d or BatchSize if larger)", c.BatchSize, maxBatchSize, defaultMaxBatchSize))
+	case c.Mode != Poll && c.Mode != Stream:
+		return bad("Mode", c.Mode, "use relay.Poll or relay.Stream")
+	case c.Ordering != PerKey && c.Ordering != Unordered:
+		return bad("Ordering", c.Ordering, "use relay.PerKey or relay.Unordered")
+	case c.Workers < 1 || c.Workers > maxWorkers:
+		return bad("Workers", c.Workers, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxWorkers, defaultWorkers))
+	case c.Lanes < 1 || c.Lanes > maxLanes:
+		return bad("Lanes", c.Lanes, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxLanes, defaultLanes))
+	case c.BatchTimeout < minBatchTimeout:
+		return bad("BatchTimeout", c.BatchTimeout, fmt.Sprintf("use at least %v (zero means the default, %v)", minBatchTimeout, defaultBatchTimeout))
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", c.MaxAttempts, fmt.Sprintf("use a positive number (zero means the default, %d)", defaultMaxAttempts))
+	case c.MaxMessageBytes < 1:
+		return bad("MaxMessageBytes", c.MaxMessageBytes, fmt.Sprintf("use a positive number of bytes (zero means the default, %d)", defaultMaxMessageBytes))
+	case c.Poison != outbox.Park && c.Poison != outbox.Hold:
+		return bad("Poison", int(c.Poison), "use outbox.Park or outbox.Hold")
+	case c.CleanupInterval < 0:
+		return bad("CleanupInterval", c.CleanupInterval, fmt.Sprintf("use a positive duration (zero means the default, %v)", defaultCleanupInterval))
+	case c.CleanupBatch < 0 || c.CleanupBatch > maxCleanupBatch:
+		return bad("CleanupBatch", c.CleanupBatch, fmt.Sprintf("use 1 to %d (zero means the default, %d)", maxCleanupBatch, defaultCleanupBatch))
+	case c.StatsInterval < minStatsInterval:
+		return bad("StatsInterval", c.StatsInterval, fmt.Sprintf("use at least %v (zero means the default, %v)", minStatsInterval, defaultStatsInterval))
+	case c.MaxBackoff < c.PollInterval:
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least PollInterval (%v); zero means the default, %v or PollInterval if longer", c.PollInterval, defaultMaxBackoff))
+	}
+	if err := c.CloudEvents.Validate(); err != nil {
+		return err
+	}
+	if c.Mode == Stream {
+		return c.Stream.validate()
+	}
+	return nil
+}
