@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,12 +31,8 @@ type Notifier struct {
 	interval time.Duration
 	log      *slog.Logger
 
-	signal chan struct{}
-	conn   *pgx.Conn       // the notifier's own connection, when db is a pool
-	ctx    context.Context // canceled by Close: ends the loop and a stuck NOTIFY
-	cancel context.CancelFunc
-	start  sync.Once
-	done   chan struct{}
+	conn *pgx.Conn // the notifier's own connection, when db is a pool
+	background
 }
 
 // NewNotifier returns a notifier that sends on table's channel through db
@@ -60,40 +55,19 @@ func NewNotifier(db interface {
 	if log == nil {
 		log = slog.Default()
 	}
-	n := &Notifier{
-		db: db, channel: table.Channel(), interval: interval, log: log,
-		signal: make(chan struct{}, 1), done: make(chan struct{}),
-	}
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	return n, nil
+	return &Notifier{db: db, channel: table.Channel(), interval: interval, log: log, background: newBackground()}, nil
 }
 
 // Notify asks for a NOTIFY. It never blocks. The first call starts the
 // notifier's goroutine; Close ends it.
-func (n *Notifier) Notify() {
-	n.start.Do(func() {
-		if n.ctx.Err() == nil {
-			go n.run()
-		} else {
-			close(n.done)
-		}
-	})
-	select {
-	case n.signal <- struct{}{}:
-	default:
-	}
-}
+func (n *Notifier) Notify() { n.poke(n.run) }
 
 // OnCommit has the signature of Config.OnCommit.
 func (n *Notifier) OnCommit(int) { n.Notify() }
 
 // Close stops the notifier and waits for an in-flight NOTIFY. Notify after
 // Close does nothing.
-func (n *Notifier) Close() {
-	n.cancel()
-	n.start.Do(func() { close(n.done) }) // never started
-	<-n.done
-}
+func (n *Notifier) Close() { n.stop() }
 
 // send sends one NOTIFY. With a pool it uses a connection of its own, taken
 // out of the pool once, so that it never waits for, nor holds up, the
@@ -123,7 +97,6 @@ func (n *Notifier) send(ctx context.Context) error {
 }
 
 func (n *Notifier) run() {
-	defer close(n.done)
 	defer func() {
 		if n.conn != nil {
 			_ = n.conn.Close(context.Background())

@@ -46,21 +46,14 @@ type watcher struct {
 	full    bool          // a registration was dropped: logged once
 	closed  bool
 
-	signal chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-	start  sync.Once
-	done   chan struct{}
+	background
 }
 
 func newWatcher(db querier, onCommit func(int), log *slog.Logger) *watcher {
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &watcher{db: db, onCommit: onCommit, log: log, pending: map[int64]int{},
-		signal: make(chan struct{}, 1), done: make(chan struct{})}
-	w.ctx, w.cancel = context.WithCancel(context.Background())
-	return w
+	return &watcher{db: db, onCommit: onCommit, log: log, pending: map[int64]int{}, background: newBackground()}
 }
 
 // add watches transaction xid, in which events were written. It never
@@ -84,20 +77,14 @@ func (w *watcher) add(xid int64, events int) {
 	w.pending[xid] += events
 	w.fresh = true
 	w.mu.Unlock()
-	w.start.Do(func() { go w.run() })
-	select {
-	case w.signal <- struct{}{}:
-	default:
-	}
+	w.poke(w.run)
 }
 
 func (w *watcher) close() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-	w.cancel()
-	w.start.Do(func() { close(w.done) }) // never started
-	<-w.done
+	w.stop()
 }
 
 const watchSQL = `SELECT u.x, pg_xact_status(u.x::text::xid8),
@@ -105,7 +92,6 @@ const watchSQL = `SELECT u.x, pg_xact_status(u.x::text::xid8),
 FROM unnest($1::bigint[]) AS u(x)`
 
 func (w *watcher) run() {
-	defer close(w.done)
 	delay := watchFirst
 	failing := false
 	for {
