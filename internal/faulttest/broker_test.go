@@ -3,7 +3,6 @@ package faulttest
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
 // broker is the package's own Apache Kafka broker, run by scripts/kafka.sh
@@ -42,7 +43,7 @@ func faultBroker(t *testing.T) *broker {
 	brokerMu.Lock()
 	defer brokerMu.Unlock()
 	if theBroker == nil {
-		root, err := repoRoot()
+		root, err := testenv.RepoRoot()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,30 +84,6 @@ func needRealKafka(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-}
-
-// repoRoot walks up from the working directory (the package's directory
-// under go test) to the directory that holds go.mod and scripts/kafka.sh.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if fileExists(filepath.Join(dir, "go.mod")) && fileExists(filepath.Join(dir, "scripts", "kafka.sh")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("faulttest: no go.mod with scripts/kafka.sh above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 func (b *broker) brokers() []string { return []string{b.addr} }

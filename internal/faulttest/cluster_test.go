@@ -45,7 +45,7 @@ func faultCluster(t *testing.T) *cluster {
 	clusterMu.Lock()
 	defer clusterMu.Unlock()
 	if theCluster == nil {
-		root, err := repoRoot()
+		root, err := testenv.RepoRoot()
 		if err != nil {
 			t.Fatal(err)
 		}

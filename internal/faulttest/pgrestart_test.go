@@ -37,7 +37,7 @@ const defaultPGPort = 55433
 // 55433, a free one.
 func ownPG(t *testing.T) *pgCluster {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
