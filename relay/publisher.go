@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
 // Message is one event as it goes to Kafka.
@@ -44,11 +46,10 @@ type ClientIdentifier interface {
 	ClientID() string
 }
 
-// Header is one Kafka record header.
-type Header struct {
-	Key   string
-	Value []byte
-}
+// Header is one Kafka record header: Key string, Value []byte. It is the
+// relay's producer's own header type, so that publishing hands a message's
+// headers to the producer without copying them.
+type Header = kafkaproducer.Header
 
 // Publisher sends messages to a broker and waits for their acknowledgement.
 // A relay with several Workers calls Publish concurrently, with batches

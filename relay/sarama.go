@@ -204,21 +204,12 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	return nil
 }
 
-// records copies msgs into the producer's records, with one allocation for
-// all their headers.
+// records gives the producer msgs' records; the headers are shared, not
+// copied (Header is the producer's type).
 func records(msgs []Message) []kafkaproducer.Record {
-	n := 0
-	for _, m := range msgs {
-		n += len(m.Headers)
-	}
-	hs := make([]kafkaproducer.Header, 0, n)
 	recs := make([]kafkaproducer.Record, len(msgs))
 	for i, m := range msgs {
-		from := len(hs)
-		for _, h := range m.Headers {
-			hs = append(hs, kafkaproducer.Header{Key: h.Key, Value: h.Value})
-		}
-		recs[i] = kafkaproducer.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs[from:len(hs):len(hs)]}
+		recs[i] = kafkaproducer.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers}
 	}
 	return recs
 }
