@@ -77,7 +77,7 @@ func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchIn
 // batch is one batch of the polling claim (see pipeline), taking no row
 // past id upto when upto is positive (a streaming relay's sweep).
 func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
-	held := r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff)
+	held := r.heldKeys()
 	c, d, err := r.pipeline(ctx, func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
 		if isolate {
 			return r.claimIsolating(ctx, tx, size, held, upto)

@@ -29,6 +29,11 @@ type pace struct {
 // first, then the entry due soonest.
 const maxPaced = 10000
 
+// heldKeys returns the keys of the relay's failed events still waiting out
+// their backoff; a failed event is forgotten two MaxBackoffs after it was
+// due.
+func (r *Relay) heldKeys() []string { return r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff) }
+
 // held returns the keys whose failed event is not due yet, and forgets
 // entries long past due (their event was published or parked by another
 // relay, or requeued).

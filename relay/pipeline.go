@@ -124,7 +124,11 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		}
 	}
 	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
-		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, alone, marked)
+		reasons := make([]string, len(d.failed)) // the stored reason of each failed row, also logged
+		for j, i := range d.failed {
+			reasons[j] = Reason(errs[i], rows[i].topic)
+		}
+		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, reasons, alone, marked)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
 			return d, err
 		}
@@ -132,7 +136,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 			// Acknowledged events will be sent again (same x-event-id).
 			return d, fmt.Errorf("relay: commit: %w", err)
 		}
-		r.logFailures(rows, errs, d.failed, d.parked)
+		r.logFailures(rows, errs, d.failed, reasons, d.parked)
 	}
 	r.metrics.record(ctx, rows, errs, acked)
 
@@ -165,7 +169,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 			x := rows[i]
 			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
-					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, 300), "topic", textcut.Cut(x.topic, 300), "error", errs[i], "error.type", ErrorType(errs[i]))
+					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, logFieldMax), "topic", textcut.Cut(x.topic, logFieldMax), "error", errs[i], "error.type", ErrorType(errs[i]))
 			}
 		}
 	}
@@ -203,21 +207,21 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay: park %d unreadable rows: %w", len(bad), err)
 	}
+	at := make(map[int64]int, len(bad)) // id -> its place in bad and msgs
+	for i, b := range bad {
+		at[b.id] = i
+	}
 	var parked []int64
 	heldFrom := map[string]int64{} // Hold: key -> its unreadable row
 	now := time.Now()
 	for _, c := range res {
-		var reason, detail string
-		for i, b := range bad {
-			if b.id == c.id {
-				reason, detail = msgs[i], unreadableDetail(b.err)
-			}
-		}
+		i := at[c.id]
+		reason, detail := msgs[i], unreadableDetail(bad[i].err)
 		if c.parked {
 			parked = append(parked, c.id)
-			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, 300), Reason: reason}) {
+			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, logFieldMax), Reason: reason}) {
 				r.cfg.Logger.Error("outbox relay: event parked: its stored row cannot be read; fix the row (or outboxctl parked delete "+c.eventID.String()+"), then outboxctl parked requeue "+c.eventID.String(),
-					"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
+					"event_id", c.eventID, "topic", textcut.Cut(c.topic, logFieldMax), "reason", reason, "detail", detail)
 			}
 			continue
 		}
@@ -226,7 +230,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		}
 		r.pacer.failed(c.id, c.key, now, r.backoff)
 		r.cfg.Logger.Warn("outbox relay: event held: its stored row cannot be read (Poison is Hold); its key waits until the row is fixed or deleted",
-			"event_id", c.eventID, "topic", textcut.Cut(c.topic, 300), "reason", reason, "detail", detail)
+			"event_id", c.eventID, "topic", textcut.Cut(c.topic, logFieldMax), "reason", reason, "detail", detail)
 	}
 	if len(heldFrom) > 0 {
 		kept := rows[:0:0]
@@ -243,7 +247,8 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 
 // record marks the acknowledged events published and counts an attempt on
 // each permanently failed one, parking those out of attempts, in one round
-// trip. It returns which failed rows were parked.
+// trip, with reasons[j] as the reason of rows[failed[j]]. It returns which
+// failed rows were parked.
 //
 // An event the relay cannot send, that the broker refused when it was sent
 // alone for a reason of its own (too large for the topic, an invalid
@@ -255,7 +260,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pacer), so a cause fixed within
 // seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed, alone []int, marked bool) (map[int64]bool, error) {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool) (map[int64]bool, error) {
 	b := &pgx.Batch{}
 	switch {
 	case marked:
@@ -274,10 +279,9 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 	parked := map[int64]bool{}
 	if len(failed) > 0 {
 		fids := make([]int64, len(failed))
-		msgs := make([]string, len(failed))
 		limits := make([]int32, len(failed))
 		for j, i := range failed {
-			fids[j], msgs[j] = rows[i].id, Reason(errs[i], rows[i].topic)
+			fids[j] = rows[i].id
 			switch {
 			case r.cfg.Poison == outbox.Hold:
 				limits[j] = 0 // never park
@@ -291,7 +295,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 				limits[j] = int32(r.cfg.MaxAttempts)
 			}
 		}
-		b.Queue(r.q.attempt, fids, msgs, limits).Query(func(rows pgx.Rows) error {
+		b.Queue(r.q.attempt, fids, reasons, limits).Query(func(rows pgx.Rows) error {
 			var id int64
 			var p bool
 			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
@@ -321,13 +325,12 @@ func refusedForGood(err error) bool {
 		errors.Is(err, sarama.ErrInvalidMessage) || errors.As(err, &cerr)
 }
 
-func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[int64]bool) {
-	for _, i := range failed {
-		x := rows[i]
+func (r *Relay) logFailures(rows []row, errs []error, failed []int, reasons []string, parked map[int64]bool) {
+	for j, i := range failed {
+		x, reason := rows[i], reasons[j]
 		// Stored fields are cut: a row written by hand may hold anything.
-		eventType, topic := textcut.Cut(x.eventType, 300), textcut.Cut(x.topic, 300)
+		eventType, topic := textcut.Cut(x.eventType, logFieldMax), textcut.Cut(x.topic, logFieldMax)
 		if parked[x.id] {
-			reason := Reason(errs[i], x.topic)
 			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary (see newParkLog)
 			}
@@ -335,7 +338,6 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, parked map[i
 				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
 				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
 		} else {
-			reason := Reason(errs[i], x.topic)
 			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary
 			}

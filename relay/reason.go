@@ -38,6 +38,10 @@ import (
 // is then stored instead.
 const reasonMax = 1000
 
+// logFieldMax is how much of a stored field (topic, event type) a reason or
+// a log line shows: a row written by hand may hold anything.
+const logFieldMax = 300
+
 // Reason returns the stable reason the relay stores for an event of topic
 // that failed with err; "" for nil. See the format above.
 func Reason(err error, topic string) string {
@@ -67,11 +71,11 @@ func reasonMessage(err error, topic string) string {
 		// the event (its topic's name, its stored headers).
 		return cause(err).Error()
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return fmt.Sprintf("topic %s does not exist: create it, then requeue its events", strconv.Quote(textcut.Cut(topic, 300)))
+		return fmt.Sprintf("topic %s does not exist: create it, then requeue its events", strconv.Quote(textcut.Cut(topic, logFieldMax)))
 	case errors.As(err, &kerr):
-		return fmt.Sprintf("the broker refused a record for topic %s: %s", strconv.Quote(textcut.Cut(topic, 300)), kerr.Error())
+		return fmt.Sprintf("the broker refused a record for topic %s: %s", strconv.Quote(textcut.Cut(topic, logFieldMax)), kerr.Error())
 	case errors.As(err, &cerr):
-		return fmt.Sprintf("the producer refused a record for topic %s by its configuration (sarama.ConfigurationError; the relay's log has its words)", strconv.Quote(textcut.Cut(topic, 300)))
+		return fmt.Sprintf("the producer refused a record for topic %s by its configuration (sarama.ConfigurationError; the relay's log has its words)", strconv.Quote(textcut.Cut(topic, logFieldMax)))
 	}
 	return cause(err).Error()
 }

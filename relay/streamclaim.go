@@ -123,7 +123,7 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 	c.marked = true
 	r := s.r
 	held := map[string]bool{}
-	for _, k := range r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff) {
+	for _, k := range r.heldKeys() {
 		held[k] = true
 	}
 	ids := make([]int64, 0, len(rows))

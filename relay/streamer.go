@@ -245,7 +245,7 @@ func (s *streamer) sweep(ctx context.Context, upto int64, report bool) error {
 		}
 	}
 	s.sweepAt = time.Now()
-	s.needSweep = len(r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff)) > 0
+	s.needSweep = len(r.heldKeys()) > 0
 	return nil
 }
 
