@@ -202,9 +202,6 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		}
 		return v, true
 	}
-	bad := func(name, v, want string) error {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
-	}
 	c.Service, _ = get("OUTBOX_SERVICE")
 	c.Table.Schema, _ = get("OUTBOX_SCHEMA")
 	c.Table.Name, _ = get("OUTBOX_TABLE")
@@ -436,7 +433,7 @@ func choose[T any](get func(string) (string, bool), name, want string, choices m
 	}
 	x, found := choices[key]
 	if !found {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%q is not %s", v, want)}
+		return bad(name, v, want)
 	}
 	*dst = x
 	return nil
@@ -571,9 +568,6 @@ func ReadInbox(lookupEnv func(string) (string, bool), environ ...string) (ic Inb
 		}
 		return v, true
 	}
-	bad := func(name, v, want string) error {
-		return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%s is not %s", textcut.Quote(v, 64), want)}
-	}
 	c.Group, _ = get("OUTBOX_INBOX_GROUP")
 	c.Name, _ = get("OUTBOX_INBOX_NAME")
 	c.Table.Schema, _ = get("OUTBOX_INBOX_SCHEMA")
@@ -665,4 +659,10 @@ func ReadInbox(lookupEnv func(string) (string, bool), environ ...string) (ic Inb
 		return ic, err
 	}
 	return ic, nil
+}
+
+// bad is the error of variable name holding v, which is not want: the value
+// quoted and cut to 64 bytes, as every refusal of the loader shows it.
+func bad(name, v, want string) error {
+	return &outbox.ConfigError{Field: name, Reason: fmt.Sprintf("%s is not %s", textcut.Quote(v, 64), want)}
 }
