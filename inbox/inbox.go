@@ -280,10 +280,6 @@ func (h *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.
 	return newPartition(h.c, s, claim).run()
 }
 
-func (c *Consumer) parkedTable() outbox.Table {
-	return outbox.Table{Schema: c.cfg.Table.Schema, Name: c.cfg.Table.Name + "_parked"}
-}
-
 func (c *Consumer) isStarted() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

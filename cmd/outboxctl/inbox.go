@@ -165,7 +165,7 @@ func cmdInboxList(ctx context.Context, args []string, e env) int {
 	c := newInboxCommand("inbox parked list", e, "[--consumer NAME] [--limit N] [--after ID] [--json]")
 	c.about = "The inbox's parked records, oldest (lowest id) first, without their values and headers\n(outboxctl inbox parked show <id> prints them). " + retryNote
 	c.consumerFlag()
-	c.fs.IntVar(&c.limit, "limit", 0, "at most this many records (default 100)")
+	c.fs.IntVar(&c.limit, "limit", 0, fmt.Sprintf("at most this many records (default %d)", admin.DefaultLimit))
 	c.fs.Int64Var(&c.after, "after", 0, "only records with id above this: the next page after the last id shown")
 	if ok, code := c.parseNone(args); !ok {
 		return code

@@ -16,7 +16,7 @@ import (
 
 func cmdList(ctx context.Context, args []string, e env) int {
 	c := newCommand("parked list", e, "[filters] [--limit N] [--after ID] [--json]")
-	c.filterFlags("default 100")
+	c.filterFlags(fmt.Sprintf("default %d", admin.DefaultLimit))
 	c.fs.Int64Var(&c.after, "after", 0, "only rows with id above this: the next page after the last id shown")
 	pos, ok, code := c.parse(args)
 	if !ok {
