@@ -13,13 +13,13 @@ import (
 // the map when it is added.
 var mayImport = map[string][]string{
 	".":                            {"internal/textcut"},
-	"unitofwork":                   {".", "internal/record", "internal/textcut"},
+	"unitofwork":                   {".", "internal/record"},
 	"relay":                        {".", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
-	"relay/internal/kafkaproducer": {"."},
+	"relay/internal/kafkaproducer": nil,
 	"relay/internal/pgoutput":      {"."},
-	"relay/internal/tablestats":    {".", "internal/locks", "internal/tablesql"},
+	"relay/internal/tablestats":    {".", "internal/tablesql"},
 	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
-	"admin":                        {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut"},
+	"admin":                        {".", "internal/locks", "internal/tablesql", "internal/textcut"},
 	"migrations":                   {".", "internal/textcut"},
 	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
 	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
