@@ -133,7 +133,8 @@ var ConsoleConsumerFormat = []string{
 // ParseConsoleRecords parses the console consumer's output printed with
 // ConsoleConsumerFormat (lines "Partition:<n>", headers "k:v" joined by
 // 0x1e or "NO_HEADERS", key, value, separated by 0x1f). Other lines (the
-// tool's "Processed a total of N messages") are skipped.
+// tool's "Processed a total of N messages") are skipped. A record that
+// carries a header name twice is an error.
 func ParseConsoleRecords(out string) ([]ConsoleRecord, error) {
 	var recs []ConsoleRecord
 	for _, line := range strings.Split(out, "\n") {
@@ -152,6 +153,11 @@ func ParseConsoleRecords(out string) ([]ConsoleRecord, error) {
 		if fields[1] != "NO_HEADERS" {
 			for _, h := range strings.Split(fields[1], "\x1e") {
 				k, v, _ := strings.Cut(h, ":")
+				if _, twice := r.Headers[k]; twice {
+					// A Java consumer's lastHeader and kafkajs's arrays
+					// would disagree on such a record.
+					return nil, fmt.Errorf("console consumer line %q: header %q appears twice", line, k)
+				}
 				r.Headers[k] = v
 			}
 		}
