@@ -115,6 +115,21 @@ type Config struct {
 	// with any number of relay replicas) or relay.Unordered
 	// [OUTBOX_ORDERING=per-key|unordered].
 	Ordering relay.Ordering
+	// Delivery is relay.AtLeastOnce (default) or relay.ExactlyOnce: each
+	// batch in a Kafka transaction with the lane's progress, so that
+	// read_committed consumers see each event once; it needs the poll mode,
+	// per-key ordering and the module's own producer (README "Exactly
+	// once") [OUTBOX_DELIVERY=at-least-once|exactly-once].
+	Delivery relay.Delivery
+	// TransactionTimeout is the Kafka transaction timeout of exactly-once
+	// delivery, 1s to BatchTimeout [OUTBOX_TRANSACTION_TIMEOUT]. Default 10s.
+	TransactionTimeout time.Duration
+	// ProgressTopic is exactly-once's compacted progress topic, created when
+	// missing [OUTBOX_PROGRESS_TOPIC]. Default "fxoutbox.progress.<schema>.<table>".
+	ProgressTopic string
+	// TransactionalID is the prefix of exactly-once's Kafka transactional
+	// ids, one per lane [OUTBOX_TRANSACTIONAL_ID]. Default "fxoutbox.<schema>.<table>".
+	TransactionalID string
 	// Lanes is the number of lanes keys hash into under per-key ordering;
 	// every relay on a table must agree [OUTBOX_LANES]. Default 64.
 	Lanes int

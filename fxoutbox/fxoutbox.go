@@ -503,7 +503,11 @@ func (in *instance) summary(h *relayHooks) []any {
 	if len(h.topics) > 0 {
 		topics = fmt.Sprintf("%s, %d topic(s)", cfg.TopicCheck, len(h.topics))
 	}
-	attrs := []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "brokers", brokers, "mode", mode}
+	delivery := rc.Delivery.String()
+	if rc.Delivery == relay.ExactlyOnce {
+		delivery += fmt.Sprintf(", progress topic %s, transactional ids %s.lane-<n>, transaction timeout %v", rc.ProgressTopic, rc.TransactionalID, rc.TransactionTimeout)
+	}
+	attrs := []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "delivery", delivery, "brokers", brokers, "mode", mode}
 	attrs = append(attrs, stream...)
 	cloudEvents := rc.CloudEvents.Mode.String()
 	if rc.CloudEvents.Mode == outbox.CloudEventsBinary {

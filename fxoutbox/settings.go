@@ -33,6 +33,10 @@ var relaySettings = []setting{
 	{"Workers", "Workers", "OUTBOX_WORKERS"},
 	{"Ordering", "Ordering", "OUTBOX_ORDERING"},
 	{"Lanes", "Lanes", "OUTBOX_LANES"},
+	{"Delivery", "Delivery", "OUTBOX_DELIVERY"},
+	{"TransactionTimeout", "TransactionTimeout", "OUTBOX_TRANSACTION_TIMEOUT"},
+	{"ProgressTopic", "ProgressTopic", "OUTBOX_PROGRESS_TOPIC"},
+	{"TransactionalID", "TransactionalID", "OUTBOX_TRANSACTIONAL_ID"},
 	{"MaxAttempts", "MaxAttempts", "OUTBOX_MAX_ATTEMPTS"},
 	{"Poison", "Poison", "OUTBOX_POISON"},
 	{"MaxMessageBytes", "Limits.MaxRecordBytes", "OUTBOX_MAX_RECORD_BYTES"}, // what the writers accept

@@ -78,12 +78,25 @@ func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchIn
 // past id upto when upto is positive (a streaming relay's sweep).
 func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
 	held := r.heldKeys()
-	c, d, err := r.pipeline(ctx, func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
+	var eo *eoBatch
+	find := func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
 		if isolate {
 			return r.claimIsolating(ctx, tx, size, held, upto)
 		}
 		return r.claim(ctx, tx, size, held, upto)
-	})
+	}
+	if r.eo != nil {
+		eo = &eoBatch{}
+		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
+			c, err := r.eoClaim(ctx, tx, size, held, eo)
+			c.eo = eo
+			return c, err
+		}
+	}
+	c, d, err := r.pipeline(ctx, find)
+	if eo != nil {
+		r.eoFinish(ctx, eo, err)
+	}
 	if info != nil {
 		info.heldElsewhere = err == nil && c.heldElsewhere
 	}
@@ -136,7 +149,7 @@ const (
 // ErrHeld: not sent when the failure was known before sending, not marked
 // when it was not, so a key is not published around a gap that is filled
 // later.
-func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs []error) (errs []error, alone []int) {
+func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []Message, encErrs []error) (errs []error, alone []int) {
 	errs = make([]error, len(rows))
 	blocked := map[string]bool{}
 	inBulk := map[string]bool{} // keys with an earlier row in bulk
@@ -177,13 +190,13 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 			errs[i] = ctx.Err()
 			continue
 		}
-		r.send(ctx, msgs, []int{i}, errs)
+		r.send(ctx, pub, msgs, []int{i}, errs)
 	}
 	// The rows in bulk come before any failure of their key found above
 	// (the rows after one are ErrHeld already, and a key sent alone has no
 	// row in bulk): they are sent.
 	sends := 0
-	r.resolve(ctx, rows, msgs, bulk, errs, map[string]bool{}, &sends, &alone)
+	r.resolve(ctx, pub, rows, msgs, bulk, errs, map[string]bool{}, &sends, &alone)
 	blocked = map[string]bool{}
 	for i := range rows {
 		if blocked[rows[i].key] && errs[i] == nil {
@@ -201,7 +214,7 @@ func (r *Relay) publish(ctx context.Context, rows []row, msgs []Message, encErrs
 // those in two halves and resolves each, so that every row ends published,
 // failed on its own (added to alone), failed with its topic or transiently,
 // or ErrHeld behind its key's failure or for want of sends.
-func (r *Relay) resolve(ctx context.Context, rows []row, msgs []Message, g []int, errs []error, blocked map[string]bool, sends *int, alone *[]int) {
+func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []Message, g []int, errs []error, blocked map[string]bool, sends *int, alone *[]int) {
 	h := g[:0:0]
 	for _, i := range g {
 		if blocked[rows[i].key] {
@@ -220,7 +233,7 @@ func (r *Relay) resolve(ctx context.Context, rows []row, msgs []Message, g []int
 		return
 	}
 	*sends++
-	r.send(ctx, msgs, h, errs)
+	r.send(ctx, pub, msgs, h, errs)
 	var failed []int
 	split := map[string]int{} // keys with a row in failed: 1, and then ErrHeld (the rest of the key waits): 2
 	for _, i := range h {
@@ -250,13 +263,13 @@ func (r *Relay) resolve(ctx context.Context, rows []row, msgs []Message, g []int
 		blocked[rows[failed[0]].key] = true
 	default:
 		half := len(failed) / 2
-		r.resolve(ctx, rows, msgs, failed[:half], errs, blocked, sends, alone)
-		r.resolve(ctx, rows, msgs, failed[half:], errs, blocked, sends, alone)
+		r.resolve(ctx, pub, rows, msgs, failed[:half], errs, blocked, sends, alone)
+		r.resolve(ctx, pub, rows, msgs, failed[half:], errs, blocked, sends, alone)
 	}
 }
 
 // send publishes msgs[idx...] and stores each outcome in errs.
-func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []error) {
+func (r *Relay) send(ctx context.Context, pub Publisher, msgs []Message, idx []int, errs []error) {
 	if len(idx) == 0 {
 		return
 	}
@@ -268,7 +281,7 @@ func (r *Relay) send(ctx context.Context, msgs []Message, idx []int, errs []erro
 		}
 	}
 	start := time.Now()
-	err := r.pub.Publish(ctx, sub)
+	err := pub.Publish(ctx, sub)
 	var be *BatchError
 	for j, i := range idx {
 		msgs[i] = sub[j] // with what the publisher reported (Stored, Partition, ...)

@@ -91,7 +91,14 @@ type queries struct {
 	streamStateUnordered string
 	unmark               string
 	cleanup              string
-	ns                   int32 // advisory lock namespace of the table
+	// ExactlyOnce (see eoClaim): lock the first free lane of
+	// @candidates; the ids of a lane's oldest claimable rows (without the
+	// held keys'); mark a lane's rows committed to Kafka published.
+	lockFirst     string
+	laneIDs       string
+	laneIDsHeld   string
+	markCommitted string
+	ns            int32 // advisory lock namespace of the table
 	// upto holds, for each claim statement, its variant that takes only
 	// rows with id <= @upto (see bounded).
 	upto map[string]string
@@ -155,6 +162,15 @@ func newQueries(t outbox.Table) queries {
 		// index) narrows the scan to old block ranges.
 		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+		// lockFirst tries the candidates in order and stops at the first
+		// it locks: a function scan feeds the filter one row at a time, and
+		// the limit stops it.
+		lockFirst: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l) LIMIT 1",
+		laneIDs:   "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = @lane ORDER BY id LIMIT @n",
+		laneIDsHeld: "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL" + notHeld +
+			" AND " + lane + " = @lane ORDER BY id LIMIT @n",
+		markCommitted: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL" +
+			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
 		ns: locks.Namespace(t.String()),
 	}
 	const cond = "WHERE published_at IS NULL AND parked_at IS NULL"
@@ -171,7 +187,12 @@ func newQueries(t outbox.Table) queries {
 // SynchronousCommit, an asynchronous commit.
 func txSettings(cfg Config) (sql, idleMillis string) {
 	sql = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
-	if !cfg.SynchronousCommit {
+	switch {
+	case cfg.Delivery == ExactlyOnce:
+		// A lane's marks must be durable before its next Kafka
+		// transaction: only its last one is read back.
+		sql += ", set_config('synchronous_commit', 'on', true)"
+	case !cfg.SynchronousCommit:
 		sql += ", set_config('synchronous_commit', 'off', true)"
 	}
 	return sql, strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
@@ -214,6 +235,8 @@ type claimed struct {
 	marked bool
 	// deferred: rows were left in the table for a sweep (the stream).
 	deferred bool
+	// eo: the ExactlyOnce batch (its lane's transaction), nil otherwise.
+	eo *eoBatch
 }
 
 // unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot

@@ -51,6 +51,29 @@ type Config struct {
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
 	Ordering Ordering
+	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
+	// lane's events, in a Kafka transaction with the lane's progress, for
+	// read_committed consumers that see each event once (see the README,
+	// "Exactly once"). ExactlyOnce needs Mode Poll, Ordering PerKey and a
+	// SaramaPublisher, and commits each batch's marks synchronously.
+	// Default at-least-once [OUTBOX_DELIVERY].
+	Delivery Delivery
+	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
+	// a relay that dies mid-transaction holds read_committed consumers of
+	// the partitions it wrote back at most this long (plus the broker's
+	// transaction.abort.timed.out.transaction.cleanup.interval.ms) when no
+	// other relay takes its lane first. At most BatchTimeout, and at most the broker's
+	// transaction.max.timeout.ms. Default 10s.
+	TransactionTimeout time.Duration
+	// ProgressTopic is the compacted, one-partition topic where
+	// ExactlyOnce writes each lane's progress; the relay creates it when
+	// missing. Default "fxoutbox.progress.<schema>.<table>".
+	ProgressTopic string
+	// TransactionalID is the prefix of ExactlyOnce's Kafka transactional
+	// ids: lane n uses "<TransactionalID>.lane-<n>". Every relay of a
+	// table must use the same, and no other producer. Default
+	// "fxoutbox.<schema>.<table>".
+	TransactionalID string
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys
 	// over more replicas; every relay on a table must use the same number
@@ -174,6 +197,8 @@ const (
 	minBatchTimeout        = 100 * time.Millisecond
 	defaultMaxBackoff      = 30 * time.Second // or PollInterval, if longer
 	defaultStatsInterval   = time.Second
+	defaultTxnTimeout      = 10 * time.Second
+	minTxnTimeout          = time.Second
 	minStatsInterval       = 10 * time.Millisecond
 	// defaultMaxMessageBytes is outbox.DefaultMaxRecordBytes.
 	defaultMaxMessageBytes = outbox.DefaultMaxRecordBytes
@@ -199,6 +224,11 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.BatchTimeout, defaultBatchTimeout)
 	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
 	setDefault(&c.StatsInterval, defaultStatsInterval)
+	setDefault(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
+	if c.Delivery == ExactlyOnce {
+		setDefault(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
+		setDefault(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -264,11 +294,34 @@ func (c Config) validate() error {
 	case c.MaxBackoff < c.PollInterval:
 		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least PollInterval (%v); zero means the default, %v or PollInterval if longer", c.PollInterval, defaultMaxBackoff))
 	}
+	if err := c.validateDelivery(); err != nil {
+		return err
+	}
 	if err := c.CloudEvents.Validate(); err != nil {
 		return err
 	}
 	if c.Mode == Stream {
 		return c.Stream.validate()
+	}
+	return nil
+}
+
+// validateDelivery checks Delivery and the settings ExactlyOnce uses.
+func (c Config) validateDelivery() error {
+	bad := func(field string, v any, want string) error {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: %s", v, want)}
+	}
+	switch {
+	case c.Delivery == AtLeastOnce:
+		return nil
+	case c.Delivery != ExactlyOnce:
+		return bad("Delivery", c.Delivery, "use relay.AtLeastOnce or relay.ExactlyOnce")
+	case c.Mode != Poll:
+		return bad("Delivery", c.Delivery, "needs Mode Poll: the streaming relay does not publish in Kafka transactions; use Poll, or at-least-once delivery")
+	case c.Ordering != PerKey:
+		return bad("Delivery", c.Delivery, "needs Ordering PerKey: its transactions are bound to lanes")
+	case c.TransactionTimeout < minTxnTimeout || c.TransactionTimeout > c.BatchTimeout:
+		return bad("TransactionTimeout", c.TransactionTimeout, fmt.Sprintf("use %v to BatchTimeout (%v) (zero means the default, %v or BatchTimeout if shorter)", minTxnTimeout, c.BatchTimeout, defaultTxnTimeout))
 	}
 	return nil
 }

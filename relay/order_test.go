@@ -41,6 +41,17 @@ func TestPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
 	orderScenario(t, testOrdering(), relay.Poll, 4, 150*time.Millisecond, 250*time.Millisecond, 0)
 }
 
+// TestExactlyOnceAcrossEightReplicasWithKills is the 8-replica kill
+// scenario with Delivery ExactlyOnce: a replica killed mid-batch leaves its
+// Kafka transaction open, committed but unmarked, or not begun, and the
+// next owner of each lane fences it and reads the lane's progress back. A
+// read_committed consumer gets every event exactly once, each key in write
+// order; a read_uncommitted one still gets every event.
+func TestExactlyOnceAcrossEightReplicasWithKills(t *testing.T) {
+	t.Parallel()
+	scenario(t, relay.PerKey, relay.Poll, relay.ExactlyOnce, 8, 500*time.Millisecond, 0, 0)
+}
+
 // testOrdering is PerKey, or Unordered with OUTBOX_TEST_ORDERING=unordered.
 func testOrdering() relay.Ordering {
 	if os.Getenv("OUTBOX_TEST_ORDERING") == "unordered" {
@@ -70,13 +81,29 @@ func TestPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
 // fails about one event in failOneIn once, transiently, holding back the
 // rest of its key in that send.
 func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
+	scenario(t, ordering, mode, relay.AtLeastOnce, replicas, killEvery, killSpread, failOneIn)
+}
+
+// scenario is orderScenario with a delivery. Under ExactlyOnce the
+// consumer reads committed and no duplicate is allowed; a second consumer
+// reads uncommitted and must find every event (the replicas' publishers
+// are not wrapped: the relay publishes through its own transactional
+// producers, so failOneIn must be 0).
+func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery relay.Delivery, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
 	s := newSetup(t)
 	if mode == relay.Stream {
 		s.streaming(t)
 	}
 	brokers := s.kafka(t)
 	topic := testenv.Topic(t, brokers, 12)
-	cons := testenv.Consume(t, brokers, topic)
+	eo := delivery == relay.ExactlyOnce
+	var cons, uncommitted *testenv.Consumer
+	if eo {
+		cons = testenv.ConsumeCommitted(t, brokers, topic)
+		uncommitted = testenv.Consume(t, brokers, topic)
+	} else {
+		cons = testenv.Consume(t, brokers, topic)
+	}
 	const (
 		keys     = 200
 		writers  = 4
@@ -106,12 +133,16 @@ func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, repli
 			}
 			return failSome(ctx, pub, msgs, failOneIn, &failedOnce, &heldBack)
 		})
-		cfg := relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering}
+		cfg := relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering, Delivery: delivery}
 		if mode == relay.Stream {
 			sc := streamConfig()
 			cfg.Mode, cfg.Stream = sc.Mode, sc.Stream
 		}
-		r, err := relay.New(s.pool, counted, &cfg)
+		var use relay.Publisher = counted
+		if eo {
+			use = pub
+		}
+		r, err := relay.New(s.pool, use, &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,6 +239,16 @@ func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, repli
 	mu.Unlock()
 
 	total := keys * perKey
+	if eo {
+		// Every event reached Kafka, committed or not.
+		seen := map[string]bool{}
+		for _, m := range uncommitted.WaitFor(total, 60*time.Second) {
+			seen[testenv.Header(m, outbox.HeaderEventID)] = true
+		}
+		if len(seen) < total {
+			t.Fatalf("read_uncommitted: %d distinct events, want %d", len(seen), total)
+		}
+	}
 	cons.WaitFor(total, 60*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	msgs := cons.Messages()
@@ -240,18 +281,22 @@ func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, repli
 	if violations > 0 {
 		t.Errorf("%d per-key order violations (ordering %v)", violations, ordering)
 	}
-	// Each kill can repeat at most the batch it abandoned.
+	// Each kill can repeat at most the batch it abandoned; exactly once
+	// repeats nothing for a read_committed consumer.
+	if eo && dups > 0 {
+		t.Errorf("read_committed: %d duplicates for %d kills, want none (exactly once)", dups, kills)
+	}
 	if dups > kills*maxBatch {
 		t.Errorf("%d duplicates for %d kills, want at most %d", dups, kills, kills*maxBatch)
 	}
-	if m := maxInFlight.Load(); m < 2 && mode == relay.Poll {
+	if m := maxInFlight.Load(); m < 2 && mode == relay.Poll && !eo {
 		t.Errorf("at most %d replica published at a time: the test did not exercise concurrent replicas", m)
 	}
 	if failOneIn > 0 && heldBack.Load() == 0 {
 		t.Error("no event was held back: the test did not exercise held keys")
 	}
-	t.Logf("mode %v, ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
-		mode, ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
+	t.Logf("mode %v, delivery %v, ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
+		mode, delivery, ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
 }
 
 // failSome publishes msgs but fails about one event in oneIn (chosen by its

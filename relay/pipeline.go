@@ -79,7 +79,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		}
 		return c, d, nil
 	}
-	d, err = r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked, c.marked)
+	d, err = r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked, c.marked, c.eo)
 	return c, d, err
 }
 
@@ -104,9 +104,18 @@ type delivery struct {
 // the others unmarked. It returns an error when the database failed, or
 // when nothing went through because of transient failures (the broker, or
 // the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, marked bool) (d delivery, err error) {
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
-	errs, alone := r.publish(ctx, rows, msgs, encErrs)
+	pub := r.pub
+	if eo != nil {
+		pub = txnPublisher{eo.lt.txn}
+	}
+	errs, alone := r.publish(ctx, pub, rows, msgs, encErrs)
+	if eo != nil {
+		// Commit the Kafka transaction (with the lane's progress) before
+		// the marks; if it does not commit, nothing was published.
+		r.eoSettle(ctx, eo, rows, errs)
+	}
 	acked := r.metrics.publishLap(ctx, t, rows, errs)
 	r.endSpans(spans, msgs, errs)
 	d.errs = errs

@@ -231,6 +231,7 @@ type Relay struct {
 	// window (see lockLanes).
 	growAfter atomic.Int64
 	stream    streamInfo
+	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
 
 	mu       sync.Mutex
 	started  bool
@@ -268,6 +269,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	if _, ok := db.(acquirer); c.Listen && !ok {
 		return nil, &outbox.ConfigError{Field: "Listen", Reason: "needs a dedicated connection: pass a *pgxpool.Pool as the DB"}
 	}
+	var err error
 	r := &Relay{
 		db:     db,
 		pub:    pub,
@@ -276,6 +278,11 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		tracer: c.TracerProvider.Tracer("github.com/fxoutbox/outbox/relay"),
 		wakes:  make([]chan struct{}, c.Workers),
 		kicks:  make([]chan struct{}, c.Workers),
+	}
+	if c.Delivery == ExactlyOnce {
+		if r.eo, err = newExactlyOnce(pub, c); err != nil {
+			return nil, err
+		}
 	}
 	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
@@ -355,7 +362,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	if !r.started {
 		r.mu.Unlock()
-		return nil
+		return r.closeKafka()
 	}
 	select {
 	case <-r.stop:
@@ -370,6 +377,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	defer r.parkLog.Flush()
 	defer r.failedLog.Flush()
 	defer r.bg.Wait()
+	defer func() { _ = r.closeKafka() }()
 	select {
 	case <-r.done:
 		r.cancel()
@@ -559,4 +567,13 @@ func (r *Relay) newBackoff() backoff.Backoff {
 func (r *Relay) backoff(failures int) time.Duration {
 	b := r.newBackoff()
 	return b.Delay(failures)
+}
+
+// closeKafka closes the client of ExactlyOnce's transactional producers,
+// if any, after the last batch.
+func (r *Relay) closeKafka() error {
+	if r.eo == nil {
+		return nil
+	}
+	return r.eo.close()
 }

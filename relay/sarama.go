@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -87,8 +88,9 @@ func ValidateSaramaConfig(c *sarama.Config) error {
 // do not need Kafka); Publish returns the connection error and the relay
 // retries with backoff. Close it after the relay has stopped.
 type SaramaPublisher struct {
-	cfg  *sarama.Config
-	prod *kafkaproducer.Lazy
+	addrs []string
+	cfg   *sarama.Config
+	prod  *kafkaproducer.Lazy
 }
 
 var (
@@ -122,7 +124,7 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 	if err := ValidateSaramaConfig(&c); err != nil {
 		return nil, err
 	}
-	return &SaramaPublisher{cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
+	return &SaramaPublisher{addrs: slices.Clone(addrs), cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
 }
 
 // Publish sends msgs and waits for every acknowledgement or ctx.
@@ -178,6 +180,12 @@ func (p *SaramaPublisher) Publish(ctx context.Context, msgs []Message) error {
 	if err != nil {
 		return closed(err)
 	}
+	return results(msgs, res)
+}
+
+// results turns the producer's results of msgs into Publish's: Stored
+// and where in msgs, and a *BatchError of the failures.
+func results(msgs []Message, res []kafkaproducer.Result) error {
 	var failed map[int]error
 	for i, r := range res {
 		switch {

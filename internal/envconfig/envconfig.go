@@ -52,6 +52,10 @@ type Outbox struct {
 	DisableRelay           bool
 	Ordering               relay.Ordering
 	Lanes                  int
+	Delivery               relay.Delivery
+	TransactionTimeout     time.Duration
+	ProgressTopic          string
+	TransactionalID        string
 	Retention              time.Duration
 	CleanupInterval        time.Duration
 	CleanupBatch           int
@@ -293,6 +297,7 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		{"OUTBOX_MAX_BACKOFF", &c.MaxBackoff},
 		{"OUTBOX_CLEANUP_INTERVAL", &c.CleanupInterval},
 		{"OUTBOX_STATS_INTERVAL", &c.StatsInterval},
+		{"OUTBOX_TRANSACTION_TIMEOUT", &c.TransactionTimeout},
 	} {
 		if v, ok := get(d.name); ok {
 			if *d.dst, err = time.ParseDuration(v); err != nil || *d.dst <= 0 {
@@ -309,6 +314,7 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		switches("OUTBOX_LISTEN", &c.DisableListen, false),
 		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
 		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
+		choose(get, "OUTBOX_DELIVERY", `"at-least-once" or "exactly-once"`, map[string]relay.Delivery{"at-least-once": relay.AtLeastOnce, "exactly-once": relay.ExactlyOnce}, &c.Delivery, strings.ToLower),
 		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, nil),
 		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
 		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,
@@ -323,6 +329,8 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		return c, err
 	}
 	c.CloudEvents.Source, _ = get("OUTBOX_CLOUDEVENTS_SOURCE")
+	c.ProgressTopic, _ = get("OUTBOX_PROGRESS_TOPIC")
+	c.TransactionalID, _ = get("OUTBOX_TRANSACTIONAL_ID")
 	if v, ok := get("OUTBOX_STREAM_MAX_LAG"); ok {
 		if c.Stream.MaxLag, err = time.ParseDuration(v); err != nil || c.Stream.MaxLag <= 0 {
 			return c, bad("OUTBOX_STREAM_MAX_LAG", v, "a positive duration such as 30s")

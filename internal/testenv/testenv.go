@@ -280,10 +280,26 @@ type Consumer struct {
 	pcs      []sarama.PartitionConsumer
 }
 
-// Consume starts consuming topics; it stops when the test ends.
+// Consume starts consuming topics; it stops when the test ends. It reads
+// uncommitted: records of aborted Kafka transactions too.
 func Consume(t testing.TB, brokers []string, topics ...string) *Consumer {
 	t.Helper()
-	client, err := sarama.NewClient(brokers, saramaConfig())
+	return consume(t, brokers, sarama.ReadUncommitted, topics)
+}
+
+// ConsumeCommitted is Consume for a read_committed consumer: records of
+// aborted transactions are skipped, and those of open ones wait for their
+// end.
+func ConsumeCommitted(t testing.TB, brokers []string, topics ...string) *Consumer {
+	t.Helper()
+	return consume(t, brokers, sarama.ReadCommitted, topics)
+}
+
+func consume(t testing.TB, brokers []string, isolation sarama.IsolationLevel, topics []string) *Consumer {
+	t.Helper()
+	sc := saramaConfig()
+	sc.Consumer.IsolationLevel = isolation
+	client, err := sarama.NewClient(brokers, sc)
 	if err != nil {
 		t.Fatalf("kafka client: %v", err)
 	}

@@ -85,6 +85,11 @@ type Producer struct {
 	stale        bool // id must be replaced before a new batch uses it
 	parts        map[tp]*partState
 	partitioners map[string]sarama.Partitioner
+
+	// txn is set when the producer is a Txn's: batches are transactional,
+	// partitions are added to the transaction before they are sent, and
+	// an identity is never replaced here (only Txn.Init replaces it).
+	txn *Txn
 }
 
 // New returns a producer that sends on client with conf, the configuration
@@ -180,6 +185,15 @@ func (pr *Producer) publish(ctx context.Context, msgs []Record, stored []Result)
 			pr.release(l)
 		}
 	}()
+	if pr.txn != nil {
+		if err := pr.txn.addPartitions(ctx, lanes); err != nil {
+			pr.txn.doom(err)
+			for _, l := range lanes {
+				pr.failLane(l, err, err, false, failed)
+			}
+			return failed
+		}
+	}
 	for {
 		var active []*plane
 		for _, l := range lanes {
@@ -462,6 +476,9 @@ func (pr *Producer) send(ready []*plane, msgs []Record, again func(*plane, error
 			RequiredAcks: pr.conf.Producer.RequiredAcks,
 			Timeout:      int32(pr.conf.Producer.Timeout / time.Millisecond),
 		}
+		if pr.txn != nil {
+			req.TransactionalID = &pr.txn.id
+		}
 		for _, l := range s.lanes {
 			req.AddBatch(l.tp.topic, l.tp.partition, pr.recordBatch(l.head(), msgs))
 		}
@@ -502,6 +519,16 @@ func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, store
 			pr.acked(l, blk.Offset, s.broker.Addr(), stored)
 		case retriableKError(kerr):
 			again(l, err)
+		case identityKError(kerr) && pr.txn != nil:
+			// Fenced, or the broker forgot the producer: a transactional
+			// producer gets no new identity here (that would fence the
+			// id's new owner); the transaction is doomed and the
+			// producer needs Txn.Init.
+			if kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping {
+				err = fmt.Errorf("%w: %w", ErrFenced, err)
+			}
+			pr.txn.doom(err)
+			pr.failLane(l, err, err, true, failed)
 		case identityKError(kerr):
 			// The broker refused the batch (appended none of it) for
 			// its producer id or sequence: it lost or expired the
@@ -634,6 +661,12 @@ func (pr *Producer) markStale(id identity) {
 	defer pr.mu.Unlock()
 	if pr.id.gen == id.gen {
 		pr.stale = true
+		if pr.txn != nil {
+			// A batch's outcome is unknown: the transaction cannot commit,
+			// and the partition's sequence is unknown until Txn.Init.
+			pr.txn.doom(fmt.Errorf("relay: a record batch's outcome is unknown"))
+			pr.txn.inited = false
+		}
 	}
 }
 
@@ -647,6 +680,9 @@ func (pr *Producer) identity() (identity, error) {
 	}
 	if id, ok := current(); ok {
 		return id, nil
+	}
+	if pr.txn != nil {
+		return identity{}, fmt.Errorf("relay: transactional id %q: %w", pr.txn.id, ErrFenced)
 	}
 	pr.idMu.Lock()
 	defer pr.idMu.Unlock()
@@ -710,6 +746,7 @@ func (pr *Producer) recordBatch(b *pbatch, msgs []Record) *sarama.RecordBatch {
 		ProducerID:       b.id.pid,
 		ProducerEpoch:    b.id.epoch,
 		FirstSequence:    b.seq,
+		IsTransactional:  pr.txn != nil,
 		LastOffsetDelta:  int32(len(b.idx) - 1),
 		Records:          make([]*sarama.Record, len(b.idx)),
 	}
