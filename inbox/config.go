@@ -154,6 +154,11 @@ type Config struct {
 	// Keep Consumer.Offsets.AutoCommit enabled: the inbox marks offsets and
 	// sarama commits them; with it off, no offset is ever committed and
 	// every restart redelivers (and skips) everything since the last one.
+	// Consumer.IsolationLevel is used as given: DefaultSaramaConfig's is
+	// sarama.ReadCommitted (records of aborted Kafka transactions are never
+	// delivered), while sarama.NewConfig's is ReadUncommitted; a
+	// configuration of your own should start from DefaultSaramaConfig or
+	// set it.
 	Sarama *sarama.Config
 	// Routes send each topic's records to handlers. At least one.
 	Routes []Route
@@ -261,10 +266,20 @@ type Config struct {
 // inbox marked: records applied, skipped or parked), and a rebalance timeout
 // of 20s below the 30s read timeout, so a JoinGroup answer always arrives
 // before sarama gives up on it (IBM/sarama#2820).
+//
+// It reads committed (Consumer.IsolationLevel = sarama.ReadCommitted): the
+// records of an aborted Kafka transaction, such as a batch the relay
+// published in exactly-once mode and then aborted (and published again),
+// are never delivered; while a transaction is open, the records of its
+// partitions from its first one on wait until it commits or aborts (the
+// broker's last stable offset). Set sarama.ReadUncommitted to read every
+// record as soon as it is written, aborted ones included (the inbox then
+// applies them).
 func DefaultSaramaConfig() *sarama.Config {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V2_1_0_0
 	sc.ClientID = "fxoutbox-inbox"
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Consumer.Offsets.AutoCommit.Enable = true
 	sc.Consumer.Offsets.AutoCommit.Interval = time.Second
@@ -355,6 +370,11 @@ func (c Config) validate() error {
 		return &outbox.ConfigError{Field: "Sarama.Consumer.Group.Rebalance.Timeout", Reason: fmt.Sprintf(
 			"%v is not below Net.ReadTimeout %v: sarama waits for a JoinGroup answer only the read timeout, and a group whose members died then rejoins in a loop (IBM/sarama#2820); lower it or raise Net.ReadTimeout",
 			c.Sarama.Consumer.Group.Rebalance.Timeout, c.Sarama.Net.ReadTimeout)}
+	}
+	if c.Sarama.Consumer.IsolationLevel == sarama.ReadCommitted && !c.Sarama.Version.IsAtLeast(sarama.V0_11_0_0) {
+		return &outbox.ConfigError{Field: "Sarama.Version", Reason: fmt.Sprintf(
+			"%v is below 0.11.0.0, the first Kafka protocol with transactions, and Consumer.IsolationLevel is ReadCommitted: raise Version (DefaultSaramaConfig's is %v) or set Consumer.IsolationLevel to sarama.ReadUncommitted",
+			c.Sarama.Version, DefaultSaramaConfig().Version)}
 	}
 	if err := c.Sarama.Validate(); err != nil {
 		return &outbox.ConfigError{Field: "Sarama", Reason: err.Error(), Err: err}

@@ -34,6 +34,10 @@ func TestConfigRefusals(t *testing.T) {
 		{"nil handler", "Routes[0].Handler", func(c *inbox.Config) { c.Routes[0].Handler = nil }},
 		{"twice", "Routes[1]", func(c *inbox.Config) { c.Routes = append(c.Routes, c.Routes[0]) }},
 		{"rebalance timeout not below the read timeout (IBM/sarama#2820)", "Rebalance.Timeout", func(c *inbox.Config) { c.Sarama = saramaDefaults }},
+		{"read committed on a protocol without transactions", "Sarama.Version", func(c *inbox.Config) {
+			c.Sarama = inbox.DefaultSaramaConfig()
+			c.Sarama.Version = sarama.V0_10_2_0
+		}},
 		{"drain longer than a rebalance", "DrainTimeout", func(c *inbox.Config) { c.DrainTimeout = time.Minute }},
 		{"bad table", "Table.Name", func(c *inbox.Config) { c.Table = outbox.Table{Name: "x; drop"} }},
 		{"concurrency", "Concurrency", func(c *inbox.Config) { c.Concurrency = -1 }},

@@ -90,6 +90,20 @@
 // "<topic>/<partition>/<offset>". Records whose x-event-type no route takes
 // are skipped (Config.ParkUnrouted parks them).
 //
+// Transactions: the default DefaultSaramaConfig reads committed
+// (sarama.ReadCommitted). The records of an aborted Kafka transaction were
+// never sent, by the producer's account: those of a batch the relay's
+// exactly-once mode aborted (it publishes the batch again, with the same
+// event ids) and those of any other transactional producer that aborted are
+// never delivered, so never applied. While a transaction is open, its
+// partitions' records from its first one on wait until it ends: a producer
+// that died holds them for its transaction timeout plus the broker's
+// transaction.abort.timed.out.transaction.cleanup.interval.ms. Set
+// Config.Sarama.Consumer.IsolationLevel to sarama.ReadUncommitted to read
+// every record at once, aborted ones included; a Sarama configuration of
+// your own keeps the level it has (sarama.NewConfig's is ReadUncommitted).
+// ReadCommitted needs Sarama.Version 0.11 or later (New refuses it below).
+//
 // Rebalances and stopping: when a partition is revoked, its session ends,
 // or Stop is called, the consumer starts no new record of it; records in
 // progress get Config.DrainTimeout to commit, then their transactions are

@@ -28,7 +28,10 @@ const (
 	// published it) to the end of its processing.
 	MetricAge = "outbox.inbox.age"
 	// MetricLag is, per partition this member owns, the records between
-	// the committed position and the partition's high-water mark.
+	// the committed position and the partition's high-water mark. On a
+	// topic written in Kafka transactions (the relay's exactly-once mode)
+	// each transaction's commit or abort marker, and aborted records, take
+	// offsets too: there it stays at 1 or more once everything is applied.
 	MetricLag = "outbox.inbox.lag"
 	// MetricParked is the number of parked records of this consumer name.
 	MetricParked = "outbox.inbox.parked"

@@ -29,7 +29,15 @@
 #   KAFKA_QUORUM_VOTERS            every node's id@host:controller-port, comma-separated
 #                                  (default: this node alone)
 #   KAFKA_REPLICATION_FACTOR (1)   default replication factor, also of the internal topics
-#   KAFKA_MIN_INSYNC_REPLICAS (1)  min.insync.replicas
+#   KAFKA_MIN_INSYNC_REPLICAS (1)  min.insync.replicas, also transaction.state.log.min.isr
+#
+# Transactions (the relay's exactly-once mode, read_committed consumers):
+#   KAFKA_TXN_ABORT_CLEANUP_INTERVAL_MS (1000)
+#                                  transaction.abort.timed.out.transaction.cleanup.interval.ms:
+#                                  how often the broker aborts transactions that outlived their
+#                                  timeout (Kafka's default is 10000), so the open transaction of a
+#                                  producer that died holds read_committed consumers for about its
+#                                  timeout plus this; transaction.max.timeout.ms keeps its default (15 min)
 #
 # Only the `up` line goes to stdout, so a Makefile can do
 #   export $(scripts/kafka.sh up)
@@ -48,6 +56,9 @@ NODE_ID=${KAFKA_NODE_ID:-1}
 QUORUM_VOTERS=${KAFKA_QUORUM_VOTERS:-$NODE_ID@$HOST:$KAFKA_CONTROLLER_PORT}
 REPLICATION_FACTOR=${KAFKA_REPLICATION_FACTOR:-1}
 MIN_ISR=${KAFKA_MIN_INSYNC_REPLICAS:-1}
+TXN_ABORT_CLEANUP_INTERVAL_MS=${KAFKA_TXN_ABORT_CLEANUP_INTERVAL_MS:-1000}
+[[ $TXN_ABORT_CLEANUP_INTERVAL_MS =~ ^[1-9][0-9]*$ ]] ||
+  { echo "kafka.sh: KAFKA_TXN_ABORT_CLEANUP_INTERVAL_MS=$TXN_ABORT_CLEANUP_INTERVAL_MS: give milliseconds, a positive integer" >&2; exit 64; }
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=$REPO/.cache
@@ -210,6 +221,10 @@ offsets.topic.num.partitions=12
 transaction.state.log.replication.factor=$REPLICATION_FACTOR
 transaction.state.log.min.isr=$MIN_ISR
 transaction.state.log.num.partitions=12
+# Abort a transaction that outlived its timeout (its producer died) within
+# about 1 s of the timeout rather than 10 s: until then it holds back
+# read_committed consumers of its partitions.
+transaction.abort.timed.out.transaction.cleanup.interval.ms=$TXN_ABORT_CLEANUP_INTERVAL_MS
 share.coordinator.state.topic.replication.factor=$REPLICATION_FACTOR
 share.coordinator.state.topic.min.isr=$MIN_ISR
 group.initial.rebalance.delay.ms=0
