@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox/relay"
@@ -169,6 +170,12 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	cs := []*contender{
 		{name: "fxoutbox default", desc: "relay.New with every default (only Table set: batches of 50 growing to 500 while full, per-key lanes, asynchronous commit), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
+		{name: "fxoutbox exactly-once default", desc: "every default but Delivery ExactlyOnce (each batch one lane's Kafka transaction, synchronous commit), 1 relay", kind: "contender", prepare: prepFx,
+			run: fx(&relay.Config{Delivery: relay.ExactlyOnce}, 1)},
+		{name: "fxoutbox exactly-once b500 x1", desc: "BatchSize 500, Delivery ExactlyOnce, 1 relay", kind: "contender", prepare: prepFx,
+			run: fx(&relay.Config{BatchSize: 500, Delivery: relay.ExactlyOnce}, 1)},
+		{name: "fxoutbox exactly-once b500 x2", desc: "BatchSize 500, Delivery ExactlyOnce, 2 relays (own producers each)", kind: "contender", prepare: prepFx,
+			run: fx(&relay.Config{BatchSize: 500, Delivery: relay.ExactlyOnce}, 2)},
 		{name: "fxoutbox b500 x2", desc: "BatchSize 500, 2 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 2)},
 		{name: "fxoutbox b500 x3", desc: "BatchSize 500, 3 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 3)},
 		{name: "fxoutbox b500 x4", desc: "BatchSize 500, 4 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 4)},
@@ -458,6 +465,11 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 				prog.add(acked(len(msgs), err))
 				return err
 			})
+			if cfg != nil && cfg.Delivery == relay.ExactlyOnce {
+				// The relay publishes through its own transactional
+				// producers: progress is counted from the table.
+				pub = sp
+			}
 		}
 		c := relay.Config{}
 		if cfg != nil {
@@ -470,12 +482,24 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 		}
 		relays = append(relays, r)
 	}
+	eo := cfg != nil && cfg.Delivery == relay.ExactlyOnce && !noPublish
+	if eo {
+		// The progress topic exists before the clock starts, as it does
+		// after a relay's first start.
+		if err := e.createProgressTopic(relays[0].Config().ProgressTopic); err != nil {
+			return drainRun{}, err
+		}
+	}
 	pg0 := e.pgBackendCPU(ctx)
 	t0 := time.Now()
 	for _, r := range relays {
 		if err := r.Start(ctx); err != nil {
 			return drainRun{}, err
 		}
+	}
+	if eo {
+		stopCount := e.countPublished(ctx, prog)
+		defer stopCount()
 	}
 	elapsed, capped := prog.wait(ctx, t0, e.p.drainCap())
 	pgUsed := pg0.until(e.pgBackendCPU(ctx))
@@ -574,4 +598,42 @@ func (e *env) drainPostgres(ctx context.Context, n, batch, workers int, syncComm
 		return drainRun{}, fmt.Errorf("claimed %d events, want %d", total.Load(), n)
 	}
 	return result(total.Load(), elapsed, false), nil
+}
+
+// createProgressTopic creates exactly-once's progress topic as the relay
+// would (one partition, compacted), when it is missing.
+func (e *env) createProgressTopic(topic string) error {
+	admin, err := sarama.NewClusterAdmin(e.brokers, producerConfig("fxbench-admin"))
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	compact := "compact"
+	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: map[string]*string{"cleanup.policy": &compact}}, false)
+	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return fmt.Errorf("create the progress topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// countPublished adds to prog the rows marked published in the table, read
+// every 5ms, until the returned stop is called: an exactly-once relay
+// publishes through its own producers, so no publisher counts for it.
+func (e *env) countPublished(ctx context.Context, prog *progress) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var last int64
+		for ctx.Err() == nil {
+			var n int64
+			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NOT NULL").Scan(&n); err == nil && n > last {
+				prog.add(int(n - last))
+				last = n
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return func() { cancel(); <-done }
 }

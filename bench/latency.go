@@ -80,6 +80,9 @@ type latContender struct {
 	// business transaction recording one event with id) and a stop function.
 	start func(ctx context.Context, topic, warm string) (write func(ctx context.Context, id uuid.UUID, key, seq int) error, stop func(), err error)
 	rates map[int]bool // nil: every rate
+	// committed: the consumer reads committed (exactly-once contenders:
+	// an event counts when its transaction committed).
+	committed bool
 }
 
 func runLatency(ctx context.Context, e *env) (*Latency, error) {
@@ -89,7 +92,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		return nil, err
 	}
 	defer e.dropTopic(warm)
-	fxStart := func(wake, listen bool, batch int) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+	fxStart := func(wake, listen bool, batch int, delivery relay.Delivery) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 			if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
 				return nil, nil, err
@@ -101,7 +104,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			if err := sp.Publish(ctx, []relay.Message{{Topic: warm, Key: []byte("k"), Value: []byte(`{}`)}}); err != nil {
 				return nil, nil, err
 			}
-			rc := &relay.Config{Table: e.table, Listen: listen, BatchSize: batch} // zero values: the defaults
+			rc := &relay.Config{Table: e.table, Listen: listen, BatchSize: batch, Delivery: delivery} // zero values: the defaults
 			r, err := relay.New(e.pool, sp, rc)
 			if err != nil {
 				return nil, nil, err
@@ -124,6 +127,18 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			}
 			if err := r.Start(ctx); err != nil {
 				return nil, nil, err
+			}
+			if delivery == relay.ExactlyOnce {
+				// Connect the transactional producers before the clock
+				// starts: one warm-up event through the relay.
+				if err := uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					return tx.Add(ctx, outbox.Event{AggregateType: aggregateType, AggregateID: "warm", Type: eventType, Topic: warm, Payload: json.RawMessage(`{}`)})
+				}); err != nil {
+					return nil, nil, err
+				}
+				if err := e.waitPublished(ctx, 30*time.Second); err != nil {
+					return nil, nil, err
+				}
 			}
 			write := func(ctx context.Context, id uuid.UUID, key, seq int) error {
 				return uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
@@ -209,19 +224,20 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		return write, func() { _ = stopFwd() }, nil
 	}
 	cs := []latContender{
-		{name: "fxoutbox wake", desc: "defaults, woken in-process after each commit (fxoutbox.Module)", start: fxStart(true, false, 0)},
-		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0)},
-		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0)},
-		{name: "fxoutbox wake b500", desc: "BatchSize 500, woken in-process after each commit", start: fxStart(true, false, 500), rates: map[int]bool{5000: true}},
+		{name: "fxoutbox wake", desc: "defaults, woken in-process after each commit (fxoutbox.Module)", start: fxStart(true, false, 0, relay.AtLeastOnce)},
+		{name: "fxoutbox wake exactly-once", desc: "defaults + Delivery ExactlyOnce, woken in-process after each commit; the consumer reads committed", start: fxStart(true, false, 0, relay.ExactlyOnce), committed: true},
+		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0, relay.AtLeastOnce)},
+		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0, relay.AtLeastOnce)},
+		{name: "fxoutbox wake b500", desc: "BatchSize 500, woken in-process after each commit", start: fxStart(true, false, 500, relay.AtLeastOnce), rates: map[int]bool{5000: true}},
 		{name: "fxoutbox listen x1 proc", desc: "defaults + Listen, 1 relay in a process of its own, writers use unitofwork.Notifier", start: procsStart(1), rates: map[int]bool{1000: true}},
 		{name: "fxoutbox listen x3 procs", desc: "defaults + Listen, 3 relays in separate processes on one table, writers use unitofwork.Notifier", start: procsStart(3), rates: map[int]bool{1000: true}},
 		{name: "watermill", desc: "Forwarder with watermill-sql defaults (1 s poll, batch 100)", start: wmStart},
 	}
 	if p.Quick {
-		cs[1].rates = map[int]bool{1000: true}
 		cs[2].rates = map[int]bool{1000: true}
-		cs[3].rates = map[int]bool{} // not in the quick run
-		cs[6].rates = map[int]bool{1000: true}
+		cs[3].rates = map[int]bool{1000: true}
+		cs[4].rates = map[int]bool{} // not in the quick run
+		cs[7].rates = map[int]bool{1000: true}
 	}
 	if re := e.p.contenders; re != nil { // BENCH_CONTENDERS: a subset, while tuning
 		kept := cs[:0]
@@ -331,6 +347,9 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 	ccfg := sarama.NewConfig()
 	ccfg.Version = sarama.V2_8_0_0
 	ccfg.ClientID = "fxbench-consumer"
+	if c.committed {
+		ccfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	}
 	consumer, err := sarama.NewConsumer(e.brokers, ccfg)
 	if err != nil {
 		return LatencyRun{}, err
@@ -483,4 +502,22 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		run.PGUsPerEvent = round2(pgUsed / float64(len(all)) * 1e6)
 	}
 	return run, nil
+}
+
+// waitPublished waits until the table has no unpublished row.
+func (e *env) waitPublished(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var n int
+		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d events still unpublished after %v", n, limit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

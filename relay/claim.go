@@ -169,7 +169,7 @@ func newQueries(t outbox.Table) queries {
 		laneIDs:   "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = @lane ORDER BY id LIMIT @n",
 		laneIDsHeld: "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL" + notHeld +
 			" AND " + lane + " = @lane ORDER BY id LIMIT @n",
-		markCommitted: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL" +
+		markCommitted: "UPDATE " + t.Ident() + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
 			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
 		ns: locks.Namespace(t.String()),
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
@@ -100,12 +101,14 @@ type laneTxn struct {
 	txn *kafkaproducer.Txn
 }
 
-// progress is the value of a lane's record in the progress topic: the ids
-// of the rows its transaction published.
+// progress is the value of a lane's record in the progress topic: the
+// event ids (x-event-id) its transaction published. Event ids, not row ids:
+// a row id can come back (a table recreated, TRUNCATE ... RESTART
+// IDENTITY), an event id cannot.
 type progress struct {
-	Table string  `json:"table"`
-	Lane  int32   `json:"lane"`
-	IDs   []int64 `json:"ids"`
+	Table    string      `json:"table"`
+	Lane     int32       `json:"lane"`
+	EventIDs []uuid.UUID `json:"event_ids"`
 }
 
 func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
@@ -313,7 +316,7 @@ func (r *Relay) eoAcquire(ctx context.Context, lane int32, b *eoBatch) error {
 			txn.Invalidate()
 			return fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not ours: %w", lane, r.eo.topic, err)
 		}
-		if err := r.markCommitted(ctx, p.IDs); err != nil {
+		if err := r.markCommitted(ctx, p.EventIDs); err != nil {
 			txn.Invalidate()
 			return err
 		}
@@ -321,11 +324,11 @@ func (r *Relay) eoAcquire(ctx context.Context, lane int32, b *eoBatch) error {
 	return txn.Begin(ctx, r.eo.topic, 0)
 }
 
-// markCommitted marks the rows ids (committed to Kafka by a lane's last
+// markCommitted marks the events ids (committed to Kafka by a lane's last
 // transaction) published, in a transaction of its own committed
 // synchronously. A row an operator replayed since (attempts 0 with a last
 // error, as Replay leaves it) is left to be sent again.
-func (r *Relay) markCommitted(ctx context.Context, ids []int64) error {
+func (r *Relay) markCommitted(ctx context.Context, ids []uuid.UUID) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -362,10 +365,10 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 // of them is visible to read_committed consumers, and they are sent again.
 func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
 	txn := b.lt.txn
-	var ids []int64
+	var ids []uuid.UUID
 	for i, err := range errs {
 		if err == nil {
-			ids = append(ids, rows[i].id)
+			ids = append(ids, rows[i].eventID)
 		}
 	}
 	if len(ids) == 0 {
@@ -382,7 +385,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 			}
 		}
 	}
-	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: b.lane, IDs: ids})
+	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: b.lane, EventIDs: ids})
 	if err != nil {
 		_ = txn.Abort(ctx)
 		fail(err)
