@@ -31,13 +31,21 @@ import (
 //     in ranges (f.Since/Until, FromID/ToID) to spread it.
 //
 // Parked events are not replayed (requeue them).
+//
+// Replay leaves a last error on each row, "[outbox.replayed] …", with its
+// attempts at 0, as a requeue does: a relay in exactly-once delivery that
+// takes a lane over marks the events of the lane's last Kafka transaction
+// published, but not one so replayed since.
 func Replay(ctx context.Context, db Querier, table outbox.Table, f Filter, opts *BulkOptions) (int, error) {
-	n, err := bulk(ctx, db, table, published, "published_at = NULL, attempts = 0", f, opts)
+	n, err := bulk(ctx, db, table, published, "published_at = NULL, attempts = 0, last_error = '"+replayedReason+"'", f, opts)
 	if err != nil {
 		return n, fmt.Errorf("admin: replay published events in %s (%d reset): %w", table, n, err)
 	}
 	return n, nil
 }
+
+// replayedReason is the last_error Replay leaves on the rows it resets.
+const replayedReason = "[outbox.replayed] replayed by an operator: the relay sends it again"
 
 // CountPublished returns how many published events match f (at most
 // f.Limit, when set): what Replay with f would reset. Without an id range

@@ -1,0 +1,170 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// TestExactlyOnceRefusesWhatItCannotKeep: exactly-once needs the poll
+// mode, per-key lanes, the relay's own producer and a transaction timeout
+// within the batch's.
+func TestExactlyOnceRefusesWhatItCannotKeep(t *testing.T) {
+	t.Parallel()
+	pub, err := relay.NewSaramaPublisher([]string{"127.0.0.1:1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	own := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
+	for _, c := range []struct {
+		name string
+		pub  relay.Publisher
+		cfg  relay.Config
+		want string
+	}{
+		{"stream", pub, relay.Config{Mode: relay.Stream}, "needs Mode Poll"},
+		{"unordered", pub, relay.Config{Ordering: relay.Unordered}, "needs Ordering PerKey"},
+		{"own publisher", own, relay.Config{}, "pass a *relay.SaramaPublisher"},
+		{"timeout", pub, relay.Config{TransactionTimeout: time.Minute}, "TransactionTimeout"},
+		{"timeout too short", pub, relay.Config{TransactionTimeout: time.Millisecond}, "TransactionTimeout"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.cfg.Delivery = relay.ExactlyOnce
+			_, err := relay.New(fakeDB{}, c.pub, &c.cfg)
+			var ce *outbox.ConfigError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New = %v, want a config error saying %q", err, c.want)
+			}
+		})
+	}
+	d, err := relay.ParseDelivery("exactly-once")
+	if err != nil || d != relay.ExactlyOnce || d.String() != "exactly-once" {
+		t.Fatalf("ParseDelivery = %v, %v", d, err)
+	}
+	if _, err := relay.ParseDelivery("twice"); err == nil {
+		t.Fatal("ParseDelivery(twice) = nil error")
+	}
+}
+
+// fakeDB is a DB that New accepts; the refusals come before any query.
+type fakeDB struct{}
+
+func (fakeDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("not a database") }
+
+// failMarks is the relay's pool, except that the batch's mark statement
+// fails while fail is set: the Kafka transaction has committed, and the
+// database marks do not follow (a crash between the two, without losing
+// the process).
+type failMarks struct {
+	relay.DB
+	fail  *atomic.Int32 // marks still to fail
+	table string
+}
+
+func (d failMarks) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := d.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return failMarksTx{Tx: tx, d: d}, nil
+}
+
+type failMarksTx struct {
+	pgx.Tx
+	d failMarks
+}
+
+func (tx failMarksTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "UPDATE "+tx.d.table+" SET published_at = now() WHERE id = ANY($1)") && tx.d.fail.Add(-1) >= 0 {
+			_ = tx.Tx.Rollback(ctx)
+			return tx.Tx.SendBatch(ctx, &pgx.Batch{}) // fails: the transaction is closed
+		}
+	}
+	return tx.Tx.SendBatch(ctx, b)
+}
+
+// TestExactlyOnceMarksFollowTheCommit: the database marks of committed
+// Kafka transactions fail (three times), so the rows stay unpublished in
+// the table; the relay reads the lane's progress back before the lane's
+// next transaction, marks them, and sends none of them again. A
+// read_committed consumer gets each event once.
+func TestExactlyOnceMarksFollowTheCommit(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	topic := testenv.Topic(t, s.kafka(t), 4)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	var fail atomic.Int32
+	fail.Store(3)
+	r, err := relay.New(failMarks{DB: s.pool, fail: &fail, table: s.table.Ident()}, s.publisher(t),
+		&relay.Config{Table: s.table, Delivery: relay.ExactlyOnce, PollInterval: 20 * time.Millisecond, Lanes: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	s.write(t, topic, n, 8)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "all events published", func() bool { return s.unpublished(t) == 0 })
+	if err := r.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if fail.Load() >= 0 {
+		t.Fatalf("%d mark failures left: the test did not fail the marks", fail.Load()+1)
+	}
+	time.Sleep(500 * time.Millisecond)
+	got := map[string]int{}
+	for _, m := range cons.WaitFor(n, 30*time.Second) {
+		got[testenv.Header(m, outbox.HeaderEventID)]++
+	}
+	dups := 0
+	for _, c := range got {
+		dups += c - 1
+	}
+	if len(got) != n || dups > 0 {
+		t.Fatalf("read_committed: %d distinct events of %d, %d duplicates; want each once", len(got), n, dups)
+	}
+}
+
+// TestExactlyOnceReplayIsNotUndone: an operator replays events of a lane's
+// last transaction; a relay that takes the lane over reads that
+// transaction back, but sends the replayed events again rather than
+// marking them published.
+func TestExactlyOnceReplayIsNotUndone(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	topic := testenv.Topic(t, s.kafka(t), 1)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	cfg := relay.Config{Delivery: relay.ExactlyOnce, Lanes: 1}
+	const n = 20
+	s.write(t, topic, n, 3)
+	first := s.relay(t, s.publisher(t), cfg)
+	if got, err := first.RunOnce(s.ctx); err != nil || got != n {
+		t.Fatalf("RunOnce = %d, %v; want %d", got, err, n)
+	}
+	if err := first.Stop(s.ctx); err != nil { // closes its Kafka client
+		t.Fatal(err)
+	}
+	replayed, err := admin.Replay(s.ctx, s.pool, s.table, admin.Filter{FromID: 5, ToID: 7}, nil)
+	if err != nil || replayed != 3 {
+		t.Fatalf("Replay = %d, %v; want 3", replayed, err)
+	}
+	second := s.relay(t, s.publisher(t), cfg) // a new owner: reads lane 0 back
+	defer func() { _ = second.Stop(s.ctx) }()
+	if got, err := second.RunOnce(s.ctx); err != nil || got != 3 {
+		t.Fatalf("RunOnce after the replay = %d, %v; want the 3 replayed events sent again", got, err)
+	}
+	cons.WaitFor(n+3, 30*time.Second)
+}
