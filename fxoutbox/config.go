@@ -128,7 +128,7 @@ type Config struct {
 	// missing [OUTBOX_PROGRESS_TOPIC]. Default "fxoutbox.progress.<schema>.<table>".
 	ProgressTopic string
 	// TransactionalID is the prefix of exactly-once's Kafka transactional
-	// ids, one per lane [OUTBOX_TRANSACTIONAL_ID]. Default "fxoutbox.<schema>.<table>".
+	// ids, "<prefix>.<relay>.<n>" [OUTBOX_TRANSACTIONAL_ID]. Default "fxoutbox.<schema>.<table>".
 	TransactionalID string
 	// Lanes is the number of lanes keys hash into under per-key ordering;
 	// every relay on a table must agree [OUTBOX_LANES]. Default 64.

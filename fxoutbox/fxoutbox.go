@@ -505,7 +505,7 @@ func (in *instance) summary(h *relayHooks) []any {
 	}
 	delivery := rc.Delivery.String()
 	if rc.Delivery == relay.ExactlyOnce {
-		delivery += fmt.Sprintf(", progress topic %s, transactional ids %s.lane-<n>, transaction timeout %v", rc.ProgressTopic, rc.TransactionalID, rc.TransactionTimeout)
+		delivery += fmt.Sprintf(", progress topic %s, transactional ids %s.<relay>.<n>, transaction timeout %v", rc.ProgressTopic, rc.TransactionalID, rc.TransactionTimeout)
 	}
 	attrs := []any{"table", cfg.Table.String(), "service", service, "ordering", ordering, "delivery", delivery, "brokers", brokers, "mode", mode}
 	attrs = append(attrs, stream...)

@@ -91,12 +91,8 @@ type queries struct {
 	streamStateUnordered string
 	unmark               string
 	cleanup              string
-	// ExactlyOnce (see eoClaim): lock the first free lane of
-	// @candidates; the ids of a lane's oldest claimable rows (without the
-	// held keys'); mark a lane's rows committed to Kafka published.
-	lockFirst     string
-	laneIDs       string
-	laneIDsHeld   string
+	// markCommitted (ExactlyOnce, see eoAcquire) marks the events of a
+	// lane's last Kafka transaction published.
 	markCommitted string
 	ns            int32 // advisory lock namespace of the table
 	// upto holds, for each claim statement, its variant that takes only
@@ -162,13 +158,6 @@ func newQueries(t outbox.Table) queries {
 		// index) narrows the scan to old block ranges.
 		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-		// lockFirst tries the candidates in order and stops at the first
-		// it locks: a function scan feeds the filter one row at a time, and
-		// the limit stops it.
-		lockFirst: "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l) LIMIT 1",
-		laneIDs:   "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL AND " + lane + " = @lane ORDER BY id LIMIT @n",
-		laneIDsHeld: "SELECT id FROM " + t.Ident() + " WHERE published_at IS NULL AND parked_at IS NULL" + notHeld +
-			" AND " + lane + " = @lane ORDER BY id LIMIT @n",
 		markCommitted: "UPDATE " + t.Ident() + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
 			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
 		ns: locks.Namespace(t.String()),
@@ -280,7 +269,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto
 		c.more = len(c.rows) == n
 		return c, nil
 	}
-	ids, more, err := r.lockLanes(ctx, tx, n, held, upto)
+	ids, more, err := r.lockLanes(ctx, tx, n, held, upto, nil)
 	if err != nil || len(ids) == 0 {
 		// With no lane locked, more says the window saw unpublished rows.
 		return claimed{heldElsewhere: err == nil && more}, err
@@ -394,7 +383,16 @@ func isUnreadable(err error) bool {
 //
 // The rows of held keys are left out (windowHeld), so a key waiting for a
 // failed event's retry takes no room in the batch.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64) (ids []int64, more bool, err error) {
+//
+// With laneOf not nil, lockLanes records the lane of each id it returns.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, laneOf map[int64]int32) (ids []int64, more bool, err error) {
+	note := func(lane int32, ids []int64) {
+		if laneOf != nil {
+			for _, id := range ids {
+				laneOf[id] = lane
+			}
+		}
+	}
 	covered := 0
 	tried := map[int32]bool{}
 	for window := 2 * n; ; window *= 4 {
@@ -434,6 +432,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 					case *got:
 						tried[lr.lane] = true
 						ids = append(ids, lr.ids...)
+						note(lr.lane, lr.ids)
 						covered += len(lr.ids)
 					default:
 						tried[lr.lane] = true
@@ -467,6 +466,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 			}
 			for _, l := range got {
 				ids = append(ids, want[l]...)
+				note(l, want[l])
 				covered += len(want[l])
 			}
 		}

@@ -70,9 +70,9 @@ type Config struct {
 	// missing. Default "fxoutbox.progress.<schema>.<table>".
 	ProgressTopic string
 	// TransactionalID is the prefix of ExactlyOnce's Kafka transactional
-	// ids: lane n uses "<TransactionalID>.lane-<n>". Every relay of a
-	// table must use the same, and no other producer. Default
-	// "fxoutbox.<schema>.<table>".
+	// ids: "<TransactionalID>.<relay>.<n>", where <relay> is random per
+	// relay and <n> numbers its workers. No other producer may use ids
+	// with this prefix. Default "fxoutbox.<schema>.<table>".
 	TransactionalID string
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys

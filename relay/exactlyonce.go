@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,37 +78,51 @@ func defaultTopicName(prefix string, t outbox.Table) string {
 	}, name)
 }
 
-// exactlyOnce is the relay's Kafka side of ExactlyOnce: one transactional
-// producer per lane (transactional id <TransactionalID>.lane-<n>) on one
-// client, and the progress topic.
+// exactlyOnce is the relay's Kafka side of ExactlyOnce: the workers'
+// transactional producers on one client, and the progress topic.
+//
+// Each batch runs one Kafka transaction, under the transactional id of the
+// worker that runs it ("<TransactionalID>.<relay>.<n>": the relay's random
+// id and the worker's number). A lane's records in the progress topic name
+// the transactional id that wrote them: its owner. Whoever takes a lane
+// whose owner is another id first initialises that id (InitProducerId),
+// which fences the owner and aborts (or completes) its open transaction,
+// then commits a record that names itself the lane's owner, and only then
+// publishes the lane's events.
 type exactlyOnce struct {
 	addrs   []string
 	conf    *sarama.Config
 	topic   string // the progress topic
 	prefix  string // of the transactional ids
+	relayID string // this relay's part of them
 	timeout time.Duration
 
 	mu      sync.Mutex
 	client  sarama.Client
 	checked bool // the progress topic exists, with one partition
-	lanes   map[int32]*laneTxn
+	free    []*eoWorker
+	made    int // workers made: the next one's number
 	closed  bool
 }
 
-// laneTxn is a lane's transactional producer; busy while a batch holds it
-// (one at a time: the lane's advisory lock is per transaction, and a
-// relay's workers use separate transactions).
-type laneTxn struct {
-	txn *kafkaproducer.Txn
+// eoWorker is a transactional producer and the lanes it owns: the lanes
+// whose last committed progress record is its own (it knows their events
+// are all marked in the table) and that nobody took since (taking one
+// fences the producer: owned is emptied when Init runs again).
+type eoWorker struct {
+	txn   *kafkaproducer.Txn
+	owned map[int32]bool
 }
 
 // progress is the value of a lane's record in the progress topic: the
-// event ids (x-event-id) its transaction published. Event ids, not row ids:
-// a row id can come back (a table recreated, TRUNCATE ... RESTART
-// IDENTITY), an event id cannot.
+// transactional id that wrote it (the lane's owner) and the event ids
+// (x-event-id) its transaction published. Event ids, not row ids: a row id
+// can come back (a table recreated, TRUNCATE ... RESTART IDENTITY), an
+// event id cannot.
 type progress struct {
 	Table    string      `json:"table"`
 	Lane     int32       `json:"lane"`
+	Owner    string      `json:"owner"`
 	EventIDs []uuid.UUID `json:"event_ids"`
 }
 
@@ -118,7 +133,15 @@ func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
 	}
 	addrs, conf := src.kafka()
 	c := *conf
-	return &exactlyOnce{addrs: addrs, conf: &c, topic: cfg.ProgressTopic, prefix: cfg.TransactionalID, timeout: cfg.TransactionTimeout, lanes: map[int32]*laneTxn{}}, nil
+	// The lanes of a batch publish concurrently, on shared broker
+	// connections: up to 5 requests in flight on each (Kafka's bound for
+	// an idempotent producer). Order does not depend on it: the producer
+	// keeps one batch in flight per partition and lane. sarama's
+	// Idempotent flag (which insists on one request in flight) only
+	// configures sarama's own producer, which this client does not run.
+	c.Net.MaxOpenRequests = 5
+	c.Producer.Idempotent = false
+	return &exactlyOnce{addrs: addrs, conf: &c, topic: cfg.ProgressTopic, prefix: cfg.TransactionalID, timeout: cfg.TransactionTimeout, relayID: uuid.NewString()[:8]}, nil
 }
 
 // connect returns the client, connecting (and checking the progress topic,
@@ -181,16 +204,24 @@ func (e *exactlyOnce) ensureTopic(ctx context.Context) error {
 	return nil
 }
 
-// lane returns lane's transactional producer.
-func (e *exactlyOnce) lane(client sarama.Client, lane int32) *laneTxn {
+// take returns a free worker, making one when none is.
+func (e *exactlyOnce) take(client sarama.Client) *eoWorker {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	l := e.lanes[lane]
-	if l == nil {
-		l = &laneTxn{txn: kafkaproducer.NewTxn(client, e.conf, e.prefix+".lane-"+strconv.Itoa(int(lane)), e.timeout)}
-		e.lanes[lane] = l
+	if n := len(e.free); n > 0 {
+		w := e.free[n-1]
+		e.free = e.free[:n-1]
+		return w
 	}
-	return l
+	e.made++
+	id := fmt.Sprintf("%s.%s.%d", e.prefix, e.relayID, e.made)
+	return &eoWorker{txn: kafkaproducer.NewTxn(client, e.conf, id, e.timeout), owned: map[int32]bool{}}
+}
+
+func (e *exactlyOnce) release(w *eoWorker) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.free = append(e.free, w)
 }
 
 func (e *exactlyOnce) close() error {
@@ -205,123 +236,199 @@ func (e *exactlyOnce) close() error {
 	return err
 }
 
-// eoBatch is an ExactlyOnce batch's lane and what became of its Kafka
-// transaction.
+// eoBatch is an ExactlyOnce batch: its worker, its lanes, and what became
+// of its Kafka transaction.
 type eoBatch struct {
-	lane      int32
-	lt        *laneTxn
-	committed bool // the Kafka transaction committed (or may have)
+	w         *eoWorker
+	lanes     map[int32]bool
+	laneOf    map[uuid.UUID]int32 // event id -> lane
+	committed bool                // the batch's Kafka transaction committed (or may have)
 }
 
-// eoClaim is the ExactlyOnce finder: it locks one lane (the first free one
-// in order of its oldest unpublished event), takes the lane (see
-// eoAcquire), and reads up to n of its oldest events, in a new statement
-// after the lock and the acquisition.
+// eoClaim is the ExactlyOnce finder: the PerKey claim's lanes (locked as
+// always), taken over by the batch's worker (see eoAcquire) before their
+// rows are read, in a new statement after the locks and the acquisitions.
+// A lane that cannot be taken leaves the batch; the batch fails only when
+// none can be.
 func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
-	var cands []int32
-	seen := 0
-	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": 0, "ns": r.q.ns}
-	sql := r.q.window
-	if len(held) > 0 {
-		sql, args["held"] = r.q.windowHeld, held
+	laneOf := map[int64]int32{}
+	ids, more, err := r.lockLanes(ctx, tx, n, held, 0, laneOf)
+	if err != nil || len(ids) == 0 {
+		return claimed{heldElsewhere: err == nil && more}, err
 	}
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, sql, args, func(rows pgx.Rows) error {
-		var (
-			lane int32
-			cnt  int
-			ids  []int64
-			got  *bool
-		)
-		_, err := pgx.ForEachRow(rows, []any{&lane, &cnt, &ids, &got}, func() error {
-			cands = append(cands, lane)
-			seen += cnt
-			return nil
-		})
-		return err
-	})
+	client, err := r.eo.connect(ctx)
 	if err != nil {
-		return claimed{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
-	}
-	if len(cands) == 0 {
-		return claimed{}, nil
-	}
-	var lane int32
-	err = tx.QueryRow(ctx, r.q.lockFirst, pgx.NamedArgs{"candidates": cands, "ns": r.q.ns}).Scan(&lane)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return claimed{heldElsewhere: true}, nil
-	}
-	if err != nil {
-		return claimed{}, fmt.Errorf("relay: lock a lane: %w", err)
-	}
-	if err := r.eoAcquire(ctx, lane, b); err != nil {
 		return claimed{}, err
 	}
-	largs := pgx.NamedArgs{"lane": lane, "lanes": r.cfg.Lanes, "n": n}
-	lsql := r.q.laneIDs
-	if len(held) > 0 {
-		lsql, largs["held"] = r.q.laneIDsHeld, held
+	b.w = r.eo.take(client)
+	if err := r.eoBegin(ctx, b.w); err != nil {
+		return claimed{}, err
 	}
-	rows, err := tx.Query(ctx, lsql, largs)
+	b.lanes = map[int32]bool{}
+	for _, lane := range laneOf {
+		b.lanes[lane] = true
+	}
+	failed, err := r.eoAcquire(ctx, client, b)
 	if err != nil {
-		return claimed{}, fmt.Errorf("relay: claim lane %d of %s: %w", lane, r.cfg.Table, err)
+		return claimed{}, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return claimed{}, fmt.Errorf("relay: claim lane %d of %s: %w", lane, r.cfg.Table, err)
+	if len(failed) > 0 {
+		kept := ids[:0]
+		for _, id := range ids {
+			if !failed[laneOf[id]] {
+				kept = append(kept, id)
+			}
+		}
+		ids, more = kept, true
 	}
-	if len(ids) == 0 {
-		return claimed{more: len(cands) > 1 || seen >= 2*n}, nil
-	}
+	// A new statement: its snapshot is taken after the locks were granted
+	// and the lanes' committed events marked.
 	c, err := r.readGuarded(ctx, tx, ids, n)
-	c.more = c.more || len(cands) > 1 || len(ids) == n
+	c.more = c.more || more || len(c.rows) == n
+	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
+	for _, x := range c.rows {
+		b.laneOf[x.eventID] = laneOf[x.id]
+	}
 	return c, err
 }
 
-// eoAcquire makes this relay the Kafka owner of a lane whose advisory lock
-// its batch holds. When the relay owned it last and nothing fenced its
-// producer since (Begin proves that with the transaction's first request),
-// what it knows is current. Otherwise Init fences the lane's previous owner
-// (aborting its open transaction, completing one it was committing), the
-// lane's last committed progress record is read back read_committed, and
-// its rows are marked published in a transaction of their own, committed
-// synchronously before any row of the lane is read: the database marks are
-// a cache of what Kafka committed.
-func (r *Relay) eoAcquire(ctx context.Context, lane int32, b *eoBatch) error {
-	client, err := r.eo.connect(ctx)
-	if err != nil {
-		return err
-	}
-	b.lane, b.lt = lane, r.eo.lane(client, lane)
-	txn := b.lt.txn
-	if txn.Ready() {
-		err := txn.Begin(ctx, r.eo.topic, 0)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, kafkaproducer.ErrFenced) {
+// eoBegin opens the worker's transaction. Its first request also proves the
+// producer was not fenced since its last transaction; if it was (a lane it
+// owned was taken), or it needs Init anyway, Init runs and the worker owns
+// no lane any more.
+func (r *Relay) eoBegin(ctx context.Context, w *eoWorker) error {
+	if w.txn.Ready() {
+		err := w.txn.Begin(ctx, r.eo.topic, 0)
+		if err == nil || !errors.Is(err, kafkaproducer.ErrFenced) {
 			return err
 		}
 	}
-	if err := txn.Init(ctx); err != nil {
+	clear(w.owned)
+	if err := w.txn.Init(ctx); err != nil {
 		return err
 	}
-	val, found, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, laneKey(lane))
+	return w.txn.Begin(ctx, r.eo.topic, 0)
+}
+
+// eoAcquire makes the batch's worker the owner of the batch's lanes it
+// does not own: for each (concurrently), the lane's last committed progress
+// record is read back read_committed; when another transactional id wrote
+// it, that id is initialised (which fences its producer and decides its
+// open transaction) and the record read again; its events are marked
+// published in a transaction of their own, committed synchronously. Then
+// one Kafka transaction commits a record naming the worker the owner of
+// each lane it took, before any event of those lanes is published. It
+// returns the lanes it could not take (they leave the batch).
+func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch) (failed map[int32]bool, err error) {
+	w := b.w
+	var take []int32
+	for lane := range b.lanes {
+		if !w.owned[lane] {
+			take = append(take, lane)
+		}
+	}
+	if len(take) == 0 {
+		return nil, nil
+	}
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		register []int32
+		firstErr error
+	)
+	failed = map[int32]bool{}
+	for _, lane := range take {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine, err := r.eoTakeLane(ctx, client, w, lane)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				failed[lane] = true
+				if firstErr == nil {
+					firstErr = err
+				}
+			case mine:
+				w.owned[lane] = true
+			default:
+				register = append(register, lane)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(register) > 0 {
+		slices.Sort(register)
+		recs := make([]kafkaproducer.Record, len(register))
+		for i, lane := range register {
+			val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: w.txn.ID(), EventIDs: []uuid.UUID{}})
+			if err != nil {
+				return nil, err
+			}
+			recs[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
+		}
+		err := firstResult(w.txn.Produce(ctx, recs))
+		if err == nil {
+			err = w.txn.Commit(ctx)
+		} else {
+			_ = w.txn.Abort(ctx)
+		}
+		if err == nil {
+			err = w.txn.Begin(ctx, r.eo.topic, 0)
+		}
+		if err != nil {
+			w.txn.Invalidate()
+			return nil, fmt.Errorf("relay: exactly-once: take over lanes %v: %w", register, err)
+		}
+		for _, lane := range register {
+			w.owned[lane] = true
+		}
+	}
+	if len(failed) == len(b.lanes) {
+		return nil, firstErr
+	}
+	for lane := range failed {
+		delete(b.lanes, lane)
+	}
+	return failed, nil
+}
+
+// eoTakeLane reads a lane's last committed progress record back, fences
+// its owner when that is another transactional id, and marks the record's
+// events published. mine says the worker wrote that record itself (it
+// owns the lane already, after its own Init).
+func (r *Relay) eoTakeLane(ctx context.Context, client sarama.Client, w *eoWorker, lane int32) (mine bool, err error) {
+	read := func() (progress, bool, error) {
+		val, found, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, laneKey(lane))
+		var p progress
+		if err == nil && found {
+			if err = json.Unmarshal(val, &p); err != nil {
+				err = fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not the relay's: %w", lane, r.eo.topic, err)
+			}
+		}
+		return p, found, err
+	}
+	p, found, err := read()
 	if err != nil {
-		txn.Invalidate()
-		return err
+		return false, err
+	}
+	if found && p.Owner != "" && p.Owner != w.txn.ID() {
+		// Fence the owner: its open transaction is aborted, one it was
+		// committing completes; then its last word on the lane is read.
+		if err := kafkaproducer.NewTxn(client, r.eo.conf, p.Owner, r.eo.timeout).Init(ctx); err != nil {
+			return false, fmt.Errorf("relay: exactly-once: fence lane %d's owner %q: %w", lane, p.Owner, err)
+		}
+		if p, found, err = read(); err != nil {
+			return false, err
+		}
 	}
 	if found {
-		var p progress
-		if err := json.Unmarshal(val, &p); err != nil {
-			txn.Invalidate()
-			return fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not ours: %w", lane, r.eo.topic, err)
-		}
 		if err := r.markCommitted(ctx, p.EventIDs); err != nil {
-			txn.Invalidate()
-			return err
+			return false, err
 		}
 	}
-	return txn.Begin(ctx, r.eo.topic, 0)
+	return found && p.Owner == w.txn.ID(), nil
 }
 
 // markCommitted marks the events ids (committed to Kafka by a lane's last
@@ -351,27 +458,43 @@ func (r *Relay) markCommitted(ctx context.Context, ids []uuid.UUID) error {
 
 func laneKey(lane int32) []byte { return []byte("lane-" + strconv.Itoa(int(lane))) }
 
-// txnPublisher publishes in a lane's open transaction.
+// firstResult returns the first failure of a Produce call, if any.
+func firstResult(res []kafkaproducer.Result) error {
+	for _, r := range res {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+// txnPublisher publishes in a worker's open transaction.
 type txnPublisher struct{ txn *kafkaproducer.Txn }
 
 func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 	return results(msgs, p.txn.Produce(ctx, records(msgs)))
 }
 
-// eoSettle ends a batch's Kafka transaction after its publish: when some
-// events were acknowledged it writes the lane's progress record (their
-// ids) and commits; otherwise it aborts. If the transaction does not
-// commit, the acknowledged events fail transiently (errs is updated): none
-// of them is visible to read_committed consumers, and they are sent again.
+// eoSettle ends the batch's Kafka transaction after its publish: when some
+// events were acknowledged it writes a progress record for each lane that
+// has some (its owner and their event ids) and commits; otherwise it
+// aborts. If the transaction does not commit, the acknowledged events fail
+// transiently (errs is updated): none of them is visible to read_committed
+// consumers, and they are sent again.
 func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
-	txn := b.lt.txn
-	var ids []uuid.UUID
+	txn := b.w.txn
+	byLane := map[int32][]uuid.UUID{}
+	var lanes []int32
 	for i, err := range errs {
 		if err == nil {
-			ids = append(ids, rows[i].eventID)
+			lane := b.laneOf[rows[i].eventID]
+			if byLane[lane] == nil {
+				lanes = append(lanes, lane)
+			}
+			byLane[lane] = append(byLane[lane], rows[i].eventID)
 		}
 	}
-	if len(ids) == 0 {
+	if len(lanes) == 0 {
 		if err := txn.Abort(ctx); err != nil {
 			txn.Invalidate()
 		}
@@ -385,24 +508,27 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 			}
 		}
 	}
-	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: b.lane, EventIDs: ids})
-	if err != nil {
-		_ = txn.Abort(ctx)
-		fail(err)
-		return
+	slices.Sort(lanes)
+	recs := make([]kafkaproducer.Record, len(lanes))
+	for i, lane := range lanes {
+		val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: txn.ID(), EventIDs: byLane[lane]})
+		if err != nil {
+			_ = txn.Abort(ctx)
+			fail(err)
+			return
+		}
+		recs[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
 	}
-	res := txn.Produce(ctx, []kafkaproducer.Record{{Topic: r.eo.topic, Key: laneKey(b.lane), Value: val}})
-	if res[0].Err != nil {
-		if err := txn.Abort(ctx); err != nil {
+	if err := firstResult(txn.Produce(ctx, recs)); err != nil {
+		if aerr := txn.Abort(ctx); aerr != nil {
 			txn.Invalidate()
 		}
-		fail(fmt.Errorf("write the lane's progress record: %w", res[0].Err))
+		fail(fmt.Errorf("write the lanes' progress records: %w", err))
 		return
 	}
 	if err := txn.Commit(ctx); err != nil {
-		// Not committed, or not known: the next owner of the lane (this
-		// relay included) initialises its producer, which decides it,
-		// and reads the lane's progress back.
+		// Not committed, or not known: Init decides it, before the
+		// worker's next transaction, and its lanes are read back.
 		b.committed = !errors.Is(err, kafkaproducer.ErrTxnAborted)
 		txn.Invalidate()
 		fail(err)
@@ -412,15 +538,15 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 }
 
 // eoFinish ends an ExactlyOnce batch that returned err: a transaction it
-// left open is aborted, and a lane whose Kafka commit the database marks
-// did not follow is read back before its next transaction.
+// left open is aborted; lanes whose Kafka commit the database marks did
+// not follow are read back before the worker publishes them again; and the
+// worker is free for the next batch.
 func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
-	if b.lt == nil {
+	if b.w == nil {
 		return
 	}
-	txn := b.lt.txn
+	txn := b.w.txn
 	if txn.Open() {
-		// The batch ended before its publish settled the transaction.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if aerr := txn.Abort(actx); aerr != nil {
@@ -428,8 +554,9 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 		}
 	}
 	if b.committed && err != nil {
-		// Committed to Kafka, but the database marks did not commit: read
-		// the lane back before its next transaction.
-		txn.Invalidate()
+		for lane := range b.lanes {
+			delete(b.w.owned, lane)
+		}
 	}
+	r.eo.release(b.w)
 }

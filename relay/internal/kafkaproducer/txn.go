@@ -268,7 +268,7 @@ func (t *Txn) requestVersion() int16 {
 // INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING) returns ErrFenced at
 // once.
 func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Broker) (sarama.KError, error)) error {
-	backoff := 5 * time.Millisecond
+	backoff := time.Millisecond // CONCURRENT_TRANSACTIONS lasts a few ms
 	var last error
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
