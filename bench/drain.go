@@ -498,7 +498,7 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 		}
 	}
 	if eo {
-		stopCount := e.countPublished(ctx, prog)
+		stopCount := e.countPublished(ctx, n, prog)
 		defer stopCount()
 	}
 	elapsed, capped := prog.wait(ctx, t0, e.p.drainCap())
@@ -617,22 +617,24 @@ func (e *env) createProgressTopic(topic string) error {
 	return nil
 }
 
-// countPublished adds to prog the rows marked published in the table, read
-// every 5ms, until the returned stop is called: an exactly-once relay
-// publishes through its own producers, so no publisher counts for it.
-func (e *env) countPublished(ctx context.Context, prog *progress) (stop func()) {
+// countPublished adds to prog the rows marked published in the table
+// (the backlog of n less the unpublished rows, counted on the partial
+// index, which shrinks as the relay drains), read every 20ms, until the
+// returned stop is called: an exactly-once relay publishes through its own
+// producers, so no publisher counts for it.
+func (e *env) countPublished(ctx context.Context, n int, prog *progress) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		var last int64
 		for ctx.Err() == nil {
-			var n int64
-			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NOT NULL").Scan(&n); err == nil && n > last {
-				prog.add(int(n - last))
-				last = n
+			var left int64
+			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&left); err == nil && int64(n)-left > last {
+				prog.add(int(int64(n) - left - last))
+				last = int64(n) - left
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond)
 		}
 	}()
 	return func() { cancel(); <-done }

@@ -71,15 +71,19 @@ type queries struct {
 	// only while some key is held.
 	claimHeld  string
 	windowHeld string
-	claimIDs   string // unordered, isolating unreadable rows: lock rows, reading only their ids
-	savepoint  string // before the read of rows by id, so a row that cannot be read does not abort the batch
-	rollbackTo string
-	firstID    string // the first claimable row of @ids, reading only its id
-	unreadable string // charge (and park) rows that cannot be read, without reading them
-	lock       string // per key: try-lock candidate lanes
-	read       string // per key: the rows the window saw in locked lanes
-	mark       string
-	attempt    string
+	// windowOwned and windowOwnedHeld are window and windowHeld for an
+	// exactly-once worker: the lanes in @owned first.
+	windowOwned     string
+	windowOwnedHeld string
+	claimIDs        string // unordered, isolating unreadable rows: lock rows, reading only their ids
+	savepoint       string // before the read of rows by id, so a row that cannot be read does not abort the batch
+	rollbackTo      string
+	firstID         string // the first claimable row of @ids, reading only its id
+	unreadable      string // charge (and park) rows that cannot be read, without reading them
+	lock            string // per key: try-lock candidate lanes
+	read            string // per key: the rows the window saw in locked lanes
+	mark            string
+	attempt         string
 	// The stream's claim (see streamer.claim): mark the streamed rows that
 	// are still unpublished published, under PerKey only those whose lane
 	// this transaction holds (or gets) and whose key has no older
@@ -103,13 +107,16 @@ type queries struct {
 func newQueries(t outbox.Table) queries {
 	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
 	const notHeld = " AND partition_key <> ALL(@held::text[])"
-	window := func(held string) string {
+	window := func(held, prefer string) string {
 		return "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
 			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
-			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
+			" coalesce(sum(count(*)) OVER (ORDER BY " + prefer + "min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
 			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
-			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY first"
+			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY " + prefer + "first"
 	}
+	// Exactly-once workers prefer, among the lanes of the window, those
+	// they own (taking another's lane fences its producer).
+	const owned = "lane = ANY(@owned::int[]) DESC, "
 	q := queries{
 		claim: "SELECT " + cols + " FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
@@ -117,9 +124,11 @@ func newQueries(t outbox.Table) queries {
 			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		claimIDs: "SELECT id FROM " + t.Ident() +
 			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		windowHeld: window(notHeld),
-		savepoint:  "SAVEPOINT fxoutbox_read",
-		rollbackTo: "ROLLBACK TO SAVEPOINT fxoutbox_read",
+		windowHeld:      window(notHeld, ""),
+		windowOwned:     window("", owned),
+		windowOwnedHeld: window(notHeld, owned),
+		savepoint:       "SAVEPOINT fxoutbox_read",
+		rollbackTo:      "ROLLBACK TO SAVEPOINT fxoutbox_read",
 		firstID: "SELECT id FROM " + t.Ident() +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1",
 		unreadable: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
@@ -130,7 +139,7 @@ func newQueries(t outbox.Table) queries {
 		// each lane's first row, with their ids, and try-locks the lanes
 		// that cover the first @n of them: true when locked, false when
 		// another relay holds them; lanes past the first @n come back null.
-		window: window(""),
+		window: window("", ""),
 		lock:   "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
 		// read takes the rows the window saw in the locked lanes, in a new
 		// statement: its snapshot, taken after the locks were granted, drops
@@ -269,7 +278,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto
 		c.more = len(c.rows) == n
 		return c, nil
 	}
-	ids, more, err := r.lockLanes(ctx, tx, n, held, upto, nil)
+	ids, more, err := r.lockLanes(ctx, tx, n, held, upto, nil, nil)
 	if err != nil || len(ids) == 0 {
 		// With no lane locked, more says the window saw unpublished rows.
 		return claimed{heldElsewhere: err == nil && more}, err
@@ -384,8 +393,10 @@ func isUnreadable(err error) bool {
 // The rows of held keys are left out (windowHeld), so a key waiting for a
 // failed event's retry takes no room in the batch.
 //
-// With laneOf not nil, lockLanes records the lane of each id it returns.
-func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, laneOf map[int64]int32) (ids []int64, more bool, err error) {
+// With laneOf not nil (an exactly-once worker), lockLanes records the lane
+// of each id it returns, and tries the lanes in owned before the others of
+// each window.
+func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, laneOf map[int64]int32, owned []int32) (ids []int64, more bool, err error) {
 	note := func(lane int32, ids []int64) {
 		if laneOf != nil {
 			for _, id := range ids {
@@ -415,6 +426,12 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 		sql, args := r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns}
 		if len(held) > 0 {
 			sql, args["held"] = r.q.windowHeld, held
+		}
+		if laneOf != nil {
+			sql, args["owned"] = r.q.windowOwned, owned
+			if len(held) > 0 {
+				sql = r.q.windowOwnedHeld
+			}
 		}
 		pre, preArgs := "", []any(nil)
 		if window == 2*n {

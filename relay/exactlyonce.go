@@ -181,9 +181,12 @@ func (e *exactlyOnce) ensureTopic(ctx context.Context) error {
 	defer admin.Close()
 	rf := int16(min(3, len(e.client.Brokers())))
 	isr := strconv.Itoa(int(max(1, rf-1)))
-	compact := "compact"
+	// Compacted, in segments small enough (8 MiB, or 10 minutes) for the
+	// cleaner to keep the partition near one record per lane: a relay that
+	// takes a lane that has none reads the partition back to its start.
+	compact, segBytes, segMs := "compact", "8388608", "600000"
 	err = admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: rf,
-		ConfigEntries: map[string]*string{"cleanup.policy": &compact, "min.insync.replicas": &isr}}, false)
+		ConfigEntries: map[string]*string{"cleanup.policy": &compact, "min.insync.replicas": &isr, "segment.bytes": &segBytes, "segment.ms": &segMs}}, false)
 	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("relay: exactly-once: create the progress topic %q (or create it yourself: 1 partition, cleanup.policy=compact): %w", e.topic, err)
 	}
@@ -246,21 +249,24 @@ type eoBatch struct {
 }
 
 // eoClaim is the ExactlyOnce finder: the PerKey claim's lanes (locked as
-// always), taken over by the batch's worker (see eoAcquire) before their
-// rows are read, in a new statement after the locks and the acquisitions.
-// A lane that cannot be taken leaves the batch; the batch fails only when
-// none can be.
+// always, the worker's own lanes first), taken over by the batch's worker
+// (see eoAcquire) before their rows are read, in a new statement after the
+// locks and the acquisitions.
 func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
-	laneOf := map[int64]int32{}
-	ids, more, err := r.lockLanes(ctx, tx, n, held, 0, laneOf)
-	if err != nil || len(ids) == 0 {
-		return claimed{heldElsewhere: err == nil && more}, err
-	}
 	client, err := r.eo.connect(ctx)
 	if err != nil {
 		return claimed{}, err
 	}
 	b.w = r.eo.take(client)
+	owned := make([]int32, 0, len(b.w.owned))
+	for lane := range b.w.owned {
+		owned = append(owned, lane)
+	}
+	laneOf := map[int64]int32{}
+	ids, more, err := r.lockLanes(ctx, tx, n, held, 0, laneOf, owned)
+	if err != nil || len(ids) == 0 {
+		return claimed{heldElsewhere: err == nil && more}, err
+	}
 	if err := r.eoBegin(ctx, b.w); err != nil {
 		return claimed{}, err
 	}
@@ -268,18 +274,8 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	for _, lane := range laneOf {
 		b.lanes[lane] = true
 	}
-	failed, err := r.eoAcquire(ctx, client, b)
-	if err != nil {
+	if err := r.eoAcquire(ctx, client, b); err != nil {
 		return claimed{}, err
-	}
-	if len(failed) > 0 {
-		kept := ids[:0]
-		for _, id := range ids {
-			if !failed[laneOf[id]] {
-				kept = append(kept, id)
-			}
-		}
-		ids, more = kept, true
 	}
 	// A new statement: its snapshot is taken after the locks were granted
 	// and the lanes' committed events marked.
@@ -311,15 +307,15 @@ func (r *Relay) eoBegin(ctx context.Context, w *eoWorker) error {
 }
 
 // eoAcquire makes the batch's worker the owner of the batch's lanes it
-// does not own: for each (concurrently), the lane's last committed progress
-// record is read back read_committed; when another transactional id wrote
-// it, that id is initialised (which fences its producer and decides its
-// open transaction) and the record read again; its events are marked
-// published in a transaction of their own, committed synchronously. Then
-// one Kafka transaction commits a record naming the worker the owner of
-// each lane it took, before any event of those lanes is published. It
-// returns the lanes it could not take (they leave the batch).
-func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch) (failed map[int32]bool, err error) {
+// does not own. The lanes' last committed progress records are read back
+// read_committed (one backward scan of the progress topic for all of them);
+// every other transactional id they name is initialised (concurrently),
+// which fences its producer and decides its open transaction, and their
+// records are read again; the events they list are marked published in one
+// transaction of its own, committed synchronously. Then one Kafka
+// transaction commits a record naming the worker the owner of each lane it
+// took, before any event of those lanes is published.
+func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch) error {
 	w := b.w
 	var take []int32
 	for lane := range b.lanes {
@@ -328,47 +324,76 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		}
 	}
 	if len(take) == 0 {
-		return nil, nil
+		return nil
 	}
-	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		register []int32
-		firstErr error
-	)
-	failed = map[int32]bool{}
+	slices.Sort(take)
+	recs, err := r.lastProgress(ctx, client, take)
+	if err != nil {
+		return err
+	}
+	others := map[string][]int32{} // owner -> its lanes
 	for _, lane := range take {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine, err := r.eoTakeLane(ctx, client, w, lane)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				failed[lane] = true
-				if firstErr == nil {
-					firstErr = err
-				}
-			case mine:
-				w.owned[lane] = true
-			default:
-				register = append(register, lane)
-			}
-		}()
+		if p, ok := recs[lane]; ok && p.Owner != "" && p.Owner != w.txn.ID() {
+			others[p.Owner] = append(others[p.Owner], lane)
+		}
 	}
-	wg.Wait()
+	if len(others) > 0 {
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			errs []error
+		)
+		for owner, lanes := range others {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Fence the owner: its open transaction is aborted, one it
+				// was committing completes.
+				if err := kafkaproducer.NewTxn(client, r.eo.conf, owner, r.eo.timeout).Init(ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("relay: exactly-once: fence %q, the owner of lanes %v: %w", owner, lanes, err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if len(errs) > 0 {
+			return errors.Join(errs...)
+		}
+		var fenced []int32
+		for _, lanes := range others {
+			fenced = append(fenced, lanes...)
+		}
+		again, err := r.lastProgress(ctx, client, fenced) // the fenced owners' last word
+		if err != nil {
+			return err
+		}
+		for lane, p := range again {
+			recs[lane] = p
+		}
+	}
+	var ids []uuid.UUID
+	var register []int32
+	for _, lane := range take {
+		p := recs[lane]
+		ids = append(ids, p.EventIDs...)
+		if p.Owner != w.txn.ID() {
+			register = append(register, lane)
+		}
+	}
+	if err := r.markCommitted(ctx, ids); err != nil {
+		return err
+	}
 	if len(register) > 0 {
-		slices.Sort(register)
-		recs := make([]kafkaproducer.Record, len(register))
+		out := make([]kafkaproducer.Record, len(register))
 		for i, lane := range register {
 			val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: w.txn.ID(), EventIDs: []uuid.UUID{}})
 			if err != nil {
-				return nil, err
+				return err
 			}
-			recs[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
+			out[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
 		}
-		err := firstResult(w.txn.Produce(ctx, recs))
+		err := firstResult(w.txn.Produce(ctx, out))
 		if err == nil {
 			err = w.txn.Commit(ctx)
 		} else {
@@ -379,56 +404,39 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		}
 		if err != nil {
 			w.txn.Invalidate()
-			return nil, fmt.Errorf("relay: exactly-once: take over lanes %v: %w", register, err)
-		}
-		for _, lane := range register {
-			w.owned[lane] = true
+			return fmt.Errorf("relay: exactly-once: take over lanes %v: %w", register, err)
 		}
 	}
-	if len(failed) == len(b.lanes) {
-		return nil, firstErr
+	for _, lane := range take {
+		w.owned[lane] = true
 	}
-	for lane := range failed {
-		delete(b.lanes, lane)
-	}
-	return failed, nil
+	return nil
 }
 
-// eoTakeLane reads a lane's last committed progress record back, fences
-// its owner when that is another transactional id, and marks the record's
-// events published. mine says the worker wrote that record itself (it
-// owns the lane already, after its own Init).
-func (r *Relay) eoTakeLane(ctx context.Context, client sarama.Client, w *eoWorker, lane int32) (mine bool, err error) {
-	read := func() (progress, bool, error) {
-		val, found, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, laneKey(lane))
-		var p progress
-		if err == nil && found {
-			if err = json.Unmarshal(val, &p); err != nil {
-				err = fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not the relay's: %w", lane, r.eo.topic, err)
-			}
-		}
-		return p, found, err
+// lastProgress reads the last committed progress record of each lane
+// (lanes without one are not in the map).
+func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []int32) (map[int32]progress, error) {
+	keys := make([]string, len(lanes))
+	for i, lane := range lanes {
+		keys[i] = string(laneKey(lane))
 	}
-	p, found, err := read()
+	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, keys)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	if found && p.Owner != "" && p.Owner != w.txn.ID() {
-		// Fence the owner: its open transaction is aborted, one it was
-		// committing completes; then its last word on the lane is read.
-		if err := kafkaproducer.NewTxn(client, r.eo.conf, p.Owner, r.eo.timeout).Init(ctx); err != nil {
-			return false, fmt.Errorf("relay: exactly-once: fence lane %d's owner %q: %w", lane, p.Owner, err)
+	out := make(map[int32]progress, len(vals))
+	for i, lane := range lanes {
+		val, ok := vals[keys[i]]
+		if !ok {
+			continue
 		}
-		if p, found, err = read(); err != nil {
-			return false, err
+		var p progress
+		if err := json.Unmarshal(val, &p); err != nil {
+			return nil, fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not the relay's: %w", lane, r.eo.topic, err)
 		}
+		out[lane] = p
 	}
-	if found {
-		if err := r.markCommitted(ctx, p.EventIDs); err != nil {
-			return false, err
-		}
-	}
-	return found && p.Owner == w.txn.ID(), nil
+	return out, nil
 }
 
 // markCommitted marks the events ids (committed to Kafka by a lane's last

@@ -77,7 +77,7 @@ func claimReads(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, r *Relay, n 
 		return c
 	}
 	before := count()
-	ids, _, err = r.lockLanes(ctx, tx, n, nil, 0, nil)
+	ids, _, err = r.lockLanes(ctx, tx, n, nil, 0, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package kafkaproducer
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -11,19 +10,20 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// LastCommitted returns the value of the last committed record with key
-// key in partition partition of topic, as a read_committed consumer sees
+// LastCommitted returns the value of the last committed record of each of
+// keys in partition partition of topic, as a read_committed consumer sees
 // the partition now: records of aborted transactions, and of transactions
-// still open (past the last stable offset), do not count. found is false
-// when the partition holds no such record.
+// still open (past the last stable offset), do not count. A key the
+// partition holds no record of is not in the map.
 //
 // It reads backwards from the last stable offset, in windows that grow 4x
-// (the newest window first), so a key written recently costs one fetch.
-// Callers make sure no transaction they care about is still open (a Txn's
-// Init decides its id's transactions) before they call it.
-func LastCommitted(ctx context.Context, client sarama.Client, topic string, partition int32, key []byte) (value []byte, found bool, err error) {
-	fail := func(what string, err error) ([]byte, bool, error) {
-		return nil, false, fmt.Errorf("relay: read back %s of topic %q partition %d: %w", what, topic, partition, err)
+// (the newest window first), until it found every key or reached the log's
+// start, so keys written recently cost one fetch. Callers make sure no
+// transaction they care about is still open (a Txn's Init decides its id's
+// transactions) before they call it.
+func LastCommitted(ctx context.Context, client sarama.Client, topic string, partition int32, keys []string) (values map[string][]byte, err error) {
+	fail := func(what string, err error) (map[string][]byte, error) {
+		return nil, fmt.Errorf("relay: read back %s of topic %q partition %d: %w", what, topic, partition, err)
 	}
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -44,9 +44,9 @@ func LastCommitted(ctx context.Context, client sarama.Client, topic string, part
 		if err == nil {
 			var stable int64
 			if stable, err = listOffset(client, leader, topic, partition, sarama.OffsetNewest); err == nil {
-				value, found, err = lastIn(ctx, client, leader, topic, partition, key, start, stable)
+				values, err = lastIn(ctx, client, leader, topic, partition, keys, start, stable)
 				if err == nil {
-					return value, found, nil
+					return values, nil
 				}
 			}
 		}
@@ -80,24 +80,32 @@ func listOffset(client sarama.Client, leader *sarama.Broker, topic string, parti
 }
 
 // lastIn scans [start, stable) backwards in growing windows for the last
-// committed record with key.
-func lastIn(ctx context.Context, client sarama.Client, leader *sarama.Broker, topic string, partition int32, key []byte, start, stable int64) ([]byte, bool, error) {
+// committed record of each key.
+func lastIn(ctx context.Context, client sarama.Client, leader *sarama.Broker, topic string, partition int32, keys []string, start, stable int64) (map[string][]byte, error) {
+	want := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
+	found := map[string][]byte{}
 	end := stable
-	for window := int64(256); end > start; window *= 4 {
+	for window := int64(256); end > start && len(want) > 0; window *= 4 {
 		from := max(start, end-window)
-		var last []byte
-		found := false
+		last := map[string][]byte{}
 		err := scan(ctx, client, leader, topic, partition, from, end, func(r *sarama.Record) {
-			if bytes.Equal(r.Key, key) {
-				last, found = r.Value, true
+			if want[string(r.Key)] {
+				last[string(r.Key)] = r.Value
 			}
 		})
-		if err != nil || found {
-			return last, found, err
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range last {
+			found[k] = v
+			delete(want, k)
 		}
 		end = from
 	}
-	return nil, false, nil
+	return found, nil
 }
 
 // scan hands each committed data record of [from, to) to f, in order.
