@@ -1,0 +1,88 @@
+package kafkaproducer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
+)
+
+// A transaction's records are visible to read_committed readers after
+// Commit and never after Abort; a second Init of the same transactional id
+// fences the first producer, whose open transaction is aborted and whose
+// Commit fails with ErrFenced. LastCommitted sees exactly that.
+func TestTxnCommitAbortFence(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 1)
+	client, err := sarama.NewClient(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := "kafkaproducer-test." + topic
+	last := func() string {
+		t.Helper()
+		vals, err := kafkaproducer.LastCommitted(ctx, client, topic, 0, []string{"k", "never"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := vals["never"]; ok {
+			t.Fatal("LastCommitted found a key never written")
+		}
+		return string(vals["k"])
+	}
+	produce := func(txn *kafkaproducer.Txn, v string) {
+		t.Helper()
+		for _, r := range txn.Produce(ctx, []kafkaproducer.Record{{Topic: topic, Key: []byte("k"), Value: []byte(v)}}) {
+			if r.Err != nil {
+				t.Fatalf("produce %s: %v", v, r.Err)
+			}
+		}
+	}
+
+	a := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := a.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	produce(a, "committed")
+	if err := a.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	produce(a, "aborted") // right after a commit: CONCURRENT_TRANSACTIONS is retried
+	if err := a.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := last(); got != "committed" {
+		t.Fatalf("after an abort, the last committed value is %q, want committed", got)
+	}
+
+	produce(a, "fenced")
+	b := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := b.Init(ctx); err != nil { // fences a, aborts its open transaction
+		t.Fatal(err)
+	}
+	if err := a.Commit(ctx); !errors.Is(err, kafkaproducer.ErrFenced) {
+		t.Fatalf("the fenced producer's Commit = %v, want ErrFenced", err)
+	}
+	if a.Ready() {
+		t.Fatal("a fenced producer says it is ready")
+	}
+	if got := last(); got != "committed" {
+		t.Fatalf("after the fence, the last committed value is %q, want committed", got)
+	}
+	produce(b, "new owner")
+	if err := b.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := last(); got != "new owner" {
+		t.Fatalf("the last committed value is %q, want the new owner's", got)
+	}
+}
