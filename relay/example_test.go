@@ -50,3 +50,24 @@ func ExampleRelay_RunOnce() {
 	// published: 2 <nil>
 	// published: 0 <nil>
 }
+
+// A relay that publishes each batch in a Kafka transaction, for consumers
+// that read committed (see Delivery ExactlyOnce). It needs the relay's own
+// producer.
+func ExampleConfig_exactlyOnce() {
+	pub, err := relay.NewSaramaPublisher([]string{"localhost:9092"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer pub.Close()
+	pool, table, cleanup := testenv.ExampleDB()
+	defer cleanup()
+	cfg := &relay.Config{Table: table, Delivery: relay.ExactlyOnce} // OUTBOX_DELIVERY=exactly-once under fxoutbox
+	r, err := relay.New(pool, pub, cfg)
+	if err != nil {
+		panic(err)
+	}
+	c := r.Config()
+	fmt.Println(c.Delivery, c.TransactionTimeout, c.ProgressTopic == "fxoutbox.progress."+table.String())
+	// Output: exactly-once 10s true
+}

@@ -102,6 +102,21 @@
 // StreamConfig.MaxLagBytes (1 GiB) or MaxLag (30s). In-progress
 // transactions are never streamed (they could still roll back).
 //
+// # Exactly once
+//
+// With Delivery [ExactlyOnce] each batch is one Kafka transaction of the
+// worker that runs it (transactional id "<TransactionalID>.<relay>.<n>"),
+// holding the batch's events and, per lane, a progress record (the lane's
+// owner and the event ids published) in a compacted, one-partition
+// progress topic; the marks follow Kafka's commit, committed
+// synchronously. A worker that publishes a lane it does not own first
+// initialises the lane's recorded owner (which fences it and aborts its
+// open transaction), marks the events of the lane's last committed record,
+// and commits a record naming itself the owner. So each event reaches each
+// read_committed consumer once, in per-key order, across any crash. It
+// needs Mode Poll, Ordering PerKey and a [SaramaPublisher]; the README's
+// "Exactly once" says why it is correct and what it costs.
+//
 // # Failures
 //
 // The relay tells failures of the whole from failures of single events, and
