@@ -246,6 +246,10 @@ type eoBatch struct {
 	lanes     map[int32]bool
 	laneOf    map[uuid.UUID]int32 // event id -> lane
 	committed bool                // the batch's Kafka transaction committed (or may have)
+	// written is, per lane, the event ids of the last progress record
+	// written in the transaction, nil when its outcome is not known to be
+	// stored (see txnPublisher).
+	written map[int32][]uuid.UUID
 }
 
 // eoClaim is the ExactlyOnce finder: the PerKey claim's lanes (locked as
@@ -288,22 +292,18 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	return c, err
 }
 
-// eoBegin opens the worker's transaction. Its first request also proves the
-// producer was not fenced since its last transaction; if it was (a lane it
-// owned was taken), or it needs Init anyway, Init runs and the worker owns
-// no lane any more.
+// eoBegin readies the worker's producer: one that needs Init (new, fenced
+// since its last transaction because a lane it owned was taken, or with a
+// transaction of unknown outcome) is initialised, and the worker owns no
+// lane any more. A worker that does not know yet it was fenced finds out
+// at its transaction's first request, which fails: none of its records can
+// commit, so what it believed it owned sends nothing twice (see eoSettle).
 func (r *Relay) eoBegin(ctx context.Context, w *eoWorker) error {
 	if w.txn.Ready() {
-		err := w.txn.Begin(ctx, r.eo.topic, 0)
-		if err == nil || !errors.Is(err, kafkaproducer.ErrFenced) {
-			return err
-		}
+		return nil
 	}
 	clear(w.owned)
-	if err := w.txn.Init(ctx); err != nil {
-		return err
-	}
-	return w.txn.Begin(ctx, r.eo.topic, 0)
+	return w.txn.Init(ctx)
 }
 
 // eoAcquire makes the batch's worker the owner of the batch's lanes it
@@ -327,14 +327,23 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		return nil
 	}
 	slices.Sort(take)
-	recs, err := r.lastProgress(ctx, client, take)
+	recs, pending, err := r.lastProgress(ctx, client, take)
 	if err != nil {
 		return err
 	}
-	others := map[string][]int32{} // owner -> its lanes
+	// The owners to fence: the one of each lane's last committed record,
+	// and those of records still undecided after it (a worker that took
+	// the lane and had not finished), other than this worker.
+	others := map[string][]int32{}
 	for _, lane := range take {
-		if p, ok := recs[lane]; ok && p.Owner != "" && p.Owner != w.txn.ID() {
-			others[p.Owner] = append(others[p.Owner], lane)
+		owners := pending[lane]
+		if p, ok := recs[lane]; ok {
+			owners = append(owners, p.Owner)
+		}
+		for _, o := range owners {
+			if o != "" && o != w.txn.ID() && !slices.Contains(others[o], lane) {
+				others[o] = append(others[o], lane)
+			}
 		}
 	}
 	if len(others) > 0 {
@@ -362,14 +371,25 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		}
 		var fenced []int32
 		for _, lanes := range others {
-			fenced = append(fenced, lanes...)
+			for _, lane := range lanes {
+				if !slices.Contains(fenced, lane) {
+					fenced = append(fenced, lane)
+				}
+			}
 		}
-		again, err := r.lastProgress(ctx, client, fenced) // the fenced owners' last word
+		again, still, err := r.lastProgress(ctx, client, fenced) // the fenced owners' last word
 		if err != nil {
 			return err
 		}
-		for lane, p := range again {
-			recs[lane] = p
+		for _, lane := range fenced {
+			if len(still[lane]) > 0 {
+				return fmt.Errorf("relay: exactly-once: lane %d has records of transactions still undecided after their owners %v were fenced; the lane is taken again later", lane, still[lane])
+			}
+			if p, ok := again[lane]; ok {
+				recs[lane] = p
+			} else {
+				delete(recs, lane)
+			}
 		}
 	}
 	var ids []uuid.UUID
@@ -387,20 +407,17 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	if len(register) > 0 {
 		out := make([]kafkaproducer.Record, len(register))
 		for i, lane := range register {
-			val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: w.txn.ID(), EventIDs: []uuid.UUID{}})
+			rec, err := r.progressRecord(lane, w.txn.ID(), nil)
 			if err != nil {
 				return err
 			}
-			out[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
+			out[i] = rec
 		}
 		err := firstResult(w.txn.Produce(ctx, out))
 		if err == nil {
 			err = w.txn.Commit(ctx)
 		} else {
 			_ = w.txn.Abort(ctx)
-		}
-		if err == nil {
-			err = w.txn.Begin(ctx, r.eo.topic, 0)
 		}
 		if err != nil {
 			w.txn.Invalidate()
@@ -414,29 +431,43 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 }
 
 // lastProgress reads the last committed progress record of each lane
-// (lanes without one are not in the map).
-func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []int32) (map[int32]progress, error) {
+// (lanes without one are not in recs) and the owners of its records still
+// undecided after it.
+func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []int32) (recs map[int32]progress, pending map[int32][]string, err error) {
 	keys := make([]string, len(lanes))
 	for i, lane := range lanes {
 		keys[i] = string(laneKey(lane))
 	}
 	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, keys)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make(map[int32]progress, len(vals))
-	for i, lane := range lanes {
-		val, ok := vals[keys[i]]
-		if !ok {
-			continue
-		}
+	decode := func(lane int32, val []byte) (progress, error) {
 		var p progress
 		if err := json.Unmarshal(val, &p); err != nil {
-			return nil, fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not the relay's: %w", lane, r.eo.topic, err)
+			return p, fmt.Errorf("relay: exactly-once: lane %d's progress record in %q is not the relay's: %w", lane, r.eo.topic, err)
 		}
-		out[lane] = p
+		return p, nil
 	}
-	return out, nil
+	recs, pending = map[int32]progress{}, map[int32][]string{}
+	for i, lane := range lanes {
+		l := vals[keys[i]]
+		if l.Found {
+			p, err := decode(lane, l.Value)
+			if err != nil {
+				return nil, nil, err
+			}
+			recs[lane] = p
+		}
+		for _, v := range l.Pending {
+			p, err := decode(lane, v)
+			if err != nil {
+				return nil, nil, err
+			}
+			pending[lane] = append(pending[lane], p.Owner)
+		}
+	}
+	return recs, pending, nil
 }
 
 // markCommitted marks the events ids (committed to Kafka by a lane's last
@@ -476,33 +507,86 @@ func firstResult(res []kafkaproducer.Result) error {
 	return nil
 }
 
-// txnPublisher publishes in a worker's open transaction.
-type txnPublisher struct{ txn *kafkaproducer.Txn }
+// txnPublisher publishes in the batch's worker's transaction. With each
+// call's events it sends, in the same request, a progress record for each
+// of their lanes listing them: when every event is acknowledged (the
+// common case) that record is the lane's, and the commit needs no other
+// request; eoSettle writes a corrected one for a lane where some failed.
+type txnPublisher struct {
+	r *Relay
+	b *eoBatch
+}
 
 func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
-	return results(msgs, p.txn.Produce(ctx, records(msgs)))
+	b, txn := p.b, p.b.w.txn
+	byLane := map[int32][]uuid.UUID{}
+	var lanes []int32
+	for _, m := range msgs {
+		lane := b.laneOf[m.EventID]
+		if byLane[lane] == nil {
+			lanes = append(lanes, lane)
+		}
+		byLane[lane] = append(byLane[lane], m.EventID)
+	}
+	slices.Sort(lanes)
+	recs := records(msgs)
+	for _, lane := range lanes {
+		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane])
+		if err != nil {
+			return err
+		}
+		recs = append(recs, rec)
+	}
+	res := txn.Produce(ctx, recs)
+	if b.written == nil {
+		b.written = map[int32][]uuid.UUID{}
+	}
+	for j, lane := range lanes {
+		if res[len(msgs)+j].Err == nil {
+			b.written[lane] = byLane[lane]
+		} else {
+			b.written[lane] = nil
+		}
+	}
+	return results(msgs, res[:len(msgs)])
+}
+
+// progressRecord is lane's progress record: owner, and the events ids.
+func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID) (kafkaproducer.Record, error) {
+	if ids == nil {
+		ids = []uuid.UUID{}
+	}
+	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: owner, EventIDs: ids})
+	if err != nil {
+		return kafkaproducer.Record{}, err
+	}
+	return kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}, nil
 }
 
 // eoSettle ends the batch's Kafka transaction after its publish: when some
-// events were acknowledged it writes a progress record for each lane that
-// has some (its owner and their event ids) and commits; otherwise it
-// aborts. If the transaction does not commit, the acknowledged events fail
-// transiently (errs is updated): none of them is visible to read_committed
-// consumers, and they are sent again.
+// events were acknowledged it makes each lane's last progress record in the
+// transaction list exactly the lane's acknowledged events (writing a
+// corrected record where the one sent with the events does not) and
+// commits; otherwise it aborts. If the transaction does not commit, the
+// acknowledged events fail transiently (errs is updated): none of them is
+// visible to read_committed consumers, and they are sent again. Events not
+// sent because the worker was fenced are held (ErrHeld): the next batch
+// sends them at once, after the worker took its lanes again.
 func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
 	txn := b.w.txn
-	byLane := map[int32][]uuid.UUID{}
-	var lanes []int32
+	for i, err := range errs {
+		if err != nil && errors.Is(err, kafkaproducer.ErrFenced) && !errors.Is(err, ErrHeld) {
+			errs[i] = fmt.Errorf("%w: %w", err, ErrHeld)
+		}
+	}
+	acked := map[int32][]uuid.UUID{}
 	for i, err := range errs {
 		if err == nil {
 			lane := b.laneOf[rows[i].eventID]
-			if byLane[lane] == nil {
-				lanes = append(lanes, lane)
-			}
-			byLane[lane] = append(byLane[lane], rows[i].eventID)
+			acked[lane] = append(acked[lane], rows[i].eventID)
 		}
 	}
-	if len(lanes) == 0 {
+	if len(acked) == 0 {
 		if err := txn.Abort(ctx); err != nil {
 			txn.Invalidate()
 		}
@@ -516,23 +600,32 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 			}
 		}
 	}
+	var fix []kafkaproducer.Record
+	lanes := make([]int32, 0, len(b.written))
+	for lane := range b.written {
+		lanes = append(lanes, lane)
+	}
 	slices.Sort(lanes)
-	recs := make([]kafkaproducer.Record, len(lanes))
-	for i, lane := range lanes {
-		val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: txn.ID(), EventIDs: byLane[lane]})
+	for _, lane := range lanes {
+		if w := b.written[lane]; w != nil && slices.Equal(w, acked[lane]) {
+			continue
+		}
+		rec, err := r.progressRecord(lane, txn.ID(), acked[lane])
 		if err != nil {
 			_ = txn.Abort(ctx)
 			fail(err)
 			return
 		}
-		recs[i] = kafkaproducer.Record{Topic: r.eo.topic, Key: laneKey(lane), Value: val}
+		fix = append(fix, rec)
 	}
-	if err := firstResult(txn.Produce(ctx, recs)); err != nil {
-		if aerr := txn.Abort(ctx); aerr != nil {
-			txn.Invalidate()
+	if len(fix) > 0 {
+		if err := firstResult(txn.Produce(ctx, fix)); err != nil {
+			if aerr := txn.Abort(ctx); aerr != nil {
+				txn.Invalidate()
+			}
+			fail(fmt.Errorf("write the lanes' progress records: %w", err))
+			return
 		}
-		fail(fmt.Errorf("write the lanes' progress records: %w", err))
-		return
 	}
 	if err := txn.Commit(ctx); err != nil {
 		// Not committed, or not known: Init decides it, before the

@@ -253,15 +253,21 @@ func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery r
 	time.Sleep(300 * time.Millisecond)
 	msgs := cons.Messages()
 	firstSeen := map[string]bool{}
+	where := map[string]int64{}
 	lastSeq := map[string]int{}
 	dups, violations := 0, 0
 	for _, m := range msgs { // per partition, in Kafka order; a key lives in one partition
 		id := testenv.Header(m, outbox.HeaderEventID)
 		if firstSeen[id] {
 			dups++
+			if eo && dups <= 5 {
+				first := where[id]
+				t.Logf("duplicate %s key %s: partition %d offsets %d and %d", id, m.Key, m.Partition, first, m.Offset)
+			}
 			continue
 		}
 		firstSeen[id] = true
+		where[id] = m.Offset
 		var p struct{ Seq int }
 		if err := json.Unmarshal(m.Value, &p); err != nil {
 			t.Fatal(err)

@@ -108,7 +108,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	pub := r.pub
 	if eo != nil {
-		pub = txnPublisher{eo.w.txn}
+		pub = txnPublisher{r, eo}
 	}
 	errs, alone := r.publish(ctx, pub, rows, msgs, encErrs)
 	if eo != nil {

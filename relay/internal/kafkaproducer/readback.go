@@ -4,25 +4,34 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
 )
 
-// LastCommitted returns the value of the last committed record of each of
-// keys in partition partition of topic, as a read_committed consumer sees
-// the partition now: records of aborted transactions, and of transactions
-// still open (past the last stable offset), do not count. A key the
-// partition holds no record of is not in the map.
+// Last is what a partition holds of one key: its last committed record
+// (Value, when Found), and the values of the key's records after it whose
+// transactions are not decided yet (Pending, newest first).
+type Last struct {
+	Value   []byte
+	Found   bool
+	Pending [][]byte
+}
+
+// LastCommitted returns, for each of keys, its last committed record in
+// partition partition of topic and its records of undecided transactions
+// after it (see Last). Records of aborted transactions do not count.
 //
-// It reads backwards from the last stable offset, in windows that grow 4x
-// (the newest window first), until it found every key or reached the log's
-// start, so keys written recently cost one fetch. Callers make sure no
-// transaction they care about is still open (a Txn's Init decides its id's
-// transactions) before they call it.
-func LastCommitted(ctx context.Context, client sarama.Client, topic string, partition int32, keys []string) (values map[string][]byte, err error) {
-	fail := func(what string, err error) (map[string][]byte, error) {
+// It reads up to the high watermark, read_uncommitted, and decides each
+// transactional record by the first transaction marker of its producer
+// after it: commit, abort, or none yet (undecided). Reading committed would
+// stop at the last stable offset, which any producer's open transaction
+// holds back, hiding the decided records after it. It reads backwards, in
+// windows that grow 4x (the newest first), until every key has a committed
+// record or the log's start is reached, so keys written recently cost one
+// fetch.
+func LastCommitted(ctx context.Context, client sarama.Client, topic string, partition int32, keys []string) (map[string]Last, error) {
+	fail := func(what string, err error) (map[string]Last, error) {
 		return nil, fmt.Errorf("relay: read back %s of topic %q partition %d: %w", what, topic, partition, err)
 	}
 	for attempt := 0; ; attempt++ {
@@ -31,7 +40,7 @@ func LastCommitted(ctx context.Context, client sarama.Client, topic string, part
 			sleepCtx(ctx, 100*time.Millisecond)
 		}
 		if err := ctx.Err(); err != nil {
-			return fail("the last record", err)
+			return fail("the last records", err)
 		}
 		leader, err := client.Leader(topic, partition)
 		if err != nil {
@@ -42,26 +51,25 @@ func LastCommitted(ctx context.Context, client sarama.Client, topic string, part
 		}
 		start, err := listOffset(client, leader, topic, partition, sarama.OffsetOldest)
 		if err == nil {
-			var stable int64
-			if stable, err = listOffset(client, leader, topic, partition, sarama.OffsetNewest); err == nil {
-				values, err = lastIn(ctx, client, leader, topic, partition, keys, start, stable)
-				if err == nil {
-					return values, nil
+			var end int64
+			if end, err = listOffset(client, leader, topic, partition, sarama.OffsetNewest); err == nil {
+				var out map[string]Last
+				if out, err = lastIn(ctx, leader, topic, partition, keys, start, end); err == nil {
+					return out, nil
 				}
 			}
 		}
 		if attempt >= 20 || ctx.Err() != nil {
-			return fail("the last record", err)
+			return fail("the last records", err)
 		}
 		_ = leader.Close()
 	}
 }
 
 // listOffset asks leader for the log start offset (sarama.OffsetOldest) or
-// the last stable offset (sarama.OffsetNewest, read_committed).
+// the high watermark (sarama.OffsetNewest).
 func listOffset(client sarama.Client, leader *sarama.Broker, topic string, partition int32, which int64) (int64, error) {
 	req := sarama.NewOffsetRequest(client.Config().Version)
-	req.IsolationLevel = sarama.ReadCommitted
 	req.AddBlock(topic, partition, which, 1)
 	resp, err := leader.GetAvailableOffsets(req)
 	if err != nil {
@@ -79,92 +87,105 @@ func listOffset(client sarama.Client, leader *sarama.Broker, topic string, parti
 	return blk.Offset, nil
 }
 
-// lastIn scans [start, stable) backwards in growing windows for the last
-// committed record of each key.
-func lastIn(ctx context.Context, client sarama.Client, leader *sarama.Broker, topic string, partition int32, keys []string, start, stable int64) (map[string][]byte, error) {
-	want := make(map[string]bool, len(keys))
+// Transaction markers, by the type in a control record's key.
+const (
+	markerAbort  = 0
+	markerCommit = 1
+)
+
+// lastIn scans [start, end) backwards in growing windows (see
+// LastCommitted).
+func lastIn(ctx context.Context, leader *sarama.Broker, topic string, partition int32, keys []string, start, end int64) (map[string]Last, error) {
+	out := make(map[string]Last, len(keys))
+	open := len(keys) // keys without a committed record yet
 	for _, k := range keys {
-		want[k] = true
+		out[k] = Last{}
 	}
-	found := map[string][]byte{}
-	end := stable
-	for window := int64(256); end > start && len(want) > 0; window *= 4 {
+	// next: the type of each producer's first marker after the position
+	// the backward scan has reached.
+	next := map[int64]int{}
+	for window := int64(256); end > start && open > 0; window *= 4 {
 		from := max(start, end-window)
-		last := map[string][]byte{}
-		err := scan(ctx, client, leader, topic, partition, from, end, func(r *sarama.Record) {
-			if want[string(r.Key)] {
-				last[string(r.Key)] = r.Value
-			}
-		})
+		batches, err := fetchRange(ctx, leader, topic, partition, from, end)
 		if err != nil {
 			return nil, err
 		}
-		for k, v := range last {
-			found[k] = v
-			delete(want, k)
+		for i := len(batches) - 1; i >= 0 && open > 0; i-- {
+			b := batches[i]
+			if b.Control {
+				if len(b.Records) > 0 && len(b.Records[0].Key) >= 4 {
+					next[b.ProducerID] = int(binary.BigEndian.Uint16(b.Records[0].Key[2:4]))
+				}
+				continue
+			}
+			marker, decided := next[b.ProducerID]
+			if b.IsTransactional && decided && marker == markerAbort {
+				continue
+			}
+			committed := !b.IsTransactional || decided && marker == markerCommit
+			for j := len(b.Records) - 1; j >= 0; j-- {
+				r := b.Records[j]
+				o := b.FirstOffset + r.OffsetDelta
+				if o < from || o >= end {
+					continue
+				}
+				l, ok := out[string(r.Key)]
+				if !ok || l.Found {
+					continue
+				}
+				if committed {
+					l.Value, l.Found = r.Value, true
+					open--
+				} else {
+					l.Pending = append(l.Pending, r.Value)
+				}
+				out[string(r.Key)] = l
+			}
 		}
 		end = from
 	}
-	return found, nil
+	return out, nil
 }
 
-// scan hands each committed data record of [from, to) to f, in order.
-func scan(ctx context.Context, client sarama.Client, leader *sarama.Broker, topic string, partition int32, from, to int64, f func(*sarama.Record)) error {
+// fetchRange returns the record batches (data and control) that hold the
+// offsets [from, to), read uncommitted, in order.
+func fetchRange(ctx context.Context, leader *sarama.Broker, topic string, partition int32, from, to int64) ([]*sarama.RecordBatch, error) {
+	var out []*sarama.RecordBatch
 	for off := from; off < to; {
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
-		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 0, MinBytes: 1, MaxBytes: 16 << 20, Isolation: sarama.ReadCommitted, SessionEpoch: -1}
+		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 0, MinBytes: 1, MaxBytes: 16 << 20, Isolation: sarama.ReadUncommitted, SessionEpoch: -1}
 		req.AddBlock(topic, partition, off, 4<<20, -1)
 		resp, err := leader.Fetch(req)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		blk := resp.GetBlock(topic, partition)
 		if blk == nil {
-			return sarama.ErrIncompleteResponse
+			return nil, sarama.ErrIncompleteResponse
 		}
 		if blk.Err != sarama.ErrNoError {
-			return blk.Err
+			return nil, blk.Err
 		}
-		aborted := slices.Clone(blk.AbortedTransactions)
-		slices.SortFunc(aborted, func(a, b *sarama.AbortedTransaction) int { return int(a.FirstOffset - b.FirstOffset) })
-		abortedPIDs := map[int64]bool{}
 		next := off
 		for _, rs := range blk.RecordsSet {
 			b := rs.RecordBatch
-			if b == nil {
+			if b == nil || b.LastOffset() < off || b.FirstOffset >= to {
 				continue
 			}
-			for len(aborted) > 0 && aborted[0].FirstOffset <= b.LastOffset() {
-				abortedPIDs[aborted[0].ProducerID] = true
-				aborted = aborted[1:]
-			}
+			out = append(out, b)
 			next = max(next, b.LastOffset()+1)
-			if b.Control {
-				if len(b.Records) > 0 && len(b.Records[0].Key) >= 4 && binary.BigEndian.Uint16(b.Records[0].Key[2:4]) == 0 {
-					delete(abortedPIDs, b.ProducerID) // an abort marker ends the aborted transaction
-				}
-				continue
-			}
-			if b.IsTransactional && abortedPIDs[b.ProducerID] {
-				continue
-			}
-			for _, r := range b.Records {
-				if o := b.FirstOffset + r.OffsetDelta; o >= off && o < to {
-					f(r)
-				}
-			}
 		}
 		if next == off {
-			// Nothing up to the last stable offset: the range is done (it
-			// ends there), or compaction removed it.
-			if blk.LastStableOffset <= off || len(blk.RecordsSet) == 0 {
-				return nil
+			// Nothing more below the high watermark: the range is done,
+			// or compaction removed its end.
+			if blk.HighWaterMarkOffset <= off || len(blk.RecordsSet) == 0 {
+				return out, nil
 			}
-			return fmt.Errorf("fetch at offset %d returned no record batch", off)
+			return nil, fmt.Errorf("fetch at offset %d returned no record batch", off)
 		}
 		off = next
 	}
-	return nil
+	return out, nil
 }

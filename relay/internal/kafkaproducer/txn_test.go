@@ -28,17 +28,18 @@ func TestTxnCommitAbortFence(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := "kafkaproducer-test." + topic
-	last := func() string {
+	lastOf := func() kafkaproducer.Last {
 		t.Helper()
 		vals, err := kafkaproducer.LastCommitted(ctx, client, topic, 0, []string{"k", "never"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := vals["never"]; ok {
+		if n := vals["never"]; n.Found || len(n.Pending) > 0 {
 			t.Fatal("LastCommitted found a key never written")
 		}
-		return string(vals["k"])
+		return vals["k"]
 	}
+	last := func() string { t.Helper(); return string(lastOf().Value) }
 	produce := func(txn *kafkaproducer.Txn, v string) {
 		t.Helper()
 		for _, r := range txn.Produce(ctx, []kafkaproducer.Record{{Topic: topic, Key: []byte("k"), Value: []byte(v)}}) {
@@ -65,6 +66,20 @@ func TestTxnCommitAbortFence(t *testing.T) {
 	}
 
 	produce(a, "fenced")
+	// Another producer's open transaction holds the last stable offset
+	// back; what was decided after it is still read.
+	other := kafkaproducer.NewTxn(client, config(), id+".other", 10*time.Second)
+	if err := other.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range other.Produce(ctx, []kafkaproducer.Record{{Topic: topic, Key: []byte("x"), Value: []byte("open")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if l := lastOf(); string(l.Value) != "committed" || len(l.Pending) != 1 || string(l.Pending[0]) != "fenced" {
+		t.Fatalf("with a transaction open: last committed %q, pending %q; want committed and [fenced]", l.Value, l.Pending)
+	}
 	b := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
 	if err := b.Init(ctx); err != nil { // fences a, aborts its open transaction
 		t.Fatal(err)
@@ -83,6 +98,9 @@ func TestTxnCommitAbortFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := last(); got != "new owner" {
-		t.Fatalf("the last committed value is %q, want the new owner's", got)
+		t.Fatalf("the last committed value is %q (another transaction still open), want the new owner's", got)
+	}
+	if err := other.Abort(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
