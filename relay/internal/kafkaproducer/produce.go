@@ -708,18 +708,7 @@ func (pr *Producer) initProducerID() (int64, int16, error) {
 	if broker == nil {
 		return 0, 0, fmt.Errorf("relay: get a producer id: %w", sarama.ErrOutOfBrokers)
 	}
-	req := &sarama.InitProducerIDRequest{ProducerID: -1, ProducerEpoch: -1}
-	v := pr.conf.Version
-	switch {
-	case v.IsAtLeast(sarama.V2_7_0_0):
-		req.Version = 4
-	case v.IsAtLeast(sarama.V2_5_0_0):
-		req.Version = 3
-	case v.IsAtLeast(sarama.V2_4_0_0):
-		req.Version = 2
-	case v.IsAtLeast(sarama.V2_0_0_0):
-		req.Version = 1
-	}
+	req := &sarama.InitProducerIDRequest{Version: initProducerIDVersion(pr.conf.Version), ProducerID: -1, ProducerEpoch: -1}
 	resp, err := broker.InitProducerID(req)
 	if err != nil {
 		_ = broker.Close()
@@ -729,6 +718,22 @@ func (pr *Producer) initProducerID() (int64, int16, error) {
 		return 0, 0, fmt.Errorf("relay: get a producer id from broker %s: %w", broker.Addr(), resp.Err)
 	}
 	return resp.ProducerID, resp.ProducerEpoch, nil
+}
+
+// initProducerIDVersion is the InitProducerIdRequest version sarama's own
+// producer uses with a broker version.
+func initProducerIDVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_7_0_0):
+		return 4
+	case v.IsAtLeast(sarama.V2_5_0_0):
+		return 3
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 2
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 1
+	}
+	return 0
 }
 
 // recordBatch returns b's record batch, building it at its first send.

@@ -69,18 +69,8 @@ func (t *Txn) Ready() bool { return t.inited }
 // COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR) until ctx ends.
 func (t *Txn) Init(ctx context.Context) error {
 	t.inited, t.open, t.added, t.doomed = false, false, nil, nil
-	req := &sarama.InitProducerIDRequest{TransactionalID: &t.id, TransactionTimeout: t.timeout, ProducerID: -1, ProducerEpoch: -1}
-	v := t.p.conf.Version
-	switch {
-	case v.IsAtLeast(sarama.V2_7_0_0):
-		req.Version = 4
-	case v.IsAtLeast(sarama.V2_5_0_0):
-		req.Version = 3
-	case v.IsAtLeast(sarama.V2_4_0_0):
-		req.Version = 2
-	case v.IsAtLeast(sarama.V2_0_0_0):
-		req.Version = 1
-	}
+	req := &sarama.InitProducerIDRequest{Version: initProducerIDVersion(t.p.conf.Version), TransactionalID: &t.id,
+		TransactionTimeout: t.timeout, ProducerID: -1, ProducerEpoch: -1}
 	var resp *sarama.InitProducerIDResponse
 	err := t.coordinated(ctx, "initialise transactional id", func(b *sarama.Broker) (sarama.KError, error) {
 		var err error
