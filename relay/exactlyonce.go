@@ -369,6 +369,9 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		if len(errs) > 0 {
 			return errors.Join(errs...)
 		}
+		for owner, lanes := range others {
+			r.cfg.Logger.Debug("outbox relay: exactly-once: took lanes over, fencing their owner", "lanes", lanes, "owner", owner, "transactional_id", w.txn.ID())
+		}
 		var fenced []int32
 		for _, lanes := range others {
 			for _, lane := range lanes {
