@@ -104,7 +104,7 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 		return 0, 0, err
 	}
 	if len(d.errs) == 0 { // nothing to publish
-		if len(c.bad) > 0 && c.more {
+		if len(c.bad) > 0 && c.more || c.retry {
 			next = size
 		}
 		return 0, next, nil

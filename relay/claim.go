@@ -233,8 +233,11 @@ type claimed struct {
 	marked bool
 	// deferred: rows were left in the table for a sweep (the stream).
 	deferred bool
-	// eo: the ExactlyOnce batch (its lane's transaction), nil otherwise.
+	// eo: the ExactlyOnce batch (its worker's transaction), nil otherwise.
 	eo *eoBatch
+	// retry: nothing was claimed, and the next batch should run at once
+	// (an exactly-once worker was fenced while taking lanes).
+	retry bool
 }
 
 // unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot

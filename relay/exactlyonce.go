@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
@@ -252,6 +253,13 @@ type eoBatch struct {
 	written map[int32][]uuid.UUID
 }
 
+// kafkaStepError is a failure of Kafka inside a database step (the
+// exactly-once claim's acquisitions): not classified as the database's.
+type kafkaStepError struct{ err error }
+
+func (e *kafkaStepError) Error() string { return e.err.Error() }
+func (e *kafkaStepError) Unwrap() error { return e.err }
+
 // eoClaim is the ExactlyOnce finder: the PerKey claim's lanes (locked as
 // always, the worker's own lanes first), taken over by the batch's worker
 // (see eoAcquire) before their rows are read, in a new statement after the
@@ -259,7 +267,7 @@ type eoBatch struct {
 func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
 	client, err := r.eo.connect(ctx)
 	if err != nil {
-		return claimed{}, err
+		return claimed{}, &kafkaStepError{err}
 	}
 	b.w = r.eo.take(client)
 	owned := make([]int32, 0, len(b.w.owned))
@@ -272,14 +280,23 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 		return claimed{heldElsewhere: err == nil && more}, err
 	}
 	if err := r.eoBegin(ctx, b.w); err != nil {
-		return claimed{}, err
+		return claimed{}, &kafkaStepError{err}
 	}
 	b.lanes = map[int32]bool{}
 	for _, lane := range laneOf {
 		b.lanes[lane] = true
 	}
 	if err := r.eoAcquire(ctx, client, b); err != nil {
-		return claimed{}, err
+		if errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready() {
+			// Another worker took one of this worker's lanes meanwhile:
+			// nothing was claimed; the next batch, at once, starts over
+			// with a new epoch.
+			return claimed{retry: true}, nil
+		}
+		if dberr.Is(err) {
+			return claimed{}, err
+		}
+		return claimed{}, &kafkaStepError{err}
 	}
 	// A new statement: its snapshot is taken after the locks were granted
 	// and the lanes' committed events marked.
@@ -597,6 +614,11 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 	}
 	fail := func(err error) {
 		err = fmt.Errorf("relay: exactly-once: the batch's Kafka transaction did not commit, its events are sent again: %w", err)
+		if errors.Is(err, kafkaproducer.ErrFenced) {
+			// Another worker took one of the lanes: the next batch sends
+			// them at once, not after a backoff.
+			err = fmt.Errorf("%w: %w", err, ErrHeld)
+		}
 		for i := range errs {
 			if errs[i] == nil {
 				errs[i] = err

@@ -295,7 +295,7 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 // marked so that ErrorType names its database cause.
 func (m *metrics) lap(ctx context.Context, step string, start time.Time, err error) (time.Time, error) {
 	now := time.Now()
-	if err != nil && !errors.As(err, new(*dbError)) {
+	if err != nil && !errors.As(err, new(*dbError)) && !errors.As(err, new(*kafkaStepError)) {
 		err = &dbError{err: err}
 	}
 	m.step(ctx, step, now.Sub(start), err)

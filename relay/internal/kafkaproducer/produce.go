@@ -519,12 +519,13 @@ func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, store
 			pr.acked(l, blk.Offset, s.broker.Addr(), stored)
 		case retriableKError(kerr):
 			again(l, err)
-		case identityKError(kerr) && pr.txn != nil:
+		case (identityKError(kerr) || kerr == sarama.ErrInvalidTxnState) && pr.txn != nil:
 			// Fenced, or the broker forgot the producer: a transactional
 			// producer gets no new identity here (that would fence the
 			// id's new owner); the transaction is doomed and the
 			// producer needs Txn.Init.
-			if kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping {
+			if kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping ||
+				kerr == sarama.ErrInvalidTxnState { // the transaction was aborted under it: fenced
 				err = fmt.Errorf("%w: %w", ErrFenced, err)
 			}
 			pr.txn.doom(err)

@@ -294,9 +294,10 @@ func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Brok
 			kerr == sarama.ErrRequestTimedOut || kerr == sarama.ErrNotEnoughReplicas || kerr == sarama.ErrNotEnoughReplicasAfterAppend:
 			last = kerr
 			continue
-		case kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping:
+		case kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping ||
+			kerr == sarama.ErrInvalidTxnState: // the coordinator aborted the transaction under it
 			t.inited = false
-			return fmt.Errorf("relay: %s (transactional id %q): %w: %w", what, t.id, ErrFenced, kerr)
+			return fmt.Errorf("relay: %s (transactional id %q): %w (%w)", what, t.id, ErrFenced, namedKError{kerr})
 		default:
 			return fmt.Errorf("relay: %s (transactional id %q): %w", what, t.id, kerr)
 		}
@@ -328,3 +329,16 @@ func (t *Txn) Open() bool { return t.open }
 // caller lost track of what its transactions did (its database marks of a
 // committed transaction failed).
 func (t *Txn) Invalidate() { t.inited = false }
+
+// namedKError is a sarama.KError that says its name where sarama's text
+// does not know the code (PRODUCER_FENCED, 90, in this sarama).
+type namedKError struct{ sarama.KError }
+
+func (e namedKError) Error() string {
+	if e.KError == sarama.ErrProducerFenced {
+		return "kafka server: PRODUCER_FENCED (error code 90): a producer with a newer epoch of the transactional id exists"
+	}
+	return e.KError.Error()
+}
+
+func (e namedKError) Unwrap() error { return e.KError }
