@@ -383,34 +383,37 @@ func (w *world) javaCheck(t *testing.T) {
 }
 
 // TestExactlyOncePostgresCrash crashes PostgreSQL (pg_ctl stop -m
-// immediate, then start: crash recovery) while writers commit and two
-// exactly-once relays publish, on the tests' own cluster. At least once,
-// marks committed asynchronously and lost in the crash are sent again; an
-// exactly-once relay commits its marks synchronously, and a mark lost
-// anyway (the crash hits between the Kafka commit and the mark) is
-// recovered from the lane's progress: read_committed, not one duplicate.
+// immediate, then start: crash recovery) while two exactly-once relays
+// drain a backlog, on the tests' own cluster. No writer commits meanwhile,
+// so that nothing but the relays' own commits flushes the WAL: at least
+// once, the marks committed asynchronously in the last moments before the
+// crash are lost and sent again. An exactly-once relay commits its marks
+// synchronously, and a mark lost anyway (the crash hits between the Kafka
+// commit and the mark) is recovered from the lane's progress:
+// read_committed, not one duplicate. Writers commit after the restart.
 func TestExactlyOncePostgresCrash(t *testing.T) {
 	b := faultBroker(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
 	w := newWorldOn(t, pool, b.brokers(), 50)
 	w.delivery = relay.ExactlyOnce
-	w.preload(t, 5000)
+	const backlog = 20000
+	w.preload(t, backlog)
 	for range 2 {
 		w.startRelay(t)
 	}
-	ws := w.startWriters(t, 4)
-	waitFor(t, 30*time.Second, "1000 events published", func() bool { return w.published(t) >= 1000 })
-	before := ws.commits.Load()
+	waitFor(t, time.Minute, "a third of the backlog published", func() bool { return w.published(t) >= backlog/3 })
 	pg.crash(t, w)
 	crashed := time.Now()
 	if _, _, err := pg.run(2*time.Minute, "up"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("PostgreSQL back %v after the crash", time.Since(crashed).Round(time.Millisecond))
-	waitFor(t, 30*time.Second, "writers to commit again", func() bool { return ws.commits.Load() > before+300 })
-	errs := ws.halt()
-	t.Logf("writers: %d commits, %d failed (expected around the crash), first failure: %v", ws.commits.Load(), len(errs), firstErr(errs))
+	t.Logf("PostgreSQL back %v after the crash; %d of %d events marked published", time.Since(crashed).Round(time.Millisecond), w.published(t), backlog)
+	ws := w.startWriters(t, 2)
+	time.Sleep(time.Second)
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Errorf("%d writer commits failed after the restart, first: %v", len(errs), errs[0])
+	}
 	waitFor(t, 2*time.Minute, "every event published", func() bool {
 		n, err := countRows(w, "published_at IS NULL")
 		return err == nil && n == 0
