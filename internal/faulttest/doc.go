@@ -61,7 +61,7 @@
 // ("kill": SIGKILL between the Kafka commit and the mark; "freeze": a
 // committed batch held). Unset, everything runs at least once, as before.
 //
-// Four scenarios run exactly once whatever OUTBOX_TEST_DELIVERY says (real
+// Five scenarios run exactly once whatever OUTBOX_TEST_DELIVERY says (real
 // broker only, on the package's broker), each checked as above and also
 // read_committed by Apache Kafka's console consumer
 // (testenv.ConsoleConsume, --isolation-level read_committed):
@@ -82,6 +82,9 @@
 //     scripts/kafka.sh) and next to another relay (which takes the lane and
 //     aborts it at once); it logs how long read_committed consumers were
 //     held back and asserts only TransactionTimeout + 1 s + 5 s.
+//   - TestExactlyOncePostgresCrash: the tests' own PostgreSQL cluster
+//     crashed (pg_ctl stop -m immediate) while two relays drain a backlog,
+//     no writer on (so no other commit flushes the relays' marks).
 //
 // OUTBOX_FAULTTEST_SARAMA_LOG=1 sends sarama's own log to stderr, to watch
 // the producer through the crash.
