@@ -3,8 +3,10 @@ package faulttest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,7 +75,10 @@ func TestExactlyOnceRelaysKilledAfterCommit(t *testing.T) {
 	// The survivors die wherever they are: mid-transaction, or between
 	// a commit and its mark.
 	for _, p := range procs {
-		p.signal(syscall.SIGKILL)
+		// It may have killed itself since the loop looked.
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Fatalf("SIGKILL to %s: %v", p.name, err)
+		}
 		p.wait(30 * time.Second)
 	}
 	if errs := ws.halt(); len(errs) > 0 {
