@@ -46,6 +46,46 @@
 // only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
 // relay confirms never passes the WAL position at which the broker died).
 //
+// # Exactly once
+//
+// OUTBOX_TEST_DELIVERY=exactly-once runs every relay of the battery (in this
+// process, the re-exec'd relay processes, the orders service of the SIGTERM
+// test) with relay.ExactlyOnce; the streaming tests stay at least once (the
+// streaming relay has no exactly-once mode). The checks then wait until no
+// Kafka transaction is open on the topic, require every committed event
+// read_uncommitted (aborted records included), and read the topic
+// read_committed allowing zero duplicates, with nothing lost and each key's
+// events in write order. An exactly-once relay never calls its publisher,
+// so the relay process's hooks sit in its database there: at the statement
+// marking a batch's rows published, which follows the batch's Kafka commit
+// ("kill": SIGKILL between the Kafka commit and the mark; "freeze": a
+// committed batch held). Unset, everything runs at least once, as before.
+//
+// Five scenarios run exactly once whatever OUTBOX_TEST_DELIVERY says (real
+// broker only, on the package's broker), each checked as above and also
+// read_committed by Apache Kafka's console consumer
+// (testenv.ConsoleConsume, --isolation-level read_committed):
+//
+//   - TestExactlyOnceRelaysKilledAfterCommit: four relay processes, each
+//     SIGKILLing itself between a batch's Kafka commit and its mark after
+//     1-3 batches, restarted for 12 s (tens of kills); the lanes' next
+//     owners read the progress back.
+//   - TestExactlyOnceFrozenRelayIsFenced: a relay process SIGSTOPped with a
+//     transaction open (records written, the last stable offset behind),
+//     kept frozen past its lease while another relay publishes everything,
+//     then woken: its stale batch must fail and nothing it sent commits.
+//   - TestExactlyOnceBrokerKills: the broker SIGKILLed three times while two
+//     relays drain a backlog with writers on.
+//   - TestExactlyOnceLastStableOffsetStall: a relay process SIGKILLed with a
+//     transaction open, alone (the broker aborts it after the relay's
+//     TransactionTimeout, 10 s, plus its cleanup interval, 1 s with
+//     scripts/kafka.sh) and next to another relay (which takes the lane and
+//     aborts it at once); it logs how long read_committed consumers were
+//     held back and asserts only TransactionTimeout + 1 s + 5 s.
+//   - TestExactlyOncePostgresCrash: the tests' own PostgreSQL cluster
+//     crashed (pg_ctl stop -m immediate) while two relays drain a backlog,
+//     no writer on (so no other commit flushes the relays' marks).
+//
 // OUTBOX_FAULTTEST_SARAMA_LOG=1 sends sarama's own log to stderr, to watch
 // the producer through the crash.
 package faulttest

@@ -22,7 +22,10 @@ import (
 //     mark then fails: its session is gone) and goes back to work.
 //
 // In the end nothing is lost, each key's first deliveries are in write
-// order, and the stale batch is the only duplicate.
+// order, and the stale batch is the only duplicate. With
+// OUTBOX_TEST_DELIVERY=exactly-once the relay process holds a batch whose
+// Kafka transaction committed, before its mark; the second relay takes
+// the lane over by reading its progress back, and nothing is duplicated.
 //
 // It needs DATABASE_URL and KAFKA_BROKERS, and runs in make test.
 func TestFrozenRelayLosesItsLanes(t *testing.T) {

@@ -36,7 +36,7 @@ func TestHealthAfterPostgresRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(pool, pub, &relay.Config{Table: tbl, PollInterval: 100 * time.Millisecond})
+	r, err := relay.New(pool, pub, &relay.Config{Table: tbl, PollInterval: 100 * time.Millisecond, Delivery: testDelivery(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
@@ -34,6 +35,14 @@ const (
 	envHelperAfter  = "FAULTTEST_HELPER_AFTER"   // kill: SIGKILL after this many acknowledged batches
 	envHelperApp    = "FAULTTEST_HELPER_APP"     // the child's PostgreSQL application_name
 	envHelperHold   = "FAULTTEST_HELPER_HOLD"    // freeze: how long the first batch is held
+	// envHelperDelivery is the child relay's delivery ("exactly-once" or
+	// "at-least-once"; startHelper passes the world's).
+	envHelperDelivery = "FAULTTEST_HELPER_DELIVERY"
+	// envHelperBatchTimeout and envHelperTxnTimeout set the child relay's
+	// BatchTimeout and TransactionTimeout (mode "run"; default: the
+	// relay's defaults).
+	envHelperBatchTimeout = "FAULTTEST_HELPER_BATCH_TIMEOUT"
+	envHelperTxnTimeout   = "FAULTTEST_HELPER_TXN_TIMEOUT"
 	// helperBatchTimeout is the frozen child's BatchTimeout: PostgreSQL ends
 	// its transaction BatchTimeout + 5s after its last statement.
 	helperBatchTimeout = 2 * time.Second
@@ -55,7 +64,17 @@ const (
 //   - mode "freeze": its first batch reports "HOLDING id,id,..." and then
 //     holds the claimed rows (the parent SIGSTOPs the process meanwhile) for
 //     FAULTTEST_HELPER_HOLD of wall time; then it sends that stale batch
-//     anyway, reports "STALE <n> <err>", and relays normally.
+//     anyway, reports "STALE <n> <err>", and relays normally;
+//   - mode "run": no hook, the parent stops and kills it when it likes.
+//
+// With FAULTTEST_HELPER_DELIVERY=exactly-once the relay publishes through
+// its own transactional producers and never calls the publisher, so the
+// hooks of "kill" and "freeze" sit in the relay's database instead (see
+// markHookDB): at the statement that marks a batch's rows published, which
+// the relay sends after the batch's Kafka transaction committed. "KILL"
+// then SIGKILLs the process between the Kafka commit and the database
+// mark, "HOLDING" holds a committed batch, and "STALE <n> <err>" reports
+// how its late mark went.
 func TestHelperRelayProcess(t *testing.T) {
 	mode := os.Getenv(envHelperMode)
 	if mode == "" {
@@ -86,9 +105,14 @@ func TestHelperRelayProcess(t *testing.T) {
 	}
 	defer inner.Close()
 	pub := &faultPublisher{inner: inner, mode: mode}
+	delivery, err := relay.ParseDelivery(os.Getenv(envHelperDelivery))
+	if err != nil {
+		fail("%s: %v", envHelperDelivery, err)
+	}
+	table := outbox.Table{Schema: os.Getenv(envHelperSchema)}
 	cfg := &relay.Config{
-		Table: outbox.Table{Schema: os.Getenv(envHelperSchema)}, BatchSize: batchSize, MaxBatchSize: maxBatchSize,
-		PollInterval: pollInterval, MaxBackoff: maxBackoff,
+		Table: table, BatchSize: batchSize, MaxBatchSize: maxBatchSize,
+		PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: delivery,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}
 	switch mode {
@@ -101,10 +125,27 @@ func TestHelperRelayProcess(t *testing.T) {
 			fail("%s: %v", envHelperHold, err)
 		}
 		cfg.BatchTimeout = helperBatchTimeout
+	case "run":
+		for env, d := range map[string]*time.Duration{envHelperBatchTimeout: &cfg.BatchTimeout, envHelperTxnTimeout: &cfg.TransactionTimeout} {
+			if v := os.Getenv(env); v != "" {
+				if *d, err = time.ParseDuration(v); err != nil {
+					fail("%s: %v", env, err)
+				}
+			}
+		}
 	default:
 		fail("unknown mode %q", mode)
 	}
-	r, err := relay.New(pool, pub, cfg)
+	var db relay.DB = pool
+	var use relay.Publisher = pub
+	if delivery == relay.ExactlyOnce {
+		// The relay publishes through inner's brokers and configuration
+		// itself; the hooks sit at the batch's mark.
+		use = inner
+		db = &markHookDB{pool: pool, mark: "UPDATE " + table.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+			onMark: pub.onMark(pool, table)}
+	}
+	r, err := relay.New(db, use, cfg)
 	if err != nil {
 		fail("relay: %v", err)
 	}
@@ -159,6 +200,87 @@ func (p *faultPublisher) Publish(ctx context.Context, msgs []relay.Message) erro
 		return err
 	}
 	return p.inner.Publish(ctx, msgs)
+}
+
+// onMark is faultPublisher's hook at an exactly-once batch's mark (see
+// markHookDB): the batch's Kafka transaction committed, the rows are not
+// marked yet.
+func (p *faultPublisher) onMark(pool *pgxpool.Pool, table outbox.Table) func(ctx context.Context, ids []int64) func(error) {
+	eventIDs := func(ctx context.Context, ids []int64) string {
+		var eids []string
+		if err := pool.QueryRow(ctx, "SELECT array_agg(event_id::text ORDER BY id) FROM "+table.Ident()+" WHERE id = ANY($1)", ids).Scan(&eids); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: event ids of the batch: %v\n", err)
+			os.Exit(3)
+		}
+		return strings.Join(eids, ",")
+	}
+	return func(ctx context.Context, ids []int64) func(error) {
+		switch {
+		case p.mode == "kill":
+			if p.acked++; p.acked == p.killAfter {
+				report("KILL", eventIDs(ctx, ids))
+				// Committed to Kafka; the relay has not marked the rows.
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				time.Sleep(time.Hour)
+			}
+		case p.mode == "freeze" && !p.held:
+			p.held = true
+			report("HOLDING", eventIDs(ctx, ids))
+			time.Sleep(p.hold) // wall time, as in Publish
+			return func(err error) { report("STALE", fmt.Sprintf("%d %v", len(ids), err)) }
+		}
+		return nil
+	}
+}
+
+// markHookDB is the relay's database in an exactly-once relay process: a
+// pool whose transactions call onMark before they send the statement mark
+// (the batch's mark, not the read-back's, which differs), with the ids
+// marked. A function onMark returns is called with the outcome of the
+// batch of statements holding the mark.
+type markHookDB struct {
+	pool   *pgxpool.Pool
+	mark   string
+	onMark func(ctx context.Context, ids []int64) func(error)
+}
+
+func (d *markHookDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &markHookTx{Tx: tx, db: d}, nil
+}
+
+type markHookTx struct {
+	pgx.Tx
+	db *markHookDB
+}
+
+func (tx *markHookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if q.SQL != tx.db.mark || len(q.Arguments) != 1 {
+			continue
+		}
+		ids, _ := q.Arguments[0].([]int64)
+		if after := tx.db.onMark(ctx, ids); after != nil {
+			return &reportingResults{BatchResults: tx.Tx.SendBatch(ctx, b), after: after}
+		}
+		break
+	}
+	return tx.Tx.SendBatch(ctx, b)
+}
+
+// reportingResults hands the outcome of a batch of statements to after.
+type reportingResults struct {
+	pgx.BatchResults
+	after func(error)
+}
+
+func (r *reportingResults) Close() error {
+	err := r.BatchResults.Close()
+	r.after(err)
+	return err
 }
 
 func eventIDs(msgs []relay.Message) string {
@@ -301,6 +423,7 @@ func startHelper(t *testing.T, w *world, mode string, env ...string) *proc {
 		envHelperMode+"="+mode,
 		envHelperSchema+"="+w.table.Schema,
 		envHelperKafka+"="+strings.Join(w.brokers, ","),
+		envHelperDelivery+"="+w.delivery.String(),
 	)
 	cmd.Env = append(cmd.Env, env...)
 	p := startProc(t, "relay process ("+mode+")", cmd, func(l string) (string, bool) {

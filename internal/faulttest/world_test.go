@@ -51,6 +51,10 @@ type world struct {
 	brokers []string
 	topic   string
 	keys    int
+	// delivery is the relays' (OUTBOX_TEST_DELIVERY unless a test sets
+	// it); under ExactlyOnce check reads committed and allows no
+	// duplicate.
+	delivery relay.Delivery
 }
 
 // payload is what every event carries: its aggregate and that aggregate's
@@ -73,7 +77,7 @@ func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *w
 	ctx := context.Background()
 	tbl := testenv.Table(t, pool)
 	w := &world{
-		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers,
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: testDelivery(t),
 		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
@@ -180,7 +184,8 @@ func (w *world) startRelayWith(t *testing.T, tune func(*relay.Config)) (stop fun
 	}
 	cfg := &relay.Config{
 		Table: w.table, BatchSize: batchSize, MaxBatchSize: maxBatchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Logger:   slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Delivery: w.delivery, // ExactlyOnce publishes through pub's brokers and configuration itself
 	}
 	if tune != nil {
 		tune(cfg)
@@ -307,10 +312,16 @@ func (w *world) check(t *testing.T, faults int) delivery {
 		}
 	}
 
-	total := testenv.RecordCount(t, w.brokers, w.topic)
-	cons := testenv.Consume(t, w.brokers, w.topic)
-	msgs := cons.WaitFor(total, time.Minute)
-	cons.Close()
+	eo := w.delivery == relay.ExactlyOnce
+	var msgs []*sarama.ConsumerMessage
+	if eo {
+		msgs = w.readCommitted(t, events)
+	} else {
+		total := testenv.RecordCount(t, w.brokers, w.topic)
+		cons := testenv.Consume(t, w.brokers, w.topic)
+		msgs = cons.WaitFor(total, time.Minute)
+		cons.Close()
+	}
 	slices.SortFunc(msgs, func(a, b *sarama.ConsumerMessage) int {
 		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
@@ -364,11 +375,17 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	if disordered > 0 {
 		t.Errorf("%d of %d keys: first deliveries not in write order", disordered, len(want))
 	}
-	if limit := maxBatchSize * faults; dups > limit {
+	limit := maxBatchSize * faults
+	if eo {
+		limit = 0
+	}
+	if dups > limit && eo {
+		t.Errorf("read_committed: %d duplicate records (beyond the first of an event id) for %d fault(s); exactly once allows none", dups, faults)
+	} else if dups > limit {
 		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
 	}
-	t.Logf("%d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
-		len(events), len(want), len(msgs), dups, maxBatchSize*faults, strays)
+	t.Logf("delivery %v: %d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
+		w.delivery, len(events), len(want), len(msgs), dups, limit, strays)
 	return delivery{events: len(events), dups: dupIDs}
 }
 
@@ -380,4 +397,81 @@ func firstDivergence(got, want []int64) string {
 		}
 	}
 	return fmt.Sprintf("got %d deliveries, want %d", len(got), len(want))
+}
+
+// readCommitted reads the topic as exactly-once consumers do, once no
+// transaction is open on it any more: read_uncommitted, every committed
+// event must be there (aborted records too, which do not count), and
+// read_committed, whose records it returns for check. It waits until the
+// read_committed consumer has every event and then until it gets nothing
+// more for a while, so that a late duplicate is in what it returns.
+func (w *world) readCommitted(t *testing.T, events map[string]committed) []*sarama.ConsumerMessage {
+	t.Helper()
+	client := offsetClient(t, w.brokers)
+	start := time.Now()
+	if !settled(t, client, w.topic, 2*time.Minute) {
+		t.Errorf("a Kafka transaction on %s is still open %v after every row was published: read_committed consumers are held back", w.topic, time.Since(start).Round(time.Millisecond))
+	}
+	ids := map[string]bool{}
+	for eid := range events {
+		ids[eid] = true
+	}
+	unc := testenv.Consume(t, w.brokers, w.topic)
+	all := waitEvents(unc, ids, time.Minute)
+	unc.Close()
+	seen := map[string]bool{}
+	for _, m := range all {
+		seen[testenv.Header(m, outbox.HeaderEventID)] = true
+	}
+	lost := 0
+	for eid := range events {
+		if !seen[eid] {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("read_uncommitted: %d of %d committed events never reached Kafka, not even in an aborted transaction", lost, len(events))
+	}
+	cons := testenv.ConsumeCommitted(t, w.brokers, w.topic)
+	defer cons.Close()
+	waitEvents(cons, ids, time.Minute)
+	msgs := quiet(cons, 1500*time.Millisecond)
+	t.Logf("read_uncommitted: %d records (aborted ones included); read_committed: %d records", len(all), len(msgs))
+	return msgs
+}
+
+// waitEvents waits until cons has a record of every event of ids (by
+// x-event-id), for at most timeout, and returns what it consumed.
+func waitEvents(cons *testenv.Consumer, ids map[string]bool, timeout time.Duration) []*sarama.ConsumerMessage {
+	deadline := time.Now().Add(timeout)
+	seen := map[string]bool{}
+	n := 0
+	for {
+		msgs := cons.Messages()
+		for _, m := range msgs[n:] {
+			if eid := testenv.Header(m, outbox.HeaderEventID); ids[eid] {
+				seen[eid] = true
+			}
+		}
+		n = len(msgs)
+		if len(seen) >= len(ids) || time.Now().After(deadline) {
+			return msgs
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// quiet waits until cons has consumed nothing new for d and returns what
+// it consumed.
+func quiet(cons *testenv.Consumer, d time.Duration) []*sarama.ConsumerMessage {
+	n, since := -1, time.Now()
+	for {
+		msgs := cons.Messages()
+		if len(msgs) != n {
+			n, since = len(msgs), time.Now()
+		} else if time.Since(since) >= d {
+			return msgs
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -166,3 +166,21 @@ func ParseConsoleRecords(out string) ([]ConsoleRecord, error) {
 	}
 	return recs, nil
 }
+
+// ConsoleConsume reads topic from its beginning with Apache Kafka's console
+// consumer (a client the project does not use) at isolation level
+// isolation ("read_committed": records of aborted transactions are
+// skipped, and those of open ones wait until their end; "read_uncommitted":
+// every record), until no record came for idle, and returns the records in
+// the order it printed them (each partition's in offset order).
+func ConsoleConsume(t testing.TB, brokers []string, topic, isolation string, idle time.Duration) []ConsoleRecord {
+	t.Helper()
+	out := KafkaTool(t, 5*time.Minute, "", "org.apache.kafka.tools.consumer.ConsoleConsumer",
+		append([]string{"--bootstrap-server", strings.Join(brokers, ","), "--topic", topic, "--from-beginning",
+			"--isolation-level", isolation, "--timeout-ms", fmt.Sprint(idle.Milliseconds())}, ConsoleConsumerFormat...)...)
+	recs, err := ParseConsoleRecords(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
