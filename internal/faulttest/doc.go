@@ -68,19 +68,19 @@
 //
 //   - TestExactlyOnceRelaysKilledAfterCommit: four relay processes, each
 //     SIGKILLing itself between a batch's Kafka commit and its mark after
-//     1-3 batches, restarted for 12 s (tens of kills); the lanes' next
+//     1-3 batches, restarted for 8 s (tens of kills); the lanes' next
 //     owners read the progress back.
 //   - TestExactlyOnceFrozenRelayIsFenced: a relay process SIGSTOPped with a
 //     transaction open (records written, the last stable offset behind),
 //     kept frozen past its lease while another relay publishes everything,
 //     then woken: its stale batch must fail and nothing it sent commits.
-//   - TestExactlyOnceBrokerKills: the broker SIGKILLed three times while two
+//   - TestExactlyOnceBrokerKills: the broker SIGKILLed twice while two
 //     relays drain a backlog with writers on.
 //   - TestExactlyOnceLastStableOffsetStall: a relay process SIGKILLed with a
 //     transaction open, alone (the broker aborts it after the relay's
 //     TransactionTimeout, 10 s, plus its cleanup interval, 1 s with
-//     scripts/kafka.sh) and next to another relay (which takes the lane and
-//     aborts it at once); it logs how long read_committed consumers were
+//     scripts/kafka.sh) and next to another relay (which takes the lanes and
+//     fences their owner, aborting it at once); it logs how long read_committed consumers were
 //     held back and asserts only TransactionTimeout + 1 s + 5 s.
 //   - TestExactlyOncePostgresCrash: the tests' own PostgreSQL cluster
 //     crashed (pg_ctl stop -m immediate) while two relays drain a backlog,
