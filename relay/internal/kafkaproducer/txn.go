@@ -265,8 +265,15 @@ func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Brok
 			if ctx.Err() != nil {
 				return fmt.Errorf("relay: %s (transactional id %q): %w (last: %w)", what, t.id, ctx.Err(), last)
 			}
-			sleepCtx(ctx, backoff)
-			backoff = min(2*backoff, 200*time.Millisecond)
+			if errors.Is(last, sarama.ErrConcurrentTransactions) && attempt <= 50 {
+				// The previous transaction's markers are being written: it
+				// takes a few ms; ask again each millisecond rather than
+				// back off (the next batch waits on it).
+				sleepCtx(ctx, time.Millisecond)
+			} else {
+				sleepCtx(ctx, backoff)
+				backoff = min(2*backoff, 200*time.Millisecond)
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("relay: %s (transactional id %q): %w", what, t.id, err)
