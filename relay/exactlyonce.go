@@ -291,6 +291,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 			// Another worker took one of this worker's lanes meanwhile:
 			// nothing was claimed; the next batch, at once, starts over
 			// with a new epoch.
+			r.eoFenced(b.w, err)
 			return claimed{retry: true}, nil
 		}
 		if dberr.Is(err) {
@@ -594,9 +595,14 @@ func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID) (kafka
 // sends them at once, after the worker took its lanes again.
 func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
 	txn := b.w.txn
+	fenced := false
 	for i, err := range errs {
 		if err != nil && errors.Is(err, kafkaproducer.ErrFenced) && !errors.Is(err, ErrHeld) {
 			errs[i] = fmt.Errorf("%w: %w", err, ErrHeld)
+			if !fenced {
+				fenced = true
+				r.eoFenced(b.w, err)
+			}
 		}
 	}
 	acked := map[int32][]uuid.UUID{}
@@ -617,6 +623,9 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		if errors.Is(err, kafkaproducer.ErrFenced) {
 			// Another worker took one of the lanes: the next batch sends
 			// them at once, not after a backoff.
+			if !fenced {
+				r.eoFenced(b.w, err)
+			}
 			err = fmt.Errorf("%w: %w", err, ErrHeld)
 		}
 		for i := range errs {
@@ -661,6 +670,17 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		return
 	}
 	b.committed = true
+}
+
+// eoFenced logs, at Debug, that w's producer lost its transactional id:
+// a worker of this or another relay took one of w's lanes over (w was
+// slower than its lease, or frozen past it), so w's open transaction is
+// aborted and its batch's events are held and sent again at once, once w
+// took its lanes again. Lanes move between live relays in normal running,
+// so this is never above Debug; the worker that took them logs it too.
+func (r *Relay) eoFenced(w *eoWorker, err error) {
+	r.cfg.Logger.Debug("outbox relay: exactly-once: this worker was fenced; its transaction is aborted and its batch's events are sent again at once",
+		"transactional_id", w.txn.ID(), "error", err)
 }
 
 // eoFinish ends an ExactlyOnce batch that returned err: a transaction it

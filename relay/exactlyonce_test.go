@@ -1,10 +1,13 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,5 +222,57 @@ func TestExactlyOnceWorkersAndReplicas(t *testing.T) {
 	}
 	if len(seen) != n {
 		t.Fatalf("%d distinct events, want %d", len(seen), n)
+	}
+}
+
+// TestExactlyOnceFencedWorkerSendsAgain: a relay whose lane another relay
+// took meanwhile learns it was fenced only from the broker, at its next
+// batch (its producer epoch is old). That batch publishes nothing, is not a
+// failure (its events are held, not charged) and is logged at Debug; the
+// next one takes the lane back (reading the other relay's progress) and
+// publishes the events. A read_committed consumer gets each event once.
+func TestExactlyOnceFencedWorkerSendsAgain(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	topic := testenv.Topic(t, s.kafka(t), 1)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	debug := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a := s.relay(t, s.publisher(t), relay.Config{Delivery: relay.ExactlyOnce, Lanes: 1, Logger: debug})
+	b := s.relay(t, s.publisher(t), relay.Config{Delivery: relay.ExactlyOnce, Lanes: 1})
+	defer func() { _ = a.Stop(s.ctx); _ = b.Stop(s.ctx) }()
+	const n = 5
+	runOnce := func(r *relay.Relay, who string, want int) {
+		t.Helper()
+		if got, err := r.RunOnce(s.ctx); err != nil || got != want {
+			t.Fatalf("%s: RunOnce = %d, %v; want %d", who, got, err, want)
+		}
+	}
+	s.write(t, topic, n, 2)
+	runOnce(a, "relay a", n)
+	s.write(t, topic, n, 2)
+	runOnce(b, "relay b, taking the lane over", n) // fences a's producer
+	s.write(t, topic, n, 2)
+	runOnce(a, "relay a, fenced", 0)
+	mu.Lock()
+	fenced := strings.Contains(logs.String(), "worker was fenced")
+	mu.Unlock()
+	if !fenced {
+		t.Errorf("relay a did not log that it was fenced:\n%s", logs.String())
+	}
+	if got := s.count(t, "attempts > 0 OR last_error IS NOT NULL"); got != 0 {
+		t.Errorf("%d events charged an attempt because their worker was fenced", got)
+	}
+	runOnce(a, "relay a, taking the lane back", n)
+	cons.WaitFor(3*n, 30*time.Second)
+	time.Sleep(300 * time.Millisecond) // a duplicate would come now
+	msgs := cons.Messages()
+	got := map[string]bool{}
+	for _, m := range msgs {
+		got[testenv.Header(m, outbox.HeaderEventID)] = true
+	}
+	if len(got) != 3*n || len(msgs) != 3*n {
+		t.Fatalf("read_committed: %d records, %d distinct events of %d; want each once", len(msgs), len(got), 3*n)
 	}
 }
