@@ -113,7 +113,8 @@ func TestHelperRelayProcess(t *testing.T) {
 	cfg := &relay.Config{
 		Table: table, BatchSize: batchSize, MaxBatchSize: maxBatchSize,
 		PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: delivery,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		// Debug: the tests read when an exactly-once worker was fenced.
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	switch mode {
 	case "kill":
