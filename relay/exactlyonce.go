@@ -595,14 +595,20 @@ func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID) (kafka
 // sends them at once, after the worker took its lanes again.
 func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
 	txn := b.w.txn
-	fenced := false
+	// held marks an error of a fenced worker: its events wait for the next
+	// batch, which sends them at once (not after a backoff), once the
+	// worker took its lanes again. The fence is logged once per batch.
+	logged := false
+	held := func(err error) error {
+		if !logged {
+			logged = true
+			r.eoFenced(b.w, err)
+		}
+		return fmt.Errorf("%w: %w", err, ErrHeld)
+	}
 	for i, err := range errs {
 		if err != nil && errors.Is(err, kafkaproducer.ErrFenced) && !errors.Is(err, ErrHeld) {
-			errs[i] = fmt.Errorf("%w: %w", err, ErrHeld)
-			if !fenced {
-				fenced = true
-				r.eoFenced(b.w, err)
-			}
+			errs[i] = held(err)
 		}
 	}
 	acked := map[int32][]uuid.UUID{}
@@ -621,12 +627,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 	fail := func(err error) {
 		err = fmt.Errorf("relay: exactly-once: the batch's Kafka transaction did not commit, its events are sent again: %w", err)
 		if errors.Is(err, kafkaproducer.ErrFenced) {
-			// Another worker took one of the lanes: the next batch sends
-			// them at once, not after a backoff.
-			if !fenced {
-				r.eoFenced(b.w, err)
-			}
-			err = fmt.Errorf("%w: %w", err, ErrHeld)
+			err = held(err) // another worker took one of the lanes
 		}
 		for i := range errs {
 			if errs[i] == nil {
