@@ -97,8 +97,20 @@ func TestTxnCommitAbortFence(t *testing.T) {
 	if err := b.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := last(); got != "new owner" {
-		t.Fatalf("the last committed value is %q (another transaction still open), want the new owner's", got)
+	// Commit returns once the coordinator decided; it writes the commit
+	// marker to the partition after that, so for a moment the record is
+	// still undecided (pending), never anything else.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		l := lastOf()
+		if string(l.Value) == "new owner" && len(l.Pending) == 0 {
+			break
+		}
+		if string(l.Value) != "committed" || len(l.Pending) != 1 || string(l.Pending[0]) != "new owner" {
+			t.Fatalf("after the new owner's commit (another transaction still open): last committed %q, pending %q; want the new owner's, or committed and [new owner] until the marker is written", l.Value, l.Pending)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new owner's record is still undecided 10 s after its commit")
+		}
 	}
 	if err := other.Abort(ctx); err != nil {
 		t.Fatal(err)
