@@ -313,12 +313,23 @@ func (e *env) committed(group string, partitions int32) map[int32]int64 {
 		ps[i] = int32(i)
 	}
 	out := map[int32]int64{}
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{e.topic: ps})
+	// Apache Kafka answers COORDINATOR_LOAD_IN_PROGRESS while the group's
+	// coordinator loads its offsets partition (a group whose coordinator
+	// moved, or just after the broker started), and sarama's admin does not
+	// retry that code; ask again for up to 30s.
+	var resp *sarama.OffsetFetchResponse
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err = admin.ListConsumerGroupOffsets(group, map[string][]int32{e.topic: ps})
+		if !errors.Is(err, sarama.ErrOffsetsLoadInProgress) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if errors.Is(err, sarama.ErrGroupIDNotFound) {
 		return out // nothing committed yet
 	}
 	if err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("committed offsets of group %s: %v", group, err)
 	}
 	for p, b := range resp.Blocks[e.topic] {
 		out[p] = b.Offset
