@@ -349,6 +349,26 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	if err != nil {
 		return err
 	}
+	// This worker's own last transaction on a lane (one whose marks did not
+	// follow its commit) can be decided and still undecided in the
+	// partition: EndTxn returns once the coordinator decided, and the
+	// marker reaches the partition after that. Read again until it is
+	// there, or the lane's last committed record is the one before, its
+	// events are not marked, and they are sent twice.
+	for wait, start := time.Millisecond, time.Now(); ownPending(pending, take, w.txn.ID()); wait = min(2*wait, 100*time.Millisecond) {
+		if time.Since(start) > r.eo.timeout {
+			return fmt.Errorf("relay: exactly-once: lanes %v hold a record of this worker's last transaction (%s) still undecided %v after it ended; the lanes are taken again later", take, w.txn.ID(), r.eo.timeout)
+		}
+		r.cfg.Logger.Debug("outbox relay: exactly-once: waiting for this worker's last transaction's marker before reading its lanes back", "lanes", take, "transactional_id", w.txn.ID())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		if recs, pending, err = r.lastProgress(ctx, client, take); err != nil {
+			return err
+		}
+	}
 	// The owners to fence: the one of each lane's last committed record,
 	// and those of records still undecided after it (a worker that took
 	// the lane and had not finished), other than this worker.
@@ -449,6 +469,16 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		w.owned[lane] = true
 	}
 	return nil
+}
+
+// ownPending says whether one of lanes has a record of id still undecided.
+func ownPending(pending map[int32][]string, lanes []int32, id string) bool {
+	for _, lane := range lanes {
+		if slices.Contains(pending[lane], id) {
+			return true
+		}
+	}
+	return false
 }
 
 // lastProgress reads the last committed progress record of each lane
