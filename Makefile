@@ -7,12 +7,6 @@ SHELL := /bin/bash
 GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 
-# The longest-running test packages, named before ./... so that they start
-# first: go test runs packages (GOMAXPROCS at a time) in the order given,
-# and a long package started last makes the whole run wait for it alone.
-SLOW_FIRST ?= ./relay/
-SLOW_FIRST_REAL_KAFKA ?= ./internal/faulttest/ ./relay/
-
 # Runs a command with DATABASE_URL exported.
 WITH_PG = set -euo pipefail; eval "export $$(scripts/pg.sh up)";
 
@@ -25,7 +19,7 @@ test:
 	eval "export $$(scripts/devkafka.sh up)"; \
 	trap '[ -n "$$started_kafka" ] && scripts/devkafka.sh down >/dev/null 2>&1 || true' EXIT; \
 	echo "== go test (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
-	OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) $(SLOW_FIRST) ./... ; \
+	OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...) ; \
 	(cd migrations/tooltest && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
@@ -35,7 +29,7 @@ test-kafka:
 	@$(WITH_PG) \
 	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
 	echo "== go test on Apache Kafka (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
-	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) $(SLOW_FIRST_REAL_KAFKA) ./... ; \
+	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
 ## demo: the example orders and billing services end to end, duplicates and trace tree included (embedded broker unless KAFKA_BROKERS is set).
