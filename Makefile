@@ -24,15 +24,13 @@ test:
 	(cd migrations/tooltest && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
 ## test-kafka: the same tests against a real Apache Kafka broker (KAFKA_BROKERS, or one scripts/kafka.sh starts),
-## plus the broker-crash tests of internal/faulttest (on a broker of their own, started by scripts/kafka.sh), run last and alone.
+## plus the broker-crash tests of internal/faulttest (on a broker of their own, started by scripts/kafka.sh).
 test-kafka:
 	@$(WITH_PG) \
 	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
 	echo "== go test on Apache Kafka (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
-	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v /internal/faulttest$$) ; \
-	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...) ; \
-	echo "== the fault battery (internal/faulttest), alone: its brokers and relay processes get the machine's CPU"; \
-	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./internal/faulttest/
+	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
+	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
 
 ## demo: the example orders and billing services end to end, duplicates and trace tree included (embedded broker unless KAFKA_BROKERS is set).
 demo:
