@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
@@ -349,23 +350,8 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	if err != nil {
 		return err
 	}
-	// This worker's own last transaction on a lane (one whose marks did not
-	// follow its commit) can be decided and still undecided in the
-	// partition: EndTxn returns once the coordinator decided, and the
-	// marker reaches the partition after that. Read again until it is
-	// there, or the lane's last committed record is the one before, its
-	// events are not marked, and they are sent twice.
-	for wait, start := time.Millisecond, time.Now(); ownPending(pending, take, w.txn.ID()); wait = min(2*wait, 100*time.Millisecond) {
-		if time.Since(start) > r.eo.timeout {
-			return fmt.Errorf("relay: exactly-once: lanes %v hold a record of this worker's last transaction (%s) still undecided %v after it ended; the lanes are taken again later", take, w.txn.ID(), r.eo.timeout)
-		}
-		r.cfg.Logger.Debug("outbox relay: exactly-once: waiting for this worker's last transaction's marker before reading its lanes back", "lanes", take, "transactional_id", w.txn.ID())
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		if recs, pending, err = r.lastProgress(ctx, client, take); err != nil {
+	if ownPending(pending, take, w.txn.ID()) {
+		if recs, pending, err = r.awaitOwnMarker(ctx, client, w, take); err != nil {
 			return err
 		}
 	}
@@ -469,6 +455,32 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		w.owned[lane] = true
 	}
 	return nil
+}
+
+// awaitOwnMarker reads lanes back again until none holds a record of w's
+// own last transaction still undecided, at most the transaction timeout.
+// Such a record is decided (w's transaction ended, and one whose outcome
+// was unknown was settled by Init), but EndTxn returns once the
+// coordinator decided and the marker reaches the partition after that.
+// Read back in that moment, the lane's last committed record would be the
+// one before, and the events of w's commit would be sent twice.
+func (r *Relay) awaitOwnMarker(ctx context.Context, client sarama.Client, w *eoWorker, lanes []int32) (map[int32]progress, map[int32][]string, error) {
+	r.cfg.Logger.Debug("outbox relay: exactly-once: waiting for this worker's last transaction's marker before reading its lanes back",
+		"lanes", lanes, "transactional_id", w.txn.ID())
+	bo := backoff.Backoff{Initial: time.Millisecond, Max: 100 * time.Millisecond}
+	for deadline := time.Now().Add(r.eo.timeout); ; {
+		if !backoff.Sleep(ctx, bo.Fail(), nil, nil) {
+			return nil, nil, ctx.Err()
+		}
+		recs, pending, err := r.lastProgress(ctx, client, lanes)
+		if err != nil || !ownPending(pending, lanes, w.txn.ID()) {
+			return recs, pending, err
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("relay: exactly-once: lanes %v hold a record of this worker's last transaction (%s) still undecided %v after it ended; the lanes are taken again later",
+				lanes, w.txn.ID(), r.eo.timeout)
+		}
+	}
 }
 
 // ownPending says whether one of lanes has a record of id still undecided.

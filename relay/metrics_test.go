@@ -89,25 +89,12 @@ func TestMetrics(t *testing.T) {
 	// for a reading with the oldest event at least 0.2s old and a failed
 	// batch counted, then check the rest in that same reading.
 	var m map[string]metricdata.Aggregation
-	oldest := func() float64 {
-		if g, ok := m[relay.MetricOldestAge].(metricdata.Gauge[float64]); ok && len(g.DataPoints) == 1 {
-			return g.DataPoints[0].Value
-		}
-		return -1
-	}
-	unreachable := func() int64 {
-		return sumInt(m[relay.MetricErrors], attribute.String("error.type", "broker_unreachable"))
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	waitUntil(t, 10*time.Second, "a reading with the oldest event at least 0.2s old and a failed batch of 30 counted as broker_unreachable", func() bool {
 		m = collect(t, reader)
-		if oldest() >= 0.2 && unreachable() >= 30 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10s with the broker down: oldest age %v (want >= 0.2s), broker_unreachable errors %d (want at least one failed batch of 30)",
-				m[relay.MetricOldestAge], unreachable())
-		}
-	}
+		g, ok := m[relay.MetricOldestAge].(metricdata.Gauge[float64])
+		return ok && len(g.DataPoints) == 1 && g.DataPoints[0].Value >= 0.2 &&
+			sumInt(m[relay.MetricErrors], attribute.String("error.type", "broker_unreachable")) >= 30
+	})
 	if b := sumInt(m[relay.MetricBacklog], attribute.KeyValue{}); b != 30 {
 		t.Errorf("backlog while down = %d, want 30", b)
 	}
