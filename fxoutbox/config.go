@@ -121,6 +121,11 @@ type Config struct {
 	// per-key ordering and the module's own producer (README "Exactly
 	// once") [OUTBOX_DELIVERY=at-least-once|exactly-once].
 	Delivery relay.Delivery
+	// Progress is relay.ProgressMarks (default: published_at set on each
+	// delivered row) or relay.ProgressCursor (the lanes' positions once
+	// per batch, nothing written per event; with Migrate the cursor
+	// migration is applied too) [OUTBOX_PROGRESS=marks|cursor].
+	Progress relay.Progress
 	// TransactionTimeout is the Kafka transaction timeout of exactly-once
 	// delivery, 1s to BatchTimeout [OUTBOX_TRANSACTION_TIMEOUT]. Default 10s.
 	TransactionTimeout time.Duration

@@ -560,7 +560,13 @@ func (in *instance) warnings() {
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	if cfg.Migrate {
-		return migrations.Up(ctx, pool, cfg.Table)
+		if err := migrations.Up(ctx, pool, cfg.Table); err != nil {
+			return err
+		}
+		if cfg.Progress == relay.ProgressCursor {
+			return migrations.UpCursor(ctx, pool, cfg.Table)
+		}
+		return nil
 	}
 	return migrations.CheckTable(ctx, pool, cfg.Table)
 }

@@ -34,6 +34,7 @@ var relaySettings = []setting{
 	{"Ordering", "Ordering", "OUTBOX_ORDERING"},
 	{"Lanes", "Lanes", "OUTBOX_LANES"},
 	{"Delivery", "Delivery", "OUTBOX_DELIVERY"},
+	{"Progress", "Progress", "OUTBOX_PROGRESS"},
 	{"TransactionTimeout", "TransactionTimeout", "OUTBOX_TRANSACTION_TIMEOUT"},
 	{"ProgressTopic", "ProgressTopic", "OUTBOX_PROGRESS_TOPIC"},
 	{"TransactionalID", "TransactionalID", "OUTBOX_TRANSACTIONAL_ID"},

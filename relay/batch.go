@@ -85,6 +85,11 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 		}
 		return r.claim(ctx, tx, size, held, upto)
 	}
+	if r.cur != nil {
+		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
+			return r.cursorClaim(ctx, tx, size, held)
+		}
+	}
 	if r.eo != nil {
 		eo = &eoBatch{}
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {

@@ -235,6 +235,8 @@ type claimed struct {
 	deferred bool
 	// eo: the ExactlyOnce batch (its worker's transaction), nil otherwise.
 	eo *eoBatch
+	// cur: the ProgressCursor batch (its lanes' positions), nil otherwise.
+	cur *cursorBatch
 	// retry: nothing was claimed, and the next batch should run at once
 	// (an exactly-once worker was fenced while taking lanes).
 	retry bool

@@ -58,6 +58,12 @@ type Config struct {
 	// SaramaPublisher, and commits each batch's marks synchronously.
 	// Default at-least-once [OUTBOX_DELIVERY].
 	Delivery Delivery
+	// Progress is ProgressMarks (default: published_at is set on each
+	// delivered row) or ProgressCursor (the lanes' positions are recorded
+	// once per batch, and nothing is written per event; it needs the cursor
+	// migration, Mode Poll, Ordering PerKey and at-least-once delivery).
+	// Default marks [OUTBOX_PROGRESS].
+	Progress Progress
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
 	// a relay that dies mid-transaction holds read_committed consumers of
 	// the partitions it wrote back at most this long (plus the broker's
@@ -295,6 +301,9 @@ func (c Config) validate() error {
 		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("use at least PollInterval (%v); zero means the default, %v or PollInterval if longer", c.PollInterval, defaultMaxBackoff))
 	}
 	if err := c.validateDelivery(); err != nil {
+		return err
+	}
+	if err := c.validateProgress(); err != nil {
 		return err
 	}
 	if err := c.CloudEvents.Validate(); err != nil {

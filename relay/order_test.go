@@ -90,7 +90,21 @@ func orderScenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, repli
 // are not wrapped: the relay publishes through its own transactional
 // producers, so failOneIn must be 0).
 func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery relay.Delivery, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
+	progress := relay.ProgressMarks
+	if os.Getenv("OUTBOX_TEST_PROGRESS") == "cursor" && mode == relay.Poll && ordering == relay.PerKey && delivery == relay.AtLeastOnce {
+		progress = relay.ProgressCursor
+	}
+	progressScenario(t, progress, ordering, mode, delivery, replicas, killEvery, killSpread, failOneIn)
+}
+
+// progressScenario is scenario with a Progress. Under ProgressCursor the
+// rows stay unmarked: the test waits for the consumer to hold every event,
+// and checks that no row was updated.
+func progressScenario(t *testing.T, progress relay.Progress, ordering relay.Ordering, mode relay.Mode, delivery relay.Delivery, replicas int, killEvery, killSpread time.Duration, failOneIn int) {
 	s := newSetup(t)
+	if progress == relay.ProgressCursor {
+		s.cursor(t)
+	}
 	if mode == relay.Stream {
 		s.streaming(t)
 	}
@@ -133,7 +147,7 @@ func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery r
 			}
 			return failSome(ctx, pub, msgs, failOneIn, &failedOnce, &heldBack)
 		})
-		cfg := relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering, Delivery: delivery}
+		cfg := relay.Config{Table: s.table, BatchSize: batch, MaxBatchSize: maxBatch, PollInterval: 20 * time.Millisecond, Ordering: ordering, Delivery: delivery, Progress: progress}
 		if mode == relay.Stream {
 			sc := streamConfig()
 			cfg.Mode, cfg.Stream = sc.Mode, sc.Stream
@@ -228,7 +242,13 @@ func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery r
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
-	waitUntil(t, 90*time.Second, "all events published", func() bool { return s.unpublished(t) == 0 })
+	total := keys * perKey
+	if progress == relay.ProgressCursor {
+		cons.WaitForDistinct(total, 90*time.Second)
+		s.noRowUpdated(t)
+	} else {
+		waitUntil(t, 90*time.Second, "all events published", func() bool { return s.unpublished(t) == 0 })
+	}
 	mu.Lock()
 	for _, rep := range reps {
 		if err := rep.r.Stop(s.ctx); err != nil {
@@ -238,7 +258,6 @@ func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery r
 	}
 	mu.Unlock()
 
-	total := keys * perKey
 	if eo {
 		// Every event reached Kafka, committed or not.
 		seen := map[string]bool{}
@@ -301,8 +320,8 @@ func scenario(t *testing.T, ordering relay.Ordering, mode relay.Mode, delivery r
 	if failOneIn > 0 && heldBack.Load() == 0 {
 		t.Error("no event was held back: the test did not exercise held keys")
 	}
-	t.Logf("mode %v, delivery %v, ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
-		mode, delivery, ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
+	t.Logf("progress %v, mode %v, delivery %v, ordering %v, %d replicas: %d events, %d kills, %d duplicates, %d order violations, up to %d replicas publishing at once, %d events failed or held back",
+		progress, mode, delivery, ordering, replicas, total, kills, dups, violations, maxInFlight.Load(), heldBack.Load())
 }
 
 // failSome publishes msgs but fails about one event in oneIn (chosen by its

@@ -71,6 +71,19 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		return c, d, err
 	}
 	if len(rows) == 0 {
+		if c.cur != nil && len(c.cur.ids) == 0 {
+			// Lanes whose windows held nothing: their windows close.
+			b := &pgx.Batch{}
+			r.cursorSave(ctx, b, c.cur, nil, nil, nil)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				_, err = r.metrics.lap(ctx, StepMark, t, fmt.Errorf("relay: save the lanes' positions: %w", err))
+				return c, d, err
+			}
+			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
+				return c, d, fmt.Errorf("relay: commit: %w", err)
+			}
+			return c, d, nil
+		}
 		if len(c.bad) > 0 {
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)
@@ -79,7 +92,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		}
 		return c, d, nil
 	}
-	d, err = r.deliver(ctx, tx, rows, t, len(c.bad) > 0, badParked, c.marked, c.eo)
+	d, err = r.deliver(ctx, tx, rows, t, len(c.bad) > 0 || c.cur != nil, badParked, c.marked, c.eo, c.cur)
 	return c, d, err
 }
 
@@ -104,7 +117,7 @@ type delivery struct {
 // the others unmarked. It returns an error when the database failed, or
 // when nothing went through because of transient failures (the broker, or
 // the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch) (d delivery, err error) {
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch, cur *cursorBatch) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	pub := r.pub
 	if eo != nil {
@@ -137,7 +150,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		for j, i := range d.failed {
 			reasons[j] = Reason(errs[i], rows[i].topic)
 		}
-		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, reasons, alone, marked)
+		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, reasons, alone, marked, cur)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
 			return d, err
 		}
@@ -269,9 +282,12 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pacer), so a cause fixed within
 // seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool) (map[int64]bool, error) {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
 	b := &pgx.Batch{}
 	switch {
+	case cur != nil:
+		// Cursor progress: no marks; the lanes' positions follow the
+		// attempts (which say what was parked).
 	case marked:
 		var back []int64
 		for i, err := range errs {
@@ -316,11 +332,20 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 			return err
 		})
 	}
-	if b.Len() == 0 {
-		return parked, nil
+	if cur != nil && len(failed) == 0 {
+		r.cursorSave(ctx, b, cur, rows, errs, parked)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("relay: mark %d events published, %d failed: %w", len(ids), len(failed), err)
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("relay: mark %d events published, %d failed: %w", len(ids), len(failed), err)
+		}
+	}
+	if cur != nil && len(failed) > 0 {
+		b := &pgx.Batch{}
+		r.cursorSave(ctx, b, cur, rows, errs, parked)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("relay: save the lanes' positions after %d events published, %d failed: %w", len(ids), len(failed), err)
+		}
 	}
 	return parked, nil
 }

@@ -211,6 +211,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
@@ -247,6 +248,7 @@ type Relay struct {
 	growAfter atomic.Int64
 	stream    streamInfo
 	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
+	cur       *cursorState // Progress ProgressCursor: the lanes' positions
 
 	mu       sync.Mutex
 	started  bool
@@ -299,6 +301,10 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 			return nil, err
 		}
 	}
+	if c.Progress == ProgressCursor {
+		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), cursorCols)}
+		r.q.cleanup = r.cur.q.Cleanup
+	}
 	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
@@ -328,6 +334,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	if r.cfg.Mode == Stream {
 		if err := r.checkStream(ctx); err != nil {
+			return err
+		}
+	}
+	if r.cur != nil {
+		if err := r.cursorReady(ctx); err != nil {
 			return err
 		}
 	}

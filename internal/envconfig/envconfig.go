@@ -53,6 +53,7 @@ type Outbox struct {
 	Ordering               relay.Ordering
 	Lanes                  int
 	Delivery               relay.Delivery
+	Progress               relay.Progress
 	TransactionTimeout     time.Duration
 	ProgressTopic          string
 	TransactionalID        string
@@ -315,6 +316,7 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		switches("OUTBOX_SYNCHRONOUS_COMMIT", &c.SynchronousCommit, true),
 		choose(get, "OUTBOX_ORDERING", `"per-key" or "unordered"`, map[string]relay.Ordering{"per-key": relay.PerKey, "unordered": relay.Unordered}, &c.Ordering, nil),
 		choose(get, "OUTBOX_DELIVERY", `"at-least-once" or "exactly-once"`, map[string]relay.Delivery{"at-least-once": relay.AtLeastOnce, "exactly-once": relay.ExactlyOnce}, &c.Delivery, strings.ToLower),
+		choose(get, "OUTBOX_PROGRESS", `"marks" or "cursor"`, map[string]relay.Progress{"marks": relay.ProgressMarks, "cursor": relay.ProgressCursor}, &c.Progress, strings.ToLower),
 		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, nil),
 		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
 		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,

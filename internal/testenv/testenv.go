@@ -402,6 +402,27 @@ func (c *Consumer) WaitFor(n int, timeout time.Duration) []*sarama.ConsumerMessa
 	}
 }
 
+// WaitForDistinct waits until messages with at least n distinct event ids
+// (outbox.HeaderEventID) arrived, failing the test after timeout.
+func (c *Consumer) WaitForDistinct(n int, timeout time.Duration) []*sarama.ConsumerMessage {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		msgs := c.Messages()
+		seen := make(map[string]bool, len(msgs))
+		for _, m := range msgs {
+			seen[Header(m, outbox.HeaderEventID)] = true
+		}
+		if len(seen) >= n {
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("consumed %d distinct events (%d messages), want %d within %v", len(seen), len(msgs), n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // RecordCount returns how many records the partitions of topic hold from
 // their oldest offset to their high-water mark: once everything was
 // published, Consumer.WaitFor(RecordCount(...)) has read all of it,

@@ -1,0 +1,318 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// cursor applies the cursor migration to the setup's table.
+func (s *setup) cursor(t *testing.T) {
+	t.Helper()
+	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noRowUpdated fails the test when a row of the table was written after its
+// INSERT: its xmin is no longer the writing transaction's id, or it is
+// marked published.
+func (s *setup) noRowUpdated(t *testing.T) {
+	t.Helper()
+	var rows, updated int
+	err := s.pool.QueryRow(s.ctx, "SELECT count(*), count(*) FILTER (WHERE xmin <> xid(txid) OR published_at IS NOT NULL) FROM "+s.table.Ident()+" WHERE parked_at IS NULL").Scan(&rows, &updated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if updated > 0 {
+		t.Errorf("%d of %d rows were written after their INSERT: cursor progress must not touch delivered rows", updated, rows)
+	}
+}
+
+// checkOrder fails the test when a key's events (payload seq 0, 1, ...)
+// first arrived out of order, and returns the number of duplicates.
+func checkOrder(t *testing.T, msgs []*sarama.ConsumerMessage) (distinct, dups int) {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, m := range msgs {
+		id := testenv.Header(m, outbox.HeaderEventID)
+		if seen[id] {
+			dups++
+			continue
+		}
+		seen[id] = true
+		var p struct{ Seq int }
+		if err := json.Unmarshal(m.Value, &p); err != nil {
+			t.Fatal(err)
+		}
+		k := string(m.Key)
+		if l, ok := last[k]; ok && p.Seq <= l {
+			t.Errorf("key %s: seq %d arrived after seq %d", k, p.Seq, l)
+		}
+		last[k] = p.Seq
+	}
+	return len(seen), dups
+}
+
+// A cursor relay delivers every event once, each key in order, in batches
+// that cross many windows, and writes nothing to the rows: each row's xmin
+// is still its INSERT's.
+func TestCursorDeliversWithoutWritingRows(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	// Some events before the relay's first claim, some between its
+	// batches, in transactions of several events.
+	s.write(t, topic, 120, 7)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, BatchSize: 25, MaxBatchSize: 25})
+	total := 120
+	for round := range 6 {
+		for {
+			n, err := r.RunOnce(s.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			for i := range 5 {
+				if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i), Type: "order.updated.v1",
+					Topic: topic, Payload: map[string]int{"seq": 1000 + round*5 + i}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += 5
+	}
+	for {
+		n, err := r.RunOnce(s.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	msgs := cons.WaitForDistinct(total, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	distinct, dups := checkOrder(t, cons.Messages())
+	if distinct != total || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates (of %d messages), want %d and 0", distinct, dups, len(msgs), total)
+	}
+	s.noRowUpdated(t)
+	// Nothing is left: another claim publishes nothing.
+	if n, err := r.RunOnce(s.ctx); n != 0 || err != nil {
+		t.Errorf("RunOnce after the drain: %d, %v; want 0, nil", n, err)
+	}
+}
+
+// A transaction that stays open with events holds back only its own: the
+// events committed meanwhile are delivered while it is open, and its own
+// when it commits, none lost and none repeated.
+func TestCursorOpenTransactionHoldsOnlyItsOwn(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond})
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+
+	// The long transaction writes first, so its rows have the lowest ids.
+	long, err := s.pool.Begin(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(s.ctx) }()
+	for i := range 3 {
+		if err := s.uow.AddTx(s.ctx, long, outbox.Event{AggregateType: "order", AggregateID: "slow", Type: "order.updated.v1",
+			Topic: topic, Payload: map[string]int{"seq": i}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.write(t, topic, 200, 10)
+	cons.WaitForDistinct(200, 30*time.Second)
+	for _, m := range cons.Messages() {
+		if string(m.Key) == "slow" {
+			t.Fatal("an event of the open transaction was delivered before it committed")
+		}
+	}
+	if err := long.Commit(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// More writes after the commit, on the same keys.
+	for i := 200; i < 250; i++ {
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%10), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons.WaitForDistinct(253, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	distinct, dups := checkOrder(t, cons.Messages())
+	if distinct != 253 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 253 and 0", distinct, dups)
+	}
+	s.noRowUpdated(t)
+}
+
+// A rolled-back transaction's events are never sent, and leave no gap that
+// stops a lane.
+func TestCursorSkipsRolledBackEvents(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 2)
+	cons := testenv.Consume(t, brokers, topic)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	boom := errors.New("boom")
+	err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: "k0", Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": 99}}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	s.write(t, topic, 10, 1)
+	for {
+		n, err := r.RunOnce(s.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	cons.WaitForDistinct(10, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 10 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 10 and 0", distinct, dups)
+	}
+}
+
+// Four cursor relays, one replaced every few hundred milliseconds, while
+// writers commit 20k events over 200 keys: nothing lost, each key in order,
+// duplicates only around the kills, and no row written after its INSERT.
+func TestCursorPerKeyOrderAcrossReplicasWithKills(t *testing.T) {
+	t.Parallel()
+	progressScenario(t, relay.ProgressCursor, relay.PerKey, relay.Poll, relay.AtLeastOnce, 4, 150*time.Millisecond, 250*time.Millisecond, 0)
+}
+
+// The same with 8 replicas and keys held back by transient failures: a
+// lane stops before a failed event, the events of other keys past it go on
+// (remembered in the lane's skip list) and are not sent twice.
+func TestCursorPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
+	t.Parallel()
+	progressScenario(t, relay.ProgressCursor, relay.PerKey, relay.Poll, relay.AtLeastOnce, 8, 500*time.Millisecond, 0, 150)
+}
+
+// An event whose topic does not exist is parked in its row at once, and
+// the lane goes on past it.
+func TestCursorParksPoisonAndGoesOn(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 2)
+	cons := testenv.Consume(t, brokers, topic)
+	pub := s.publisher(t)
+	bad := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+		failed := map[int]error{}
+		var good []relay.Message
+		for i, m := range msgs {
+			if m.Topic == "missing" {
+				failed[i] = outbox.Permanent(fmt.Errorf("%s: %w", m.Topic, sarama.ErrUnknownTopicOrPartition))
+				continue
+			}
+			good = append(good, m)
+		}
+		if err := pub.Publish(ctx, good); err != nil {
+			return err
+		}
+		if len(failed) > 0 {
+			return &relay.BatchError{Failed: failed}
+		}
+		return nil
+	})
+	r := s.relay(t, bad, relay.Config{Progress: relay.ProgressCursor})
+	for i := range 10 {
+		tp := topic
+		if i == 3 {
+			tp = "missing"
+		}
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: "k", Type: "order.updated.v1", Topic: tp, Payload: map[string]int{"seq": i}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		if _, err := r.RunOnce(s.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons.WaitForDistinct(9, 30*time.Second)
+	var parked int
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL AND topic = 'missing'").Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 1 {
+		t.Errorf("%d events parked, want 1", parked)
+	}
+}
+
+// Cursor progress refuses what it cannot do yet, and a table without the
+// cursor migration, saying what to do.
+func TestCursorRefusals(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	for _, cfg := range []relay.Config{
+		{Progress: relay.ProgressCursor, Ordering: relay.Unordered},
+		{Progress: relay.ProgressCursor, Delivery: relay.ExactlyOnce},
+		{Progress: relay.Progress(7)},
+	} {
+		cfg.Table = s.table
+		_, err := relay.New(s.pool, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), &cfg)
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Progress" {
+			t.Errorf("%+v: got %v, want a ConfigError on Progress", cfg.Progress, err)
+		}
+	}
+	r := s.relay(t, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), relay.Config{Progress: relay.ProgressCursor})
+	err := r.Start(s.ctx)
+	if !errors.Is(err, relay.ErrCursorNotReady) {
+		t.Fatalf("Start without the cursor migration: %v, want ErrCursorNotReady", err)
+	}
+	t.Log(err)
+}

@@ -1,0 +1,234 @@
+// Package cursor is the relay's cursor progress: where each lane of an
+// outbox table stands, as PostgreSQL snapshots, so that delivering an event
+// writes nothing to its row.
+//
+// A lane's events are delivered in windows. A window is every event of the
+// lane whose transaction committed after the snapshot done and before the
+// snapshot upto (visible in upto, not in done), the batches of PgQ. Inside a
+// window the events go in id order: pos says that every event of the window
+// up to it was delivered, and skip lists the ids past pos delivered already
+// (those behind a key that waits for its retry). When the window is read to
+// its end and nothing in it waits, upto becomes done and the next window
+// opens at the next claim, with the snapshot of that moment.
+//
+// An open transaction holds back only its own events: it is in the xip list
+// of the snapshots taken while it runs, so its rows fall in the first window
+// whose upto sees it committed, and the others' rows flow meanwhile. Such a
+// late row may have a lower id than the rows delivered before it; a window
+// finds those (id <= base, the highest id its lane's last window reached)
+// through the (txid, id) index when it opens, and starts its id-ordered
+// scan at the lowest of them (floor).
+//
+// The package owns the SQL text and the arithmetic of positions; the relay
+// owns the transaction, the lane locks and the publishing.
+package cursor
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fxoutbox/outbox"
+)
+
+// Lane is one lane's position, as stored in the positions table.
+type Lane struct {
+	Lane int32
+	// Done is the snapshot (pg_snapshot's text form) up to which the lane
+	// is delivered.
+	Done string
+	// Upto ends the open window; "" when the window is closed.
+	Upto string
+	// Base is the highest id the lane's last window reached: a new
+	// window's rows at or below it are late rows.
+	Base int64
+	// Pos, Floor and Skip place an open window: every window row with an
+	// id below Floor or up to Pos is delivered, and so are those in Skip.
+	Pos, Floor int64
+	Skip       []int64
+	// Top is the highest id visible when the window opened: no row of the
+	// window has a higher one.
+	Top int64
+}
+
+// Open reports whether the lane has an open window.
+func (l Lane) Open() bool { return l.Upto != "" }
+
+// Start is the id after which the lane's next read begins.
+func (l Lane) Start() int64 {
+	if !l.Open() {
+		return l.Base
+	}
+	return max(l.Pos, l.Floor-1)
+}
+
+// Outcome is what became of one row a batch read.
+type Outcome struct {
+	ID       int64
+	Resolved bool // published, or parked: it never needs sending again
+}
+
+// Advance returns a lane's position after a batch that read rows (the
+// lane's, in id order, with their outcomes) from its window. full says the
+// read stopped at its limit, at id last: the window may hold more past it,
+// unless last reached Top.
+// A row that is not resolved stops the lane before it (the ids resolved
+// past it go to Skip); a window read to its end with every row resolved
+// closes.
+func Advance(l Lane, rows []Outcome, full bool, last int64) Lane {
+	first := int64(-1) // the first unresolved row
+	for _, o := range rows {
+		if !o.Resolved {
+			first = o.ID
+			break
+		}
+	}
+	highest := l.Base
+	for _, o := range rows {
+		highest = max(highest, o.ID)
+	}
+	if full {
+		highest = max(highest, last)
+	}
+	switch {
+	case first >= 0:
+		l.Pos = max(l.Pos, first-1)
+		skip := l.Skip[:0:0]
+		for _, id := range l.Skip {
+			if id > l.Pos {
+				skip = append(skip, id)
+			}
+		}
+		for _, o := range rows {
+			if o.Resolved && o.ID > l.Pos {
+				skip = append(skip, o.ID)
+			}
+		}
+		slices.Sort(skip)
+		l.Skip = slices.Compact(skip)
+	case full && last < l.Top:
+		l.Pos = max(l.Pos, last)
+		skip := l.Skip[:0:0]
+		for _, id := range l.Skip {
+			if id > l.Pos {
+				skip = append(skip, id)
+			}
+		}
+		l.Skip = skip
+	default:
+		// Read to its end, nothing waiting: the window is delivered.
+		l.Done, l.Upto = l.Upto, ""
+		l.Pos, l.Floor, l.Top, l.Skip = 0, 0, 0, nil
+	}
+	l.Base = max(l.Base, highest)
+	return l
+}
+
+// SkipCap is the most ids a lane's Skip holds: while a key of the lane waits
+// for its retry, the lane's other keys go on for this many events, then the
+// lane waits too.
+const SkipCap = 1000
+
+// laneExpr is the lane of a row (the relay's lane function), for alias e.
+const laneExpr = "((hashtext(e.partition_key) & 2147483647) % @lanes)"
+
+// Queries are the statements of one table's cursor progress.
+type Queries struct {
+	// Init creates the lanes' rows that do not exist, at the snapshot of
+	// the table's first unpublished row (marks mode's backlog is delivered
+	// too) or the current one.
+	Init string
+	// Lanes reads the numbers of lanes the positions were made for, and
+	// the unpublished rows that have no txid (written before the cursor
+	// migration).
+	Check string
+	// Find groups the first @window rows waiting in any lane by lane, in
+	// order of each lane's first row, and try-locks the lanes that cover
+	// the first @n of them (as the marks claim's window does).
+	Find string
+	// Load reads the positions of the lanes in @locked, in a statement
+	// after the locks, opening the closed windows at its snapshot.
+	Load string
+	// Read reads the next @n rows of the lanes' windows, in id order.
+	Read string
+	// Save writes the lanes' positions.
+	Save string
+	// Cleanup deletes rows older than $1 that every lane delivered, at
+	// most $2 of them.
+	Cleanup string
+}
+
+// NewQueries returns the statements for table and its positions table
+// cursor, reading cols (the relay's columns, for alias e) in Read.
+func NewQueries(table, cursor outbox.Table, cols string) Queries {
+	t, c := table.Ident(), cursor.Ident()
+	const waiting = " AND e.published_at IS NULL AND e.parked_at IS NULL"
+	// inWindow: row e belongs to lane state c's window (upto NULL: the
+	// window the next claim opens, ending now).
+	const inWindow = " NOT pg_visible_in_snapshot(e.txid, c.done) AND (c.upto IS NULL OR pg_visible_in_snapshot(e.txid, c.upto))"
+	state := "SELECT lane, done, upto, base, pos, floor, top, skip, CASE WHEN upto IS NULL THEN base ELSE greatest(pos, floor - 1) END AS start FROM " + c
+	q := Queries{
+		Init: "INSERT INTO " + c + " (lane, lanes, done, base) SELECT g, @lanes, s.done, s.base FROM generate_series(0, @lanes - 1) g," +
+			" (SELECT CASE WHEN f.txid IS NULL THEN pg_current_snapshot()" +
+			" ELSE (least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':' || least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':')::pg_snapshot END AS done," +
+			" coalesce(f.id - 1, (SELECT max(id) FROM " + t + "), 0) AS base" +
+			" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT min(e.txid) AS txid, min(e.id) AS id FROM " + t + " e WHERE e.txid IS NOT NULL" + waiting + ") f ON true) s" +
+			" ON CONFLICT (lane) DO NOTHING",
+		Check: "SELECT coalesce((SELECT array_agg(DISTINCT lanes) FROM " + c + "), '{}')," +
+			" (SELECT count(*) FROM (SELECT 1 FROM " + t + " e WHERE e.txid IS NULL" + waiting + " LIMIT 1000) x)",
+		// The waiting rows past each lane's start (its window's, or all
+		// those its next window opens on), and, of the closed lanes, the
+		// late rows at or below their base: rows of the transactions in
+		// done's xip list, or past its xmax (a row whose id was drawn
+		// before its transaction's id).
+		Find: "WITH c AS MATERIALIZED (" + state + ")," +
+			" k AS MATERIALIZED (SELECT coalesce(min(start), 0) AS start," +
+			" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.upto IS NULL), '{}') AS xips," +
+			" min(pg_snapshot_xmax(done)) FILTER (WHERE upto IS NULL) AS xmax, max(base) FILTER (WHERE upto IS NULL) AS base FROM c)," +
+			" w AS ((SELECT e.id, c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
+			" WHERE e.id > (SELECT start FROM k) AND e.id > c.start AND NOT pg_visible_in_snapshot(e.txid, c.done) AND e.id <> ALL(c.skip)" + waiting +
+			" ORDER BY e.id LIMIT @window)" +
+			" UNION ALL (SELECT e.id, c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
+			" WHERE (e.txid = ANY((SELECT xips FROM k)::xid8[]) OR e.txid >= (SELECT xmax FROM k)) AND e.id <= (SELECT base FROM k)" +
+			" AND c.upto IS NULL AND e.id <= c.base AND" + inWindow + waiting + " LIMIT @window))" +
+			" SELECT lane, cnt, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
+			"SELECT lane, count(*)::int AS cnt, min(id) AS first," +
+			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
+			" FROM w GROUP BY lane) g ORDER BY first",
+		// Load opens each closed window at this statement's snapshot: its
+		// floor is the lowest late row (at or below base), found through
+		// the (txid, id) index once per distinct done.
+		Load: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now)," +
+			" c AS MATERIALIZED (SELECT c.lane, c.done, coalesce(c.upto, s.now) AS upto, c.upto IS NULL AS opening, c.base, c.pos, c.floor, c.top, c.skip FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]))," +
+			" late AS (SELECT c.lane, min(e.id) AS id FROM (SELECT DISTINCT done::text AS d FROM c WHERE opening) g" +
+			" CROSS JOIN LATERAL (SELECT e.id, e.txid, e.partition_key FROM " + t + " e" +
+			" WHERE (e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(g.d::pg_snapshot))) OR (e.txid >= pg_snapshot_xmax(g.d::pg_snapshot) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))))" +
+			" AND e.id <= (SELECT max(base) FROM c WHERE opening)" + waiting + ") e" +
+			" JOIN c ON c.lane = " + laneExpr + " AND c.opening AND c.done::text = g.d AND e.id <= c.base AND" + inWindow + " GROUP BY c.lane)" +
+			" SELECT c.lane, c.done::text, c.upto::text, c.base, CASE WHEN c.opening THEN 0 ELSE c.pos END," +
+			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
+			" CASE WHEN c.opening THEN coalesce((SELECT max(id) FROM " + t + "), 0) ELSE c.top END" +
+			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
+		Read: "WITH c AS MATERIALIZED (SELECT l AS lane, d::pg_snapshot AS done, u::pg_snapshot AS upto, s AS start" +
+			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))" +
+			" SELECT " + cols + ", c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
+			" WHERE e.id > @from AND e.id > c.start AND" + inWindow + " AND e.id <> ALL(@skip::bigint[])" + waiting +
+			" ORDER BY e.id LIMIT @n",
+		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
+			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
+			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
+			" WHERE c.lane = x.l",
+		Cleanup: "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t + " e WHERE e.created_at < $1 AND e.parked_at IS NULL" +
+			" AND (e.published_at < $1 OR e.txid < (SELECT min(pg_snapshot_xmin(done)) FROM " + c + ")) LIMIT $2 FOR UPDATE SKIP LOCKED)",
+	}
+	return q
+}
+
+// JoinSkip is Skip in the text form Save takes ("1,2,3").
+func JoinSkip(ids []int64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(parts, ",")
+}

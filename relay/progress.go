@@ -1,0 +1,296 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
+)
+
+// Progress says how a relay records what it delivered.
+type Progress int
+
+const (
+	// ProgressMarks (the default) sets published_at on each delivered
+	// row: an UPDATE per event (a new tuple, an entry in every index, a
+	// dead tuple for vacuum), and Retention deletes the rows later.
+	ProgressMarks Progress = iota
+	// ProgressCursor records, per lane, the snapshot up to which the lane
+	// is delivered and its place in the window after it (see the README,
+	// "Cursor progress"): one small UPDATE of the lanes' rows per batch and
+	// nothing per event, so an event costs the table its INSERT. An open
+	// transaction holds back only its own events. It needs the cursor
+	// migration (migrations.UpCursor), Mode Poll, Ordering PerKey and
+	// at-least-once delivery; a parked event stays in its row (parked_at),
+	// and a requeue writes it again as a new row.
+	ProgressCursor
+)
+
+func (p Progress) String() string {
+	switch p {
+	case ProgressMarks:
+		return "marks"
+	case ProgressCursor:
+		return "cursor"
+	}
+	return "Progress(" + strconv.Itoa(int(p)) + ")"
+}
+
+// ParseProgress parses "marks" or "cursor".
+func ParseProgress(s string) (Progress, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "marks", "":
+		return ProgressMarks, nil
+	case "cursor":
+		return ProgressCursor, nil
+	}
+	return 0, fmt.Errorf("relay: progress %q: use marks or cursor", s)
+}
+
+// validateProgress checks Progress and what ProgressCursor needs.
+func (c Config) validateProgress() error {
+	bad := func(why string) error {
+		return &outbox.ConfigError{Field: "Progress", Reason: fmt.Sprintf("is %v: %s", c.Progress, why)}
+	}
+	switch {
+	case c.Progress == ProgressMarks:
+		return nil
+	case c.Progress != ProgressCursor:
+		return bad("use relay.ProgressMarks or relay.ProgressCursor")
+	case c.Mode != Poll:
+		return bad("needs Mode Poll for now: the streaming relay marks the rows it claims; use Poll, or marks")
+	case c.Ordering != PerKey:
+		return bad("needs Ordering PerKey: the positions are kept per lane")
+	case c.Delivery != AtLeastOnce:
+		return bad("needs at-least-once delivery for now; use marks with exactly-once")
+	}
+	return nil
+}
+
+// cursorCols are the columns a cursor claim reads, as claim's.
+const cursorCols = "e.id, e.event_id, e.event_type, e.topic, e.partition_key, e.payload, e.headers, e.attempts, e.created_at, e.attempts = 0 AND e.last_error IS NOT NULL"
+
+// cursorTable is the positions table of t (migrations.CursorTable).
+func cursorTable(t outbox.Table) outbox.Table {
+	t = t.WithDefaults()
+	return outbox.Table{Schema: t.Schema, Name: t.Name + "_cursor"}
+}
+
+// cursorState is a relay's cursor progress: its statements, and whether
+// the lanes' rows were checked and created.
+type cursorState struct {
+	q     cursor.Queries
+	mu    sync.Mutex
+	ready bool
+}
+
+// cursorBatch is what a cursor claim read: the locked lanes' positions and
+// each read row's lane, for cursorSave.
+type cursorBatch struct {
+	lanes  map[int32]cursor.Lane
+	order  []int32         // the locked lanes, in order
+	laneOf map[int64]int32 // read row id -> its lane
+	ids    []int64         // every row read, in id order (held ones too)
+	held   map[int64]bool  // rows read but not sent: their key waits
+	full   bool            // the read stopped at its limit
+	last   int64           // the last id read
+}
+
+// ErrCursorNotReady wraps the reasons a table cannot be relayed with
+// ProgressCursor yet; the message says what to do.
+var ErrCursorNotReady = errors.New("relay: the table is not ready for cursor progress")
+
+// cursorReady checks, once per relay, that the table has the cursor
+// migration, that the lanes' rows agree with Lanes and that no unpublished
+// row predates the migration, and creates the lanes' rows that are missing.
+func (r *Relay) cursorReady(ctx context.Context) error {
+	cs := r.cur
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.ready {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+		var ok bool
+		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", r.cfg.Table.Ident(), cursorTable(r.cfg.Table).Ident()).Scan(&ok); err != nil {
+			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s or its positions table %s does not exist: apply the cursor migration (migrations.UpCursor, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table))
+		}
+		var lanes []int32
+		var old int64
+		if err := tx.QueryRow(ctx, cs.q.Check).Scan(&lanes, &old); err != nil {
+			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
+		}
+		for _, n := range lanes {
+			if int(n) != r.cfg.Lanes {
+				return fmt.Errorf("%w: %s: its lanes' positions were made for Lanes %d, this relay has %d: every relay of a table must use the same Lanes", ErrCursorNotReady, r.cfg.Table, n, r.cfg.Lanes)
+			}
+		}
+		if old > 0 {
+			return fmt.Errorf("%w: %s has %d unpublished events written before the cursor migration (txid is NULL): run the relay with marks progress until they are published (outboxctl status shows the backlog), then switch to cursor", ErrCursorNotReady, r.cfg.Table, old)
+		}
+		if _, err := tx.Exec(ctx, cs.q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
+			return fmt.Errorf("relay: cursor progress of %s: create the lanes' positions: %w", r.cfg.Table, err)
+		}
+		cs.ready = true
+		return nil
+	})
+}
+
+// cursorClaim is the claim under ProgressCursor: it finds the lanes with
+// waiting rows and try-locks those that cover about n of them (skipping the
+// lanes other relays hold), reads their positions in a new statement
+// (opening their windows), and reads the next n rows of those windows in id
+// order. Rows whose key waits for a failed event's retry are read but not
+// returned; their lane stops before them.
+func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string) (claimed, error) {
+	if err := r.cursorReady(ctx); err != nil {
+		return claimed{}, err
+	}
+	q := r.cur.q
+	var locked []int32
+	seen, heldElsewhere := 0, false
+	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns}
+	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, q.Find, args, func(rows pgx.Rows) error {
+		var lane int32
+		var cnt int
+		var got *bool
+		_, err := pgx.ForEachRow(rows, []any{&lane, &cnt, &got}, func() error {
+			seen += cnt
+			switch {
+			case got == nil:
+			case *got:
+				locked = append(locked, lane)
+			default:
+				heldElsewhere = true
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+	}
+	if len(locked) == 0 {
+		return claimed{heldElsewhere: heldElsewhere && seen > 0}, nil
+	}
+	// A new statement: its snapshot sees what the lanes' previous holder
+	// committed.
+	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}
+	rows, err := tx.Query(ctx, q.Load, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes})
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
+	}
+	var l cursor.Lane
+	var floor *int64
+	_, err = pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &floor, &l.Skip, &l.Top}, func() error {
+		l.Floor = l.Base + 1
+		if floor != nil {
+			l.Floor = *floor
+		}
+		cb.lanes[l.Lane] = l
+		cb.order = append(cb.order, l.Lane)
+		l = cursor.Lane{}
+		return nil
+	})
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
+	}
+	if len(cb.order) != len(locked) {
+		// A lane without its row: the positions were changed under the relay.
+		r.cur.mu.Lock()
+		r.cur.ready = false
+		r.cur.mu.Unlock()
+		return claimed{}, fmt.Errorf("relay: %s: %d of %d lanes have no position row", r.cfg.Table, len(locked)-len(cb.order), len(locked))
+	}
+	ln, done, upto, start, skip := make([]int32, 0, len(cb.order)), []string{}, []string{}, []int64{}, []int64{}
+	from := int64(-1)
+	for _, id := range cb.order {
+		l := cb.lanes[id]
+		ln, done, upto, start = append(ln, id), append(done, l.Done), append(upto, l.Upto), append(start, l.Start())
+		skip = append(skip, l.Skip...)
+		if from < 0 || l.Start() < from {
+			from = l.Start()
+		}
+	}
+	var out []row
+	var x row
+	var lane int32
+	readArgs := pgx.NamedArgs{"lane": ln, "done": done, "upto": upto, "start": start, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
+	rs, err := tx.Query(ctx, q.Read, readArgs)
+	if err == nil {
+		_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane}, func() error {
+			cb.laneOf[x.id] = lane
+			cb.ids = append(cb.ids, x.id)
+			out = append(out, x)
+			x = row{}
+			return nil
+		})
+	}
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+	}
+	cb.full = len(out) == n
+	if len(out) > 0 {
+		cb.last = out[len(out)-1].id
+	}
+	// Keys waiting for a retry: their rows stay (the lane stops at the
+	// first), and so do the rest of a lane whose Skip is full.
+	waits := map[string]bool{}
+	for _, k := range held {
+		waits[k] = true
+	}
+	stopped := map[int32]bool{}
+	kept := out[:0:0]
+	for _, x := range out {
+		lane := cb.laneOf[x.id]
+		if waits[x.key] || stopped[lane] {
+			cb.held[x.id] = true
+			if len(cb.lanes[lane].Skip) >= cursor.SkipCap {
+				stopped[lane] = true
+			}
+			continue
+		}
+		kept = append(kept, x)
+	}
+	return claimed{rows: kept, more: cb.full || seen >= 2*n, cur: cb}, nil
+}
+
+// cursorSave writes the positions of a cursor batch's lanes after its
+// publish: published and parked rows are resolved, the others (failed,
+// waiting behind their key) stop their lane.
+func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
+	resolved := make(map[int64]bool, len(sent))
+	for i, x := range sent {
+		if errs[i] == nil || parked[x.id] {
+			resolved[x.id] = true
+		}
+	}
+	outcomes := map[int32][]cursor.Outcome{}
+	for _, id := range cb.ids {
+		l := cb.laneOf[id]
+		outcomes[l] = append(outcomes[l], cursor.Outcome{ID: id, Resolved: resolved[id]})
+	}
+	n := len(cb.order)
+	lane, done, upto, skip := make([]int32, 0, n), make([]string, 0, n), make([]*string, 0, n), make([]string, 0, n)
+	base, pos, floor, top := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+	for _, id := range cb.order {
+		l := cursor.Advance(cb.lanes[id], outcomes[id], cb.full, cb.last)
+		lane, done, base, pos, floor, top = append(lane, id), append(done, l.Done), append(base, l.Base), append(pos, l.Pos), append(floor, l.Floor), append(top, l.Top)
+		var u *string
+		if l.Upto != "" {
+			u = &l.Upto
+		}
+		upto, skip = append(upto, u), append(skip, cursor.JoinSkip(l.Skip))
+	}
+	b.Queue(r.cur.q.Save, pgx.NamedArgs{"lane": lane, "done": done, "upto": upto, "base": base, "pos": pos, "floor": floor, "top": top, "skip": skip})
+}
