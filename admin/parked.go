@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // ParkedEvent is an event the relay set aside after it failed permanently
@@ -132,7 +133,13 @@ func GetParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid
 // topic, so a requeue right after the fix is not refused. An empty filter
 // needs f.All.
 func Requeue(ctx context.Context, db Querier, table outbox.Table, f Filter, opts *BulkOptions) (int, error) {
-	n, err := bulk(ctx, db, table, parked, "parked_at = NULL, attempts = 0", f, opts)
+	change := "parked_at = NULL, attempts = 0"
+	if cursor, err := tablesql.InCursorMode(ctx, db, table); err != nil {
+		return 0, fmt.Errorf("admin: requeue parked events in %s: %w", table, err)
+	} else if cursor {
+		change = moveKeep
+	}
+	n, err := bulk(ctx, db, table, parked, change, f, opts)
 	if err != nil {
 		return n, fmt.Errorf("admin: requeue parked events in %s (%d requeued): %w", table, n, err)
 	}

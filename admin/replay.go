@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Replay makes the relays publish again the published events that match f,
@@ -37,7 +38,13 @@ import (
 // takes a lane over marks the events of the lane's last Kafka transaction
 // published, but not one so replayed since.
 func Replay(ctx context.Context, db Querier, table outbox.Table, f Filter, opts *BulkOptions) (int, error) {
-	n, err := bulk(ctx, db, table, published, "published_at = NULL, attempts = 0, last_error = '"+replayedReason+"'", f, opts)
+	st, change := published, "published_at = NULL, attempts = 0, last_error = '"+replayedReason+"'"
+	if cursor, err := tablesql.InCursorMode(ctx, db, table); err != nil {
+		return 0, fmt.Errorf("admin: replay published events in %s: %w", table, err)
+	} else if cursor {
+		st, change = cursorState(table, published), moveReplayed
+	}
+	n, err := bulk(ctx, db, table, st, change, f, opts)
 	if err != nil {
 		return n, fmt.Errorf("admin: replay published events in %s (%d reset): %w", table, n, err)
 	}
@@ -51,7 +58,13 @@ const replayedReason = "[outbox.replayed] replayed by an operator: the relay sen
 // f.Limit, when set): what Replay with f would reset. Without an id range
 // or a time range it reads the whole table.
 func CountPublished(ctx context.Context, db Querier, table outbox.Table, f Filter) (int, error) {
-	n, err := count(ctx, db, table, published, f)
+	st := published
+	if cursor, err := tablesql.InCursorMode(ctx, db, table); err != nil {
+		return 0, fmt.Errorf("admin: count published events in %s: %w", table, err)
+	} else if cursor {
+		st = cursorState(table, published)
+	}
+	n, err := count(ctx, db, table, st, f)
 	if err != nil {
 		return 0, fmt.Errorf("admin: count published events in %s: %w", table, err)
 	}

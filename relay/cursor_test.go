@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -315,4 +318,139 @@ func TestCursorRefusals(t *testing.T) {
 		t.Fatalf("Start without the cursor migration: %v, want ErrCursorNotReady", err)
 	}
 	t.Log(err)
+}
+
+// An operator works a cursor table as a marked one: the status counts the
+// events the lanes have yet to deliver, a requeued parked event is written
+// again behind the lanes' positions and delivered, and a replayed event is
+// sent again. Lanes without events keep up with the others.
+func TestCursorStatusRequeueReplay(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 2)
+	cons := testenv.Consume(t, brokers, topic)
+	var created atomic.Bool
+	pub := s.publisher(t)
+	wrapped := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
+		failed := map[int]error{}
+		var good []relay.Message
+		for i, m := range msgs {
+			if m.Topic == "late.topic" && !created.Load() {
+				failed[i] = outbox.Permanent(fmt.Errorf("%s: %w", m.Topic, sarama.ErrUnknownTopicOrPartition))
+				continue
+			}
+			if m.Topic == "late.topic" {
+				m.Topic = topic // created: it goes where the test reads
+			}
+			good = append(good, m)
+		}
+		if err := pub.Publish(ctx, good); err != nil {
+			return err
+		}
+		if len(failed) > 0 {
+			return &relay.BatchError{Failed: failed}
+		}
+		return nil
+	})
+	// Two keys on 64 lanes: most lanes never see an event.
+	r := s.relay(t, wrapped, relay.Config{Progress: relay.ProgressCursor})
+	add := func(key, tp string, seq int) uuid.UUID {
+		id := uuid.Must(uuid.NewV7())
+		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			return tx.Add(ctx, outbox.Event{ID: id, AggregateType: "order", AggregateID: key, Type: "order.updated.v1", Topic: tp, Payload: map[string]int{"seq": seq}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	drain := func() {
+		t.Helper()
+		for {
+			n, err := r.RunOnce(s.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				return
+			}
+		}
+	}
+	status := func() admin.Status {
+		t.Helper()
+		st, err := admin.ReadStatus(s.ctx, s.pool, s.table, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	first := add("a", topic, 0)
+	poison := add("b", "late.topic", 0)
+	add("a", topic, 1)
+	drain()
+	if st := status(); st.Backlog != 0 || st.Parked != 1 {
+		t.Errorf("after the drain: backlog %d, parked %d; want 0 and 1", st.Backlog, st.Parked)
+	}
+	for i := range 3 {
+		add("b", topic, 1+i)
+	}
+	if st := status(); st.Backlog != 3 || st.OldestCreatedAt == nil {
+		t.Errorf("3 events written: backlog %d, oldest %v; want 3 and a time", st.Backlog, st.OldestCreatedAt)
+	}
+	drain()
+	if st := status(); st.Backlog != 0 {
+		t.Errorf("after the second drain: backlog %d, want 0", st.Backlog)
+	}
+	created.Store(true)
+	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{poison}}, nil); err != nil || n != 1 {
+		t.Fatalf("Requeue: %d, %v; want 1", n, err)
+	}
+	if st := status(); st.Backlog != 1 || st.Parked != 0 {
+		t.Errorf("after the requeue: backlog %d, parked %d; want 1 and 0", st.Backlog, st.Parked)
+	}
+	drain()
+	// Past the idle lanes' next sweep, the first event is in every
+	// lane's done snapshot: it can be replayed.
+	time.Sleep(1100 * time.Millisecond)
+	drain()
+	if n, err := admin.Replay(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{first}}, nil); err != nil || n != 1 {
+		t.Fatalf("Replay: %d, %v; want 1", n, err)
+	}
+	drain()
+	msgs := cons.WaitForDistinct(6, 30*time.Second)
+	waitUntil(t, 30*time.Second, "the replayed event", func() bool {
+		n := 0
+		for _, m := range cons.Messages() {
+			if testenv.Header(m, outbox.HeaderEventID) == first.String() {
+				n++
+			}
+		}
+		return n == 2
+	})
+	ids := map[string]int{}
+	for _, m := range cons.Messages() {
+		ids[testenv.Header(m, outbox.HeaderEventID)]++
+	}
+	if ids[poison.String()] != 1 || len(ids) != 6 {
+		t.Errorf("got %v (%d messages); want the requeued event once and 6 events", ids, len(msgs))
+	}
+	var lagging int
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+migrations.CursorTable(s.table).Ident()+" WHERE NOT pg_visible_in_snapshot((SELECT txid FROM "+s.table.Ident()+
+		" WHERE event_id = $1), done)", poison).Scan(&lagging); err != nil {
+		t.Fatal(err)
+	}
+	if lagging != 0 {
+		rows, _ := s.pool.Query(s.ctx, "SELECT lane, done::text, coalesce(upto::text,''), base, pos, updated_at::text, (SELECT txid::text FROM "+s.table.Ident()+" WHERE event_id = $1) FROM "+migrations.CursorTable(s.table).Ident()+" ORDER BY lane LIMIT 5", poison)
+		for rows.Next() {
+			var l int
+			var d, u, ua, tx string
+			var b, p int64
+			_ = rows.Scan(&l, &d, &u, &b, &p, &ua, &tx)
+			t.Log(l, d, u, b, p, ua, tx)
+		}
+		rows.Close()
+		t.Errorf("%d lanes' done snapshots lag behind the last write: idle lanes must keep up", lagging)
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -89,7 +91,15 @@ type cursorState struct {
 	q     cursor.Queries
 	mu    sync.Mutex
 	ready bool
+	// idleAt (unix nanoseconds): when a claim next takes the idle lanes
+	// along (see cursorClaim).
+	idleAt atomic.Int64
 }
+
+// idleEvery is the longest a lane without events lags behind: a claim
+// takes the closed lanes that others' transactions went past along this
+// often (or each PollInterval, if longer), so that they keep up.
+const idleEvery = time.Second
 
 // cursorBatch is what a cursor claim read: the locked lanes' positions and
 // each read row's lane, for cursorSave.
@@ -179,6 +189,20 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	})
 	if err != nil {
 		return claimed{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+	}
+	if now := time.Now(); now.UnixNano() >= r.cur.idleAt.Load() {
+		// Lanes without events keep up: their windows open and close with
+		// the others'.
+		r.cur.idleAt.Store(now.Add(max(idleEvery, r.cfg.PollInterval)).UnixNano())
+		rows, err := tx.Query(ctx, q.Idle, pgx.NamedArgs{"locked": locked, "ns": r.q.ns})
+		if err == nil {
+			var idle []int32
+			idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+			locked = append(locked, idle...)
+		}
+		if err != nil {
+			return claimed{}, fmt.Errorf("relay: lock the idle lanes of %s: %w", r.cfg.Table, err)
+		}
 	}
 	if len(locked) == 0 {
 		return claimed{heldElsewhere: heldElsewhere && seen > 0}, nil

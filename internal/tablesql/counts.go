@@ -54,7 +54,9 @@ type Counts struct {
 }
 
 // ReadCounts reads a table's Counts in one statement that reads only the
-// partial indexes on unpublished and on parked rows. The relay's Stats and
+// partial indexes on unpublished and on parked rows, or, for a table in
+// cursor mode (see InCursorMode), the rows the lanes' positions say are
+// waiting, through the (txid, id) index. The relay's Stats and
 // backlog gauges use it, as does admin.ReadStatus.
 func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
 	if err := table.Validate(); err != nil {
@@ -68,6 +70,11 @@ func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, er
 }
 
 func readCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
+	if cursor, err := InCursorMode(ctx, db, table); err != nil {
+		return Counts{}, err
+	} else if cursor {
+		return readCursorCounts(ctx, db, table)
+	}
 	var c Counts
 	var ageSec float64
 	t := table.Ident()
@@ -83,10 +90,16 @@ func readCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, er
 	if _, err := pgx.ForEachRow(rows, []any{&c.Backlog, &c.OldestCreatedAt, &ageSec, &c.Parked}, func() error { return nil }); err != nil {
 		return c, err
 	}
+	c.finish(ageSec)
+	return c, nil
+}
+
+// finish sets the fields that follow from the backlog and the oldest
+// waiting event's age (seconds, negative when it is in the future).
+func (c *Counts) finish(ageSec float64) {
 	c.BacklogCapped = c.Backlog >= BacklogCap
 	c.OldestInFuture = ageSec < 0
 	c.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
-	return c, nil
 }
 
 // ErrorTypeSQL is the cause the relay records at the start of last_error,

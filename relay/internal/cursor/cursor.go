@@ -146,6 +146,11 @@ type Queries struct {
 	// order of each lane's first row, and try-locks the lanes that cover
 	// the first @n of them (as the marks claim's window does).
 	Find string
+	// Idle try-locks the closed lanes outside @locked that transactions
+	// went past since their done snapshot: a lane without events keeps up
+	// that way, so that the late rows of the others are looked for over a
+	// short range.
+	Idle string
 	// Load reads the positions of the lanes in @locked, in a statement
 	// after the locks, opening the closed windows at its snapshot.
 	Load string
@@ -218,8 +223,12 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
 			" WHERE c.lane = x.l",
-		Cleanup: "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t + " e WHERE e.created_at < $1 AND e.parked_at IS NULL" +
-			" AND (e.published_at < $1 OR e.txid < (SELECT min(pg_snapshot_xmin(done)) FROM " + c + ")) LIMIT $2 FOR UPDATE SKIP LOCKED)",
+		Idle: "SELECT lane FROM (SELECT lane FROM " + c + " WHERE upto IS NULL AND lane <> ALL(coalesce(@locked::int[], '{}'))" +
+			" AND pg_snapshot_xmax(done) < pg_snapshot_xmax(pg_current_snapshot()) OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)",
+		// Cleanup deletes rows that their lane's done snapshot holds.
+		Cleanup: "DELETE FROM " + t + " WHERE id IN (SELECT e.id FROM " + t + " e WHERE e.created_at < $1 AND e.parked_at IS NULL" +
+			" AND (e.published_at < $1 OR EXISTS (SELECT FROM " + c + " c WHERE c.lane = ((hashtext(e.partition_key) & 2147483647) % c.lanes)" +
+			" AND pg_visible_in_snapshot(e.txid, c.done))) LIMIT $2 FOR UPDATE SKIP LOCKED)",
 	}
 	return q
 }

@@ -1,0 +1,81 @@
+package tablesql
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/migrations"
+)
+
+// InCursorMode reports whether table's relays record cursor progress
+// (relay.ProgressCursor): its positions table exists and holds the lanes'
+// rows. Its rows are then never marked published, and what was delivered is
+// read from the positions.
+func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, error) {
+	if err := table.Validate(); err != nil {
+		return false, err
+	}
+	c := migrations.CursorTable(table)
+	var exists bool
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", c.Ident())
+	if err == nil {
+		exists, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	}
+	if err != nil || !exists {
+		return false, err
+	}
+	rows, err = db.Query(ctx, "SELECT EXISTS (SELECT FROM "+c.Ident()+")")
+	if err != nil {
+		return false, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+}
+
+// Delivered is the condition, on a row of table (unqualified columns), that
+// its lane's done snapshot holds it, or that it is marked published. It
+// errs on the side of "not yet": a row delivered in its lane's open window
+// is not counted.
+func Delivered(table outbox.Table) string {
+	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + migrations.CursorTable(table).Ident() + " c" +
+		" WHERE c.lane = ((hashtext(partition_key) & 2147483647) % c.lanes) AND pg_visible_in_snapshot(txid, c.done)))"
+}
+
+// cursorWaiting selects (id, created_at) of the rows some lane has yet to
+// deliver: those not in the lane's done snapshot, less those its open
+// window delivered (at or below its start, or in its skip list). The
+// candidates come from the (txid, id) index: rows of the transactions in a
+// done snapshot's xip list, or at or past its xmax.
+func cursorWaiting(table outbox.Table) string {
+	t, c := table.Ident(), migrations.CursorTable(table).Ident()
+	return "WITH c AS MATERIALIZED (SELECT lane, lanes, done, upto, CASE WHEN upto IS NULL THEN 0 ELSE greatest(pos, floor - 1) END AS start, skip FROM " + c + ")," +
+		" k AS MATERIALIZED (SELECT coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x), '{}') AS xips," +
+		" (SELECT min(pg_snapshot_xmax(done)) FROM c) AS xmax, (SELECT max(lanes) FROM c) AS lanes)" +
+		" SELECT e.id, e.created_at FROM " + t + " e JOIN c ON c.lane = ((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k))" +
+		" WHERE (e.txid = ANY((SELECT xips FROM k)::xid8[]) OR e.txid >= (SELECT xmax FROM k))" +
+		" AND NOT pg_visible_in_snapshot(e.txid, c.done)" +
+		" AND NOT (c.upto IS NOT NULL AND pg_visible_in_snapshot(e.txid, c.upto) AND (e.id <= c.start OR e.id = ANY(c.skip)))" +
+		" AND e.published_at IS NULL AND e.parked_at IS NULL"
+}
+
+// readCursorCounts is readCounts for a table in cursor mode.
+func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
+	var c Counts
+	var ageSec float64
+	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED ("+cursorWaiting(table)+")"+
+		" SELECT (SELECT count(*) FROM (SELECT 1 FROM w LIMIT @cap) b),"+
+		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
+		" (SELECT count(*) FROM "+table.Ident()+" WHERE parked_at IS NOT NULL)"+
+		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM w ORDER BY id LIMIT 1) o ON true",
+		pgx.NamedArgs{"cap": BacklogCap})
+	if err != nil {
+		return c, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&c.Backlog, &c.OldestCreatedAt, &ageSec, &c.Parked}, func() error { return nil }); err != nil {
+		return c, fmt.Errorf("cursor counts: %w", err)
+	}
+	c.finish(ageSec)
+	return c, nil
+}
