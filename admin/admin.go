@@ -187,18 +187,14 @@ func count(ctx context.Context, db Querier, table outbox.Table, st state, f Filt
 	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
 }
 
-// moveKeep and moveReplayed are bulk changes for a table in cursor mode
-// (relay.ProgressCursor), where a row behind the lanes' positions is never
-// read again: the row is deleted and inserted anew (a new id and txid, so
-// the lane's next window takes it), with attempts 0 and its last error kept
-// (a requeue) or set to replayedReason (a replay).
-const (
-	moveKeep     = "\x00move:keep"
-	moveReplayed = "\x00move:replayed"
-)
-
-// cursorState returns st as it reads on a table in cursor mode: the rows
-// are never marked published, so published means delivered by every lane.
+// cursorState returns st as it reads on a table in cursor mode
+// (relay.ProgressCursor): the rows are never marked published, so
+// published means delivered (its lane's done snapshot holds it).
+//
+// On such a table a row behind the lanes' positions is never read again:
+// Requeue and Replay give it the operation's own transaction id (txid =
+// pg_current_xact_id()), so that the next window of its lane takes it, in
+// id order.
 func cursorState(table outbox.Table, st state) state {
 	if st == published {
 		return state(tablesql.Delivered(table))
@@ -207,9 +203,8 @@ func cursorState(table outbox.Table, st state) state {
 }
 
 // bulk changes the rows in state that match f, ChunkSize at a time in id
-// order, with change: the SET clause of an UPDATE, "" to delete, or a move
-// (moveKeep, moveReplayed). It returns how many rows it changed; on an
-// error, those changed before it.
+// order, with change: the SET clause of an UPDATE, or "" to delete. It
+// returns how many rows it changed; on an error, those changed before it.
 func bulk(ctx context.Context, db Querier, table outbox.Table, st state, change string, f Filter, opts *BulkOptions) (int, error) {
 	if err := table.Validate(); err != nil {
 		return 0, err
@@ -230,20 +225,12 @@ func bulk(ctx context.Context, db Querier, table outbox.Table, st state, change 
 	// published, say) is left alone; c's last id moves the cursor on.
 	pick := "WITH c AS (SELECT id FROM " + table.Ident() + " WHERE " + string(st) + " AND id > @after" + f.where(args) +
 		" ORDER BY id LIMIT @chunk), "
+	// The state's columns are the row's (c has only id).
 	var sql string
-	switch change {
-	case "":
-		sql = pick + "u AS (DELETE FROM " + table.Ident() + " e USING c WHERE e.id = c.id AND e." + string(st) + " RETURNING 1)"
-	case moveKeep, moveReplayed:
-		lastError := "d.last_error"
-		if change == moveReplayed {
-			lastError = "'" + replayedReason + "'"
-		}
-		const cols = "event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, created_at"
-		sql = pick + "d AS (DELETE FROM " + table.Ident() + " e USING c WHERE e.id = c.id AND " + string(st) + " RETURNING e.*)," +
-			" u AS (INSERT INTO " + table.Ident() + " (" + cols + ", attempts, last_error) SELECT " + cols + ", 0, " + lastError + " FROM d ORDER BY d.id RETURNING 1)"
-	default:
-		sql = pick + "u AS (UPDATE " + table.Ident() + " e SET " + change + " FROM c WHERE e.id = c.id AND e." + string(st) + " RETURNING 1)"
+	if change == "" {
+		sql = pick + "u AS (DELETE FROM " + table.Ident() + " e USING c WHERE e.id = c.id AND " + string(st) + " RETURNING 1)"
+	} else {
+		sql = pick + "u AS (UPDATE " + table.Ident() + " e SET " + change + " FROM c WHERE e.id = c.id AND " + string(st) + " RETURNING 1)"
 	}
 	sql += " SELECT (SELECT max(id) FROM c), (SELECT count(*) FROM u)::int"
 	done := 0

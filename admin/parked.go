@@ -137,7 +137,7 @@ func Requeue(ctx context.Context, db Querier, table outbox.Table, f Filter, opts
 	if cursor, err := tablesql.InCursorMode(ctx, db, table); err != nil {
 		return 0, fmt.Errorf("admin: requeue parked events in %s: %w", table, err)
 	} else if cursor {
-		change = moveKeep
+		change += ", txid = pg_current_xact_id()"
 	}
 	n, err := bulk(ctx, db, table, parked, change, f, opts)
 	if err != nil {

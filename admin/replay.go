@@ -42,7 +42,7 @@ func Replay(ctx context.Context, db Querier, table outbox.Table, f Filter, opts 
 	if cursor, err := tablesql.InCursorMode(ctx, db, table); err != nil {
 		return 0, fmt.Errorf("admin: replay published events in %s: %w", table, err)
 	} else if cursor {
-		st, change = cursorState(table, published), moveReplayed
+		st, change = cursorState(table, published), change+", txid = pg_current_xact_id()"
 	}
 	n, err := bulk(ctx, db, table, st, change, f, opts)
 	if err != nil {

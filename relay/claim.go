@@ -159,8 +159,9 @@ func newQueries(t outbox.Table) queries {
 			" FROM " + t.Ident() + " e WHERE e.id = ANY(@ids::bigint[])",
 		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
 		unmark:               "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",
-		attempt: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
-			" parked_at = CASE WHEN f.lim > 0 AND e.attempts + 1 >= f.lim THEN now() END" +
+		// A negative attempts (written by hand) counts as 0.
+		attempt: "UPDATE " + t.Ident() + " e SET attempts = greatest(e.attempts, 0) + 1, last_error = f.err," +
+			" parked_at = CASE WHEN f.lim > 0 AND greatest(e.attempts, 0) + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
 			" RETURNING e.id, e.parked_at IS NOT NULL",
 		// created_at <= published_at, so the created_at condition (BRIN

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ import (
 )
 
 // cursor applies the cursor migration to the setup's table.
-func (s *setup) cursor(t *testing.T) {
+func (s *setup) cursor(t testing.TB) {
 	t.Helper()
 	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
@@ -452,5 +453,145 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 		}
 		rows.Close()
 		t.Errorf("%d lanes' done snapshots lag behind the last write: idle lanes must keep up", lagging)
+	}
+}
+
+// A row whose payload PostgreSQL cannot print is parked with what
+// PostgreSQL said, and its lane goes on: its key's later event and the
+// other keys' events are delivered.
+func TestCursorUnreadableRowIsParked(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	s.write(t, topic, 20, 5)
+	bad := s.insertUnreadable(t, topic, "kbad")
+	after := s.insertRaw(t, topic, "kbad", []byte(`{"after":true}`))
+	s.write(t, topic, 20, 5)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 50 * time.Millisecond})
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	cons.WaitForDistinct(41, 60*time.Second)
+	waitUntil(t, 60*time.Second, "the unreadable row parked", func() bool {
+		_, parked, _, _ := s.row(t, bad)
+		return parked
+	})
+	_, _, attempts, lastErr := s.row(t, bad)
+	if attempts != 1 || !strings.Contains(lastErr, "SQLSTATE 54000") {
+		t.Errorf("unreadable row: attempts %d, last_error %q; want parked once, naming SQLSTATE 54000", attempts, lastErr)
+	}
+	got := map[string]bool{}
+	for _, m := range cons.Messages() {
+		got[testenv.Header(m, outbox.HeaderEventID)] = true
+	}
+	if got[bad.String()] || !got[after.String()] {
+		t.Errorf("the unreadable row reached Kafka: %v; its key's later event did: %v", got[bad.String()], got[after.String()])
+	}
+}
+
+// Positions ahead of the server's transaction ids (what a pg_dump and
+// pg_restore into a new cluster leaves) stop the relay with
+// ErrCursorCluster instead of taking new events for delivered ones.
+func TestCursorNoticesAnotherCluster(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 1)
+	s.write(t, topic, 3, 1)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	if _, err := r.RunOnce(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As restored elsewhere: the new cluster's ids are far behind.
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+migrations.CursorTable(s.table).Ident()+" SET done = '4000000000:4000000000:'"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	if err := fresh.Start(s.ctx); !errors.Is(err, relay.ErrCursorCluster) {
+		t.Fatalf("Start on positions from another cluster: %v, want ErrCursorCluster", err)
+	} else {
+		t.Log(err)
+	}
+	if _, err := fresh.RunOnce(s.ctx); !errors.Is(err, relay.ErrCursorCluster) {
+		t.Fatalf("RunOnce on positions from another cluster: %v, want ErrCursorCluster", err)
+	}
+}
+
+// A cursor table restored into a cluster whose transaction ids are behind
+// the old ones (simulated: the rows' txids and the positions' snapshots are
+// moved 4e9 ahead) stops the relay; admin.RebaseCursor carries it over, and
+// the relay then delivers the rows the old cluster had not delivered and
+// those written in the new one, each once, and nothing delivered again.
+func TestCursorRebaseAfterRestore(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 2)
+	cons := testenv.Consume(t, brokers, topic)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	drain := func(r *relay.Relay) {
+		t.Helper()
+		for {
+			n, err := r.RunOnce(s.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				return
+			}
+		}
+	}
+	write := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+				return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%5), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(0, 10)
+	drain(r)
+	cons.WaitForDistinct(10, 30*time.Second)
+	write(10, 15) // not delivered when the dump is taken
+	const shift = "4000000000"
+	move := func(snap string) string {
+		return "((pg_snapshot_xmin(" + snap + ")::text::bigint + " + shift + ")::text || ':' || (pg_snapshot_xmax(" + snap + ")::text::bigint + " + shift + ")::text || ':' ||" +
+			" coalesce((SELECT string_agg((x::text::bigint + " + shift + ")::text, ',') FROM pg_snapshot_xip(" + snap + ") x), ''))::pg_snapshot"
+	}
+	for _, sql := range []string{
+		"UPDATE " + s.table.Ident() + " SET txid = (txid::text::bigint + " + shift + ")::text::xid8",
+		"UPDATE " + migrations.CursorTable(s.table).Ident() + " SET done = " + move("done") + ", upto = CASE WHEN upto IS NOT NULL THEN " + move("upto") + " END",
+	} {
+		if _, err := s.pool.Exec(s.ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(15, 18) // written in the new cluster
+	fresh := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	if err := fresh.Start(s.ctx); !errors.Is(err, relay.ErrCursorCluster) {
+		t.Fatalf("Start after the restore: %v, want ErrCursorCluster", err)
+	}
+	got, err := admin.RebaseCursor(s.ctx, s.pool, s.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Marked != 10 || got.Rewritten != 5 {
+		t.Errorf("RebaseCursor = %+v, want 10 marked and 5 rewritten", got)
+	}
+	after := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	drain(after)
+	cons.WaitForDistinct(18, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 18 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 18 and 0", distinct, dups)
 	}
 }

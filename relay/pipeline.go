@@ -61,6 +61,9 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 	if err == nil && len(c.bad) > 0 {
 		var kept []row
 		kept, badParked, err = r.chargeUnreadable(ctx, tx, c.bad, rows)
+		if c.cur != nil {
+			c.cur.parked = badParked
+		}
 		if !c.marked {
 			// Rows claimed by marking them are delivered whatever: those
 			// not acknowledged get their mark taken back.
@@ -71,8 +74,9 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		return c, d, err
 	}
 	if len(rows) == 0 {
-		if c.cur != nil && len(c.cur.ids) == 0 {
-			// Lanes whose windows held nothing: their windows close.
+		if c.cur != nil && (len(c.cur.ids) == 0 || len(c.bad) > 0) {
+			// Lanes whose windows held nothing close them; lanes past
+			// rows that were parked move on.
 			b := &pgx.Batch{}
 			r.cursorSave(ctx, b, c.cur, nil, nil, nil)
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -82,6 +86,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)
 			}
+			r.pacer.done(badParked...)
 			return c, d, nil
 		}
 		if len(c.bad) > 0 {

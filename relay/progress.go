@@ -91,6 +91,9 @@ type cursorState struct {
 	q     cursor.Queries
 	mu    sync.Mutex
 	ready bool
+	// checked: when the positions were last checked against the server
+	// (see cursorReady).
+	checked time.Time
 	// idleAt (unix nanoseconds): when a claim next takes the idle lanes
 	// along (see cursorClaim).
 	idleAt atomic.Int64
@@ -109,6 +112,7 @@ type cursorBatch struct {
 	laneOf map[int64]int32 // read row id -> its lane
 	ids    []int64         // every row read, in id order (held ones too)
 	held   map[int64]bool  // rows read but not sent: their key waits
+	parked []int64         // unreadable rows the pipeline parked
 	full   bool            // the read stopped at its limit
 	last   int64           // the last id read
 }
@@ -117,14 +121,28 @@ type cursorBatch struct {
 // ProgressCursor yet; the message says what to do.
 var ErrCursorNotReady = errors.New("relay: the table is not ready for cursor progress")
 
-// cursorReady checks, once per relay, that the table has the cursor
-// migration, that the lanes' rows agree with Lanes and that no unpublished
-// row predates the migration, and creates the lanes' rows that are missing.
+// ErrCursorCluster says the server's transaction ids are behind the
+// lanes' positions: the table was restored into another cluster (pg_dump
+// and pg_restore, or a move by logical replication), where the positions
+// would take new events for delivered ones. The relay stops rather than
+// lose them; the README's "Cursor progress: changes of cluster" says what
+// to do.
+var ErrCursorCluster = errors.New("relay: the lanes' positions come from another PostgreSQL cluster")
+
+// cursorCheckEvery is how often a relay checks the positions against the
+// server again, to notice a change of cluster under a running relay.
+const cursorCheckEvery = 10 * time.Second
+
+// cursorReady checks that the table has the cursor migration, that the
+// lanes' rows agree with Lanes, that no unpublished row predates the
+// migration and that the server's transaction ids are not behind the
+// positions, and creates the lanes' rows that are missing; once, then
+// every cursorCheckEvery.
 func (r *Relay) cursorReady(ctx context.Context) error {
 	cs := r.cur
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	if cs.ready {
+	if cs.ready && time.Since(cs.checked) < cursorCheckEvery {
 		return nil
 	}
 	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
@@ -136,8 +154,9 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 			return fmt.Errorf("%w: %s or its positions table %s does not exist: apply the cursor migration (migrations.UpCursor, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table))
 		}
 		var lanes []int32
+		var behind bool
 		var old int64
-		if err := tx.QueryRow(ctx, cs.q.Check).Scan(&lanes, &old); err != nil {
+		if err := tx.QueryRow(ctx, cs.q.Check).Scan(&lanes, &behind, &old); err != nil {
 			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
 		}
 		for _, n := range lanes {
@@ -145,13 +164,21 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 				return fmt.Errorf("%w: %s: its lanes' positions were made for Lanes %d, this relay has %d: every relay of a table must use the same Lanes", ErrCursorNotReady, r.cfg.Table, n, r.cfg.Lanes)
 			}
 		}
+		if behind {
+			cs.ready = false
+			return fmt.Errorf("%w: %s: this server's transaction ids are behind the snapshots in %s, so the table was restored or moved into another cluster; new events would be taken for delivered ones. Stop the relays and follow the README, \"Cursor progress: changes of cluster\"", ErrCursorCluster, r.cfg.Table, cursorTable(r.cfg.Table))
+		}
+		if cs.ready {
+			cs.checked = time.Now()
+			return nil
+		}
 		if old > 0 {
 			return fmt.Errorf("%w: %s has %d unpublished events written before the cursor migration (txid is NULL): run the relay with marks progress until they are published (outboxctl status shows the backlog), then switch to cursor", ErrCursorNotReady, r.cfg.Table, old)
 		}
 		if _, err := tx.Exec(ctx, cs.q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
 			return fmt.Errorf("relay: cursor progress of %s: create the lanes' positions: %w", r.cfg.Table, err)
 		}
-		cs.ready = true
+		cs.ready, cs.checked = true, time.Now()
 		return nil
 	})
 }
@@ -249,23 +276,50 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	var out []row
 	var x row
 	var lane int32
+	var bad []unreadable
 	readArgs := pgx.NamedArgs{"lane": ln, "done": done, "upto": upto, "start": start, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
-	rs, err := tx.Query(ctx, q.Read, readArgs)
-	if err == nil {
-		_, err = pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane}, func() error {
+	// Under a savepoint: a row that cannot be read (see isUnreadable) does
+	// not abort the transaction.
+	err = r.query(ctx, tx, r.q.savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
+		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane}, func() error {
 			cb.laneOf[x.id] = lane
 			cb.ids = append(cb.ids, x.id)
 			out = append(out, x)
 			x = row{}
 			return nil
 		})
+		return err
+	})
+	if err != nil && isUnreadable(err) {
+		// Read the ids alone, then the rows by id, setting aside those that
+		// cannot be read (readGuarded); they are charged (parked) in the
+		// pipeline, and their lanes go on past them.
+		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+		}
+		cb.ids, out = nil, nil
+		clear(cb.laneOf)
+		var rs pgx.Rows
+		if rs, err = tx.Query(ctx, q.ReadIDs, readArgs); err == nil {
+			var id int64
+			_, err = pgx.ForEachRow(rs, []any{&id, &lane}, func() error {
+				cb.laneOf[id] = lane
+				cb.ids = append(cb.ids, id)
+				return nil
+			})
+		}
+		if err == nil {
+			var g claimed
+			g, err = r.readGuarded(ctx, tx, cb.ids, n)
+			out, bad = g.rows, g.bad
+		}
 	}
 	if err != nil {
 		return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
 	}
-	cb.full = len(out) == n
-	if len(out) > 0 {
-		cb.last = out[len(out)-1].id
+	cb.full = len(cb.ids) == n
+	if len(cb.ids) > 0 {
+		cb.last = cb.ids[len(cb.ids)-1]
 	}
 	// Keys waiting for a retry: their rows stay (the lane stops at the
 	// first), and so do the rest of a lane whose Skip is full.
@@ -286,7 +340,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 		}
 		kept = append(kept, x)
 	}
-	return claimed{rows: kept, more: cb.full || seen >= 2*n, cur: cb}, nil
+	return claimed{rows: kept, bad: bad, more: cb.full || seen >= 2*n, cur: cb}, nil
 }
 
 // cursorSave writes the positions of a cursor batch's lanes after its
@@ -294,6 +348,9 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 // waiting behind their key) stop their lane.
 func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
 	resolved := make(map[int64]bool, len(sent))
+	for _, id := range cb.parked {
+		resolved[id] = true
+	}
 	for i, x := range sent {
 		if errs[i] == nil || parked[x.id] {
 			resolved[x.id] = true

@@ -37,7 +37,7 @@ type setup struct {
 	brokers []string
 }
 
-func newSetup(t *testing.T) *setup {
+func newSetup(t testing.TB) *setup {
 	t.Helper()
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
@@ -48,7 +48,7 @@ func newSetup(t *testing.T) *setup {
 	return &setup{ctx: context.Background(), pool: pool, table: tbl, uow: uow}
 }
 
-func (s *setup) kafka(t *testing.T) []string {
+func (s *setup) kafka(t testing.TB) []string {
 	t.Helper()
 	if s.brokers == nil {
 		s.brokers = testenv.Brokers(t)
@@ -56,7 +56,7 @@ func (s *setup) kafka(t *testing.T) []string {
 	return s.brokers
 }
 
-func (s *setup) publisher(t *testing.T) *relay.SaramaPublisher {
+func (s *setup) publisher(t testing.TB) *relay.SaramaPublisher {
 	t.Helper()
 	p, err := relay.NewSaramaPublisher(s.kafka(t), nil)
 	if err != nil {
@@ -66,7 +66,7 @@ func (s *setup) publisher(t *testing.T) *relay.SaramaPublisher {
 	return p
 }
 
-func (s *setup) relay(t *testing.T, pub relay.Publisher, cfg relay.Config) *relay.Relay {
+func (s *setup) relay(t testing.TB, pub relay.Publisher, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	cfg.Table = s.table
 	r, err := relay.New(s.pool, pub, &cfg)

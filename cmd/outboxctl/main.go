@@ -103,6 +103,9 @@ Usage:
   outboxctl inbox parked delete <id>...     drop parked records without applying them
                                             (retrying runs the handler: it is the consuming
                                             service's Consumer.Retry)
+  outboxctl cursor rebase                   carry a cursor table (OUTBOX_PROGRESS=cursor) over to the
+                                            cluster it was restored or moved into, when the relay
+                                            says its positions come from another cluster
   outboxctl version
   outboxctl help [command]
 
@@ -167,6 +170,8 @@ func run(ctx context.Context, args []string, e env) int {
 		return cmdBulk(ctx, "replay", args[1:], e, replayOp)
 	case "stream":
 		return cmdStream(ctx, args[1:], e)
+	case "cursor":
+		return cmdCursor(ctx, args[1:], e)
 	case "inbox":
 		return cmdInbox(ctx, args[1:], e)
 	case "parked":

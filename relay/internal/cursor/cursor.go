@@ -138,9 +138,10 @@ type Queries struct {
 	// the table's first unpublished row (marks mode's backlog is delivered
 	// too) or the current one.
 	Init string
-	// Lanes reads the numbers of lanes the positions were made for, and
-	// the unpublished rows that have no txid (written before the cursor
-	// migration).
+	// Check reads the numbers of lanes the positions were made for,
+	// whether the server's transaction ids are behind the positions (the
+	// table was restored into another cluster), and the unpublished rows
+	// that have no txid (written before the cursor migration).
 	Check string
 	// Find groups the first @window rows waiting in any lane by lane, in
 	// order of each lane's first row, and try-locks the lanes that cover
@@ -154,8 +155,9 @@ type Queries struct {
 	// Load reads the positions of the lanes in @locked, in a statement
 	// after the locks, opening the closed windows at its snapshot.
 	Load string
-	// Read reads the next @n rows of the lanes' windows, in id order.
-	Read string
+	// Read reads the next @n rows of the lanes' windows, in id order;
+	// ReadIDs reads only their ids and lanes (when a row cannot be read).
+	Read, ReadIDs string
 	// Save writes the lanes' positions.
 	Save string
 	// Cleanup deletes rows older than $1 that every lane delivered, at
@@ -172,6 +174,13 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 	// window the next claim opens, ending now).
 	const inWindow = " NOT pg_visible_in_snapshot(e.txid, c.done) AND (c.upto IS NULL OR pg_visible_in_snapshot(e.txid, c.upto))"
 	state := "SELECT lane, done, upto, base, pos, floor, top, skip, CASE WHEN upto IS NULL THEN base ELSE greatest(pos, floor - 1) END AS start FROM " + c
+	read := func(cols string) string {
+		return "WITH c AS MATERIALIZED (SELECT l AS lane, d::pg_snapshot AS done, u::pg_snapshot AS upto, s AS start" +
+			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))" +
+			" SELECT " + cols + " FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
+			" WHERE e.id > @from AND e.id > c.start AND" + inWindow + " AND e.id <> ALL(@skip::bigint[])" + waiting +
+			" ORDER BY e.id LIMIT @n"
+	}
 	q := Queries{
 		Init: "INSERT INTO " + c + " (lane, lanes, done, base) SELECT g, @lanes, s.done, s.base FROM generate_series(0, @lanes - 1) g," +
 			" (SELECT CASE WHEN f.txid IS NULL THEN pg_current_snapshot()" +
@@ -180,6 +189,7 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT min(e.txid) AS txid, min(e.id) AS id FROM " + t + " e WHERE e.txid IS NOT NULL" + waiting + ") f ON true) s" +
 			" ON CONFLICT (lane) DO NOTHING",
 		Check: "SELECT coalesce((SELECT array_agg(DISTINCT lanes) FROM " + c + "), '{}')," +
+			" coalesce((SELECT max(pg_snapshot_xmax(done)) > pg_snapshot_xmax(pg_current_snapshot()) FROM " + c + "), false)," +
 			" (SELECT count(*) FROM (SELECT 1 FROM " + t + " e WHERE e.txid IS NULL" + waiting + " LIMIT 1000) x)",
 		// The waiting rows past each lane's start (its window's, or all
 		// those its next window opens on), and, of the closed lanes, the
@@ -214,11 +224,8 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
 			" CASE WHEN c.opening THEN coalesce((SELECT max(id) FROM " + t + "), 0) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
-		Read: "WITH c AS MATERIALIZED (SELECT l AS lane, d::pg_snapshot AS done, u::pg_snapshot AS upto, s AS start" +
-			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))" +
-			" SELECT " + cols + ", c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
-			" WHERE e.id > @from AND e.id > c.start AND" + inWindow + " AND e.id <> ALL(@skip::bigint[])" + waiting +
-			" ORDER BY e.id LIMIT @n",
+		Read:    read(cols + ", c.lane"),
+		ReadIDs: read("e.id, c.lane"),
 		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
 			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
