@@ -520,6 +520,12 @@ func TestCursorNoticesAnotherCluster(t *testing.T) {
 	if _, err := fresh.RunOnce(s.ctx); !errors.Is(err, relay.ErrCursorCluster) {
 		t.Fatalf("RunOnce on positions from another cluster: %v, want ErrCursorCluster", err)
 	}
+	// A relay with marks progress refuses the table: it would send again
+	// what the cursor delivered.
+	marks := s.relay(t, s.publisher(t), relay.Config{})
+	if err := marks.Start(s.ctx); !errors.Is(err, relay.ErrCursorTable) {
+		t.Fatalf("Start with marks on a cursor table: %v, want ErrCursorTable", err)
+	}
 }
 
 // A cursor table restored into a cluster whose transaction ids are behind

@@ -129,6 +129,31 @@ var ErrCursorNotReady = errors.New("relay: the table is not ready for cursor pro
 // to do.
 var ErrCursorCluster = errors.New("relay: the lanes' positions come from another PostgreSQL cluster")
 
+// ErrCursorTable is returned by Start of a relay with ProgressMarks on a
+// table whose relays record cursor progress: it would send again every
+// event the cursor delivered (their published_at is NULL).
+var ErrCursorTable = errors.New("relay: the table's relays record cursor progress")
+
+// checkMarks refuses marks progress on a table in cursor mode.
+func (r *Relay) checkMarks(ctx context.Context) error {
+	c := cursorTable(r.cfg.Table)
+	var inUse bool
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", c.Ident()).Scan(&exists); err != nil || !exists {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+c.Ident()+")").Scan(&inUse)
+	})
+	if err != nil {
+		return fmt.Errorf("relay: check the progress of %s: %w", r.cfg.Table, err)
+	}
+	if inUse {
+		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, c)
+	}
+	return nil
+}
+
 // cursorCheckEvery is how often a relay checks the positions against the
 // server again, to notice a change of cluster under a running relay.
 const cursorCheckEvery = 10 * time.Second

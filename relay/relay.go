@@ -341,6 +341,8 @@ func (r *Relay) Start(ctx context.Context) error {
 		if err := r.cursorReady(ctx); err != nil {
 			return err
 		}
+	} else if err := r.checkMarks(ctx); err != nil {
+		return err
 	}
 	gauges, err := r.metrics.register()
 	if err != nil {
