@@ -180,6 +180,14 @@ func (n Names) Name(v string) string {
 
 var envVarRE = regexp.MustCompile(`\b(OUTBOX|KAFKA)_[A-Z0-9_]*[A-Z0-9]\b`)
 
+// Text is s with the variables named as they are set.
+func (n Names) Text(s string) string {
+	if n.prefix == "" {
+		return s
+	}
+	return envVarRE.ReplaceAllStringFunc(s, n.Name)
+}
+
 // Rename makes an error name the variables as they are set: a
 // ConfigError is rebuilt with the names replaced; any other error keeps its
 // chain (errors.Is, errors.As) under a text with the names replaced.
