@@ -1,6 +1,8 @@
 package envconfig
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -99,5 +101,28 @@ func TestEventTypes(t *testing.T) {
 		if _, err := eventTypes(v); err == nil || !strings.Contains(err.Error(), "OUTBOX_EVENT_TYPES") {
 			t.Errorf("eventTypes(%q) = %v, want an error naming OUTBOX_EVENT_TYPES", v, err)
 		}
+	}
+}
+
+// Rename names the variables as set in any error's text, keeping its
+// chain; Text does it for a message.
+func TestRenameAnyError(t *testing.T) {
+	n, err := NewNames("AUDIT_", []string{"AUDIT_KAFKA_BROKERS=x:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("connection refused")
+	got := n.Rename(fmt.Errorf("topic check (OUTBOX_TOPICS=create): connect to Kafka at KAFKA_BROKERS=x:1: %w", cause))
+	if want := "topic check (AUDIT_OUTBOX_TOPICS=create): connect to Kafka at AUDIT_KAFKA_BROKERS=x:1: connection refused"; got.Error() != want || !errors.Is(got, cause) {
+		t.Errorf("Rename = %q (keeps the cause: %t), want %q", got, errors.Is(got, cause), want)
+	}
+	if got := n.Rename(got); got.Error() != "topic check (AUDIT_OUTBOX_TOPICS=create): connect to Kafka at AUDIT_KAFKA_BROKERS=x:1: connection refused" {
+		t.Errorf("Rename twice = %q", got)
+	}
+	if got := n.Text("set OUTBOX_SCHEMA and OUTBOX_TABLE"); got != "set AUDIT_OUTBOX_SCHEMA and AUDIT_OUTBOX_TABLE" {
+		t.Errorf("Text = %q", got)
+	}
+	if (Names{}).Rename(cause) != cause || n.Rename(nil) != nil {
+		t.Error("Rename changed an error it had nothing to rename in")
 	}
 }
