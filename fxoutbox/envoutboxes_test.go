@@ -226,3 +226,52 @@ func TestRelayUnreachableNamesBrokersVariable(t *testing.T) {
 		t.Fatalf("Health = %v, want the broker check naming AUDIT_KAFKA_BROKERS=127.0.0.1:1", err)
 	}
 }
+
+// The unnamed modules check their Config first, so a configuration error
+// is the start error as it is, named "default", not wrapped in fx's
+// frames; so is a named outbox's missing brokers (checked with the
+// graph, which may supply its publisher).
+func TestModuleConfigErrorClean(t *testing.T) {
+	pool := testenv.Pool(t)
+	for _, tc := range []struct {
+		want string
+		opts []fx.Option
+	}{
+		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}}), fxoutbox.Module}},
+		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+			[]fx.Option{fx.Supply(fxoutbox.Config{}), fxoutbox.WriterModule, fx.Invoke(func(*unitofwork.UnitOfWork) {})}},
+		{`fxoutbox "default": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
+			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc"}), fxoutbox.RelayModule}},
+		{`fxoutbox "default": outbox: config BatchSize [OUTBOX_BATCH_SIZE]`,
+			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc", Brokers: []string{"127.0.0.1:1"}, BatchSize: 20000}), fxoutbox.Module}},
+		{`fxoutbox "audit": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
+			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit"})}},
+	} {
+		log := &fxLog{}
+		app := fx.New(append(tc.opts, log.option(), fx.Supply(pool))...)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := app.Start(ctx)
+		cancel()
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("Start = %v, want an error starting with %q", err, tc.want)
+			continue
+		}
+		for _, noise := range []string{"could not build", "received non-nil error", "makeFuncStub"} {
+			if strings.Contains(err.Error(), noise) || strings.Contains(log.String(), noise) {
+				t.Errorf("the error of %q comes with fx's frames (%q):\n%v\n%s", tc.want, noise, err, log.String())
+			}
+		}
+	}
+	// A publisher from fx makes the brokers unnecessary, named or not.
+	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
+	for _, opts := range [][]fx.Option{
+		{fx.Supply(fxoutbox.Config{Service: "svc", Table: testenv.Table(t, pool)}), fx.Provide(func() relay.Publisher { return pub }), fxoutbox.Module},
+		{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: testenv.Table(t, pool)}),
+			fx.Provide(fx.Annotate(func() relay.Publisher { return pub }, fx.ResultTags(`name:"audit"`)))},
+	} {
+		app := fxtest.New(t, append(opts, fx.NopLogger, fx.Supply(pool))...)
+		app.RequireStart()
+		app.RequireStop()
+	}
+}

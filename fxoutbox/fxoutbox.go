@@ -83,19 +83,56 @@ import (
 // the relay at once.
 var Module = fx.Module("fxoutbox",
 	fx.Provide(NewUnitOfWork, NewRelay),
-	fx.Invoke(runRelay),
+	fx.Invoke(configCheck{writes: true, publishes: true}.run, runRelay),
 )
 
 // WriterModule provides only *unitofwork.UnitOfWork: a process that records
 // events while a relay runs elsewhere. It needs no brokers.
 var WriterModule = fx.Module("fxoutbox.writer",
 	fx.Provide(NewUnitOfWork),
+	fx.Invoke(configCheck{writes: true}.run),
 )
 
 // RelayModule runs only the relay: a dedicated publishing process.
 var RelayModule = fx.Module("fxoutbox.relay",
 	fx.Provide(NewRelay),
-	fx.Invoke(runRelay),
+	fx.Invoke(configCheck{publishes: true}.run, runRelay),
+)
+
+// configCheck is what the unnamed modules invoke first: a check of the
+// Config from the graph, so that a configuration error fails the
+// application as it is, prefixed fxoutbox "default", before a constructor
+// returns it inside fx's frames ("could not build arguments ... received
+// non-nil error from function ..."). writes and publishes say which sides
+// the module builds.
+type configCheck struct{ writes, publishes bool }
+
+// checkParams are a configCheck's dependencies: the Config, and the
+// publisher that makes brokers unnecessary.
+type checkParams struct {
+	fx.In
+
+	Config    Config
+	Publisher relay.Publisher `optional:"true"`
+}
+
+func (k configCheck) run(p checkParams) error {
+	pub := publisherNone
+	if p.Publisher != nil {
+		pub = publisherGiven
+	}
+	in := &instance{cfg: Config{env: p.Config.env}}
+	return in.fail(p.Config.check(k.writes, k.publishes, pub))
+}
+
+// publisherKnown says whether the application supplies a relay.Publisher,
+// which makes the brokers unnecessary.
+type publisherKnown int
+
+const (
+	publisherUnknown publisherKnown = iota // not yet: check only the brokers given
+	publisherNone                          // no: the brokers are required
+	publisherGiven                         // yes: the brokers are not used
 )
 
 // runRelay makes fx build the relay, whose constructor hooks it into the
@@ -191,13 +228,13 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 // addresses, the declared topics): an error fails the application before
 // any constructor runs, reported once by fx, prefixed with the outbox's
 // name (fxoutbox "audit": ...). The errors of the constructor and of the
-// start hooks carry the same prefix; those of the unnamed modules,
-// fxoutbox "default".
+// start hooks carry the same prefix; those of the unnamed modules, which
+// check their Config before building anything, fxoutbox "default".
 func Named(name string, cfg Config) fx.Option {
 	if !nameRE.MatchString(name) {
 		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", textcut.Quote(name, 64))})
 	}
-	if err := cfg.check(); err != nil {
+	if err := cfg.check(true, true, publisherUnknown); err != nil {
 		return fx.Error(fmt.Errorf("fxoutbox %q: %w", name, cfg.env.Rename(err)))
 	}
 	n := &named{name: name, cfg: cfg}
@@ -207,8 +244,20 @@ func Named(name string, cfg Config) fx.Option {
 		fx.Provide(fx.Annotate(n.provide,
 			fx.ParamTags(``, ``, opt, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, opt),
 			fx.ResultTags(tag, tag))),
-		fx.Invoke(fx.Annotate(runRelay, fx.ParamTags(tag))),
+		fx.Invoke(fx.Annotate(n.checkBrokers, fx.ParamTags(opt)), fx.Annotate(runRelay, fx.ParamTags(tag))),
 	)
+}
+
+// checkBrokers is the part of Named's check that needs the graph: brokers,
+// unless the application supplies the instance's relay.Publisher. It runs
+// (an fx.Invoke) before the instance is built, for the reason of
+// configCheck.
+func (n *named) checkBrokers(pub relay.Publisher) error {
+	if pub != nil {
+		return nil
+	}
+	in := &instance{name: n.name, cfg: Config{env: n.cfg.env}}
+	return in.fail(validateBrokers(n.cfg.Brokers, "Brokers [KAFKA_BROKERS]"))
 }
 
 // NamedFromEnv is Named with the Config read by ConfigFromEnvPrefix(prefix):
@@ -332,22 +381,29 @@ func (in *instance) fail(err error) error {
 	return fmt.Errorf("fxoutbox %q: %w", name, in.cfg.env.Rename(err))
 }
 
-// check returns the first error of c that needs nothing from the
-// application's graph: a field's, the writer's (a service name to derive
-// topics from), the relay settings', the broker addresses' when given and
-// the declared topics' when checked. Named runs it when the option is
-// built, so that fx reports the error once, as it is (fx.Error), instead of
-// as a constructor's, in reflection frames. Its errors name the variables
-// unprefixed (Names.Rename prefixes them).
-func (c Config) check() error {
+// check returns the first configuration error of c for a module that
+// builds the writer, the relay or both: a field's, the writer's (a service
+// name to derive topics from), the broker addresses' (required unless the
+// application supplies a relay.Publisher), the declared topics' when
+// checked, the relay settings'. Named runs it when the option is built, so
+// that fx reports the error once, as it is (fx.Error), instead of as a
+// constructor's, in reflection frames; the unnamed modules run it first
+// thing (configCheck). Its errors name the variables unprefixed
+// (Names.Rename prefixes them).
+func (c Config) check(writes, publishes bool, pub publisherKnown) error {
 	cfg, err := c.withDefaults()
 	if err != nil {
 		return err
 	}
-	if err := cfg.validateWriter(); err != nil {
-		return err
+	if writes {
+		if err := cfg.validateWriter(); err != nil {
+			return err
+		}
 	}
-	if len(cfg.Brokers) > 0 {
+	if !publishes {
+		return nil
+	}
+	if pub == publisherNone || (pub == publisherUnknown && len(cfg.Brokers) > 0) {
 		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
 			return err
 		}
