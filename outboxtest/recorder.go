@@ -27,7 +27,8 @@ type T interface {
 	Fatalf(format string, args ...any)
 }
 
-// DBTX runs SQL: a pgx.Tx, a *pgxpool.Pool, a *pgx.Conn or a mock.
+// DBTX runs SQL: a *RecordingDB, a pgx.Tx, a *pgxpool.Pool, a *pgx.Conn
+// or a mock.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -60,8 +61,9 @@ type RecorderConfig struct {
 	// transaction of its own (committed writes stay: clean them up); a
 	// mock must expect the Begin and the Commit or Rollback (pgxmock's
 	// ExpectBegin, ExpectCommit, ExpectRollback). Begin, and Begin on a
-	// recorder's transaction, do the same. Default: nil, and those methods
-	// return ErrNoDB.
+	// recorder's transaction, do the same. A pgx.Tx or *pgx.Conn is one
+	// connection: it serves one Do at a time, as pgx requires. Default:
+	// nil, and those methods return ErrNoDB.
 	DB DBTX
 }
 

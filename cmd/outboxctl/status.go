@@ -179,7 +179,7 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 		fmt.Fprintf(e.stderr, "outboxctl status --all: %s\n", why)
 		code = exitError
 	}
-	var outs []admin.Status
+	outs, ins := []admin.Status{}, []inboxStatus{}
 	for _, t := range tables {
 		st, err := admin.ReadStatus(ctx, conn, t, &admin.StatusOptions{Lanes: lanes})
 		switch {
@@ -190,7 +190,6 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 			outs = append(outs, st)
 		}
 	}
-	var ins []inboxStatus
 	for _, t := range inboxes {
 		consumers, err := admin.InboxConsumers(ctx, conn, t)
 		switch {
@@ -214,6 +213,10 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 		slices.Sort(in.Consumers)
 		ins = append(ins, in)
 	}
+	if len(outs) == 0 && len(ins) == 0 && code == exitOK {
+		fmt.Fprintln(e.stderr, "no outbox or inbox table in this database (an outbox table has the columns event_id, topic, partition_key, published_at, ...; an inbox table consumer, event_id, processed_at, ...)")
+		code = exitNoMatch
+	}
 	if c.json {
 		if err := writeJSON(e.stdout, struct {
 			Outboxes []admin.Status `json:"outboxes"`
@@ -223,11 +226,10 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 		}
 		return code
 	}
-	w := e.stdout
-	if len(outs) == 0 && len(ins) == 0 && code == exitOK {
-		fmt.Fprintln(e.stderr, "no outbox or inbox table in this database (an outbox table has the columns event_id, topic, partition_key, published_at, ...; an inbox table consumer, event_id, processed_at, ...)")
-		return exitNoMatch
+	if code == exitNoMatch {
+		return code
 	}
+	w := e.stdout
 	fmt.Fprintf(w, "%d outbox table(s), %d inbox table(s) (found by their columns)\n", len(outs), len(ins))
 	for _, st := range outs {
 		fmt.Fprintln(w)
