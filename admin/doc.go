@@ -22,6 +22,10 @@
 // relays connecting as other roles show without those, and their LISTEN
 // sessions are not seen.
 //
+// [FindTables] and [FindInboxTables] find the outbox and inbox tables of a
+// database by their columns, whatever their names; [InboxConsumers] lists
+// an inbox's consumers (outboxctl status --all).
+//
 // For an inbox (package inbox), [ListInboxParked], [GetInboxParked],
 // [DeleteInboxParked] and [CountInboxParked] operate the records its
 // consumers parked, in <inbox table>_parked (default outbox_inbox_parked),

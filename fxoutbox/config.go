@@ -130,10 +130,14 @@ type Config struct {
 	// delivery, 1s to BatchTimeout [OUTBOX_TRANSACTION_TIMEOUT]. Default 10s.
 	TransactionTimeout time.Duration
 	// ProgressTopic is exactly-once's compacted progress topic, created when
-	// missing [OUTBOX_PROGRESS_TOPIC]. Default "fxoutbox.progress.<schema>.<table>".
+	// missing [OUTBOX_PROGRESS_TOPIC]. Default "fxoutbox.progress.<table>"
+	// without OUTBOX_SCHEMA (e.g. fxoutbox.progress.outbox_event),
+	// "fxoutbox.progress.<schema>.<table>" with it.
 	ProgressTopic string
 	// TransactionalID is the prefix of exactly-once's Kafka transactional
-	// ids, "<prefix>.<relay>.<n>" [OUTBOX_TRANSACTIONAL_ID]. Default "fxoutbox.<schema>.<table>".
+	// ids, "<prefix>.<relay>.<n>" [OUTBOX_TRANSACTIONAL_ID]. Default
+	// "fxoutbox.<table>" without OUTBOX_SCHEMA, "fxoutbox.<schema>.<table>"
+	// with it.
 	TransactionalID string
 	// Lanes is the number of lanes keys hash into under per-key ordering;
 	// every relay on a table must agree [OUTBOX_LANES]. Default 64.
@@ -193,7 +197,11 @@ type Config struct {
 	CloudEvents outbox.CloudEvents
 
 	// EventTypes declares the events this service writes, for TopicNames
-	// and TopicCheck. Default none.
+	// and TopicCheck [OUTBOX_EVENT_TYPES: entries separated by commas, each
+	// <aggregate-type>:<event-type>, e.g. payment:payment.created.v1 (its
+	// topic derived as the writer derives it), or
+	// <aggregate-type>:<event-type>=<topic> (or =<topic> alone) for events
+	// that name their topic]. Default none.
 	EventTypes []EventType
 	// TopicCheck makes the relay's start check that the topics of
 	// EventTypes exist (TopicsCheck: a missing one fails the start, naming
@@ -359,8 +367,11 @@ func configFromPrefix(prefix string, lookupEnv func(string) (string, bool), envi
 	}
 	c := Config{warnings: o.Warnings, env: o.Names}
 	src, dst := reflect.ValueOf(o), reflect.ValueOf(&c).Elem()
+	for _, et := range o.EventTypes {
+		c.EventTypes = append(c.EventTypes, EventType(et))
+	}
 	for i, f := range reflect.VisibleFields(src.Type()) {
-		if f.Name == "Warnings" || f.Name == "Names" {
+		if f.Name == "Warnings" || f.Name == "Names" || f.Name == "EventTypes" {
 			continue
 		}
 		dst.FieldByName(f.Name).Set(src.Field(i).Convert(dst.FieldByName(f.Name).Type()))

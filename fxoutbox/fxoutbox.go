@@ -83,19 +83,56 @@ import (
 // the relay at once.
 var Module = fx.Module("fxoutbox",
 	fx.Provide(NewUnitOfWork, NewRelay),
-	fx.Invoke(runRelay),
+	fx.Invoke(configCheck{writes: true, publishes: true}.run, runRelay),
 )
 
 // WriterModule provides only *unitofwork.UnitOfWork: a process that records
 // events while a relay runs elsewhere. It needs no brokers.
 var WriterModule = fx.Module("fxoutbox.writer",
 	fx.Provide(NewUnitOfWork),
+	fx.Invoke(configCheck{writes: true}.run),
 )
 
 // RelayModule runs only the relay: a dedicated publishing process.
 var RelayModule = fx.Module("fxoutbox.relay",
 	fx.Provide(NewRelay),
-	fx.Invoke(runRelay),
+	fx.Invoke(configCheck{publishes: true}.run, runRelay),
+)
+
+// configCheck is what the unnamed modules invoke first: a check of the
+// Config from the graph, so that a configuration error fails the
+// application as it is, prefixed fxoutbox "default", before a constructor
+// returns it inside fx's frames ("could not build arguments ... received
+// non-nil error from function ..."). writes and publishes say which sides
+// the module builds.
+type configCheck struct{ writes, publishes bool }
+
+// checkParams are a configCheck's dependencies: the Config, and the
+// publisher that makes brokers unnecessary.
+type checkParams struct {
+	fx.In
+
+	Config    Config
+	Publisher relay.Publisher `optional:"true"`
+}
+
+func (k configCheck) run(p checkParams) error {
+	pub := publisherNone
+	if p.Publisher != nil {
+		pub = publisherGiven
+	}
+	in := &instance{cfg: Config{env: p.Config.env}}
+	return in.fail(p.Config.check(k.writes, k.publishes, pub))
+}
+
+// publisherKnown says whether the application supplies a relay.Publisher,
+// which makes the brokers unnecessary.
+type publisherKnown int
+
+const (
+	publisherUnknown publisherKnown = iota // not yet: check only the brokers given
+	publisherNone                          // no: the brokers are required
+	publisherGiven                         // yes: the brokers are not used
 )
 
 // runRelay makes fx build the relay, whose constructor hooks it into the
@@ -123,10 +160,11 @@ type WriterParams struct {
 func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
 	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator}
 	if err := in.configure(p.Config); err != nil {
-		return nil, err
+		return nil, in.fail(err)
 	}
 	// The relay's start hook, which runs first, checks the table.
-	return in.writer(p.Lifecycle, p.Relay, p.Relay != nil)
+	u, err := in.writer(p.Lifecycle, p.Relay, p.Relay != nil)
+	return u, in.fail(err)
 }
 
 // RelayParams are NewRelay's dependencies.
@@ -158,9 +196,10 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator, pub: p.Publisher}
 	in.telemetry(p.TracerProvider, p.SDKTracerProvider, p.MeterProvider, p.SDKMeterProvider)
 	if err := in.configure(p.Config); err != nil {
-		return nil, err
+		return nil, in.fail(err)
 	}
-	return in.relay(p.Lifecycle)
+	r, err := in.relay(p.Lifecycle)
+	return r, in.fail(err)
 }
 
 // Named returns an fx option that runs one more outbox, named name, with
@@ -183,9 +222,20 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 // To write to both tables in one transaction, run Do on one unit of work
 // and AddTx on the other with unitofwork.PgxTx(tx); both relays are woken
 // after the commit. A name is letters, digits, '-', '_' and '.'.
+//
+// Named checks cfg at once, as far as it can without the application's
+// graph (every field, the service name, the relay's settings, the broker
+// addresses, the declared topics): an error fails the application before
+// any constructor runs, reported once by fx, prefixed with the outbox's
+// name (fxoutbox "audit": ...). The errors of the constructor and of the
+// start hooks carry the same prefix; those of the unnamed modules, which
+// check their Config before building anything, fxoutbox "default".
 func Named(name string, cfg Config) fx.Option {
 	if !nameRE.MatchString(name) {
 		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", textcut.Quote(name, 64))})
+	}
+	if err := cfg.check(true, true, publisherUnknown); err != nil {
+		return fx.Error(fmt.Errorf("fxoutbox %q: %w", name, cfg.env.Rename(err)))
 	}
 	n := &named{name: name, cfg: cfg}
 	tag := `name:"` + name + `"`
@@ -194,8 +244,20 @@ func Named(name string, cfg Config) fx.Option {
 		fx.Provide(fx.Annotate(n.provide,
 			fx.ParamTags(``, ``, opt, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, `optional:"true"`, opt),
 			fx.ResultTags(tag, tag))),
-		fx.Invoke(fx.Annotate(runRelay, fx.ParamTags(tag))),
+		fx.Invoke(fx.Annotate(n.checkBrokers, fx.ParamTags(opt)), fx.Annotate(runRelay, fx.ParamTags(tag))),
 	)
+}
+
+// checkBrokers is the part of Named's check that needs the graph: brokers,
+// unless the application supplies the instance's relay.Publisher. It runs
+// (an fx.Invoke) before the instance is built, for the reason of
+// configCheck.
+func (n *named) checkBrokers(pub relay.Publisher) error {
+	if pub != nil {
+		return nil
+	}
+	in := &instance{name: n.name, cfg: Config{env: n.cfg.env}}
+	return in.fail(validateBrokers(n.cfg.Brokers, "Brokers [KAFKA_BROKERS]"))
 }
 
 // NamedFromEnv is Named with the Config read by ConfigFromEnvPrefix(prefix):
@@ -232,15 +294,15 @@ func (n *named) provide(lc fx.Lifecycle, pool, ownPool *pgxpool.Pool, log *slog.
 	in := &instance{name: n.name, pool: pool, log: logger(log).With("outbox", n.name), prop: prop, pub: pub}
 	in.telemetry(tp, sdkTP, mp, sdkMP)
 	if err := in.configure(n.cfg); err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, err)
+		return nil, nil, in.fail(err)
 	}
 	r, err := in.relay(lc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
+		return nil, nil, in.fail(err)
 	}
 	u, err := in.writer(lc, r, true)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fxoutbox %q: %w", n.name, in.cfg.env.Rename(err))
+		return nil, nil, in.fail(err)
 	}
 	return u, r, nil
 }
@@ -296,12 +358,63 @@ func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerPro
 }
 
 func (in *instance) configure(c Config) error {
+	in.cfg.env = c.env
 	cfg, err := c.withDefaults()
 	if err != nil {
-		return c.env.Rename(err)
+		return err
 	}
 	in.cfg = cfg
 	return nil
+}
+
+// fail is how the outbox reports err, a configuration or start error:
+// once, prefixed with its name ("default" for the unnamed modules), naming
+// the variables as they are set.
+func (in *instance) fail(err error) error {
+	if err == nil {
+		return nil
+	}
+	name := in.name
+	if name == "" {
+		name = "default"
+	}
+	return fmt.Errorf("fxoutbox %q: %w", name, in.cfg.env.Rename(err))
+}
+
+// check returns the first configuration error of c for a module that
+// builds the writer, the relay or both: a field's, the writer's (a service
+// name to derive topics from), the broker addresses' (required unless the
+// application supplies a relay.Publisher), the declared topics' when
+// checked, the relay settings'. Named runs it when the option is built, so
+// that fx reports the error once, as it is (fx.Error), instead of as a
+// constructor's, in reflection frames; the unnamed modules run it first
+// thing (configCheck). Its errors name the variables unprefixed
+// (Names.Rename prefixes them).
+func (c Config) check(writes, publishes bool, pub publisherKnown) error {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	if writes {
+		if err := cfg.validateWriter(); err != nil {
+			return err
+		}
+	}
+	if !publishes {
+		return nil
+	}
+	if pub == publisherNone || (pub == publisherUnknown && len(cfg.Brokers) > 0) {
+		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
+			return err
+		}
+	}
+	if cfg.TopicCheck != TopicsOff {
+		if _, err := cfg.declaredTopics(); err != nil {
+			return err
+		}
+	}
+	rc := (&instance{}).relayConfig(cfg)
+	return settingError(rc.Validate(), relaySettings)
 }
 
 // writer builds the unit of work; it wakes r, if any, after commits.
@@ -353,7 +466,7 @@ func (w *writerHooks) start(ctx context.Context) error {
 		return nil // the relay's start hook, which runs first, did it
 	}
 	w.in.warnings()
-	return ensureSchema(ctx, w.in.pool, w.in.cfg)
+	return w.in.fail(ensureSchema(ctx, w.in.pool, w.in.cfg))
 }
 
 func (w *writerHooks) stop(context.Context) error {
@@ -387,6 +500,7 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 		if h.owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err
 		}
+		h.owned.NameBrokers(cfg.env.Name("KAFKA_BROKERS"))
 		pub, h.sarama = h.owned, sc
 	}
 	if cfg.TopicCheck != TopicsOff {
@@ -394,13 +508,9 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 			return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "needs the sarama producer the module builds from Brokers; " +
 				"with a relay.Publisher of your own, check topics yourself or set OUTBOX_TOPICS=off"}
 		}
-		names, err := cfg.TopicNames()
+		names, err := cfg.declaredTopics()
 		if err != nil {
 			return nil, err
-		}
-		if len(names) == 0 {
-			return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "is " + cfg.TopicCheck.String() +
-				" but no event types are declared: list them in Config.EventTypes, or set OUTBOX_TOPICS=off"}
 		}
 		h.topics = names
 	}
@@ -430,19 +540,19 @@ func (h *relayHooks) start(ctx context.Context) error {
 	in, cfg := h.in, h.in.cfg
 	in.warnings()
 	if err := ensureSchema(ctx, in.pool, cfg); err != nil {
-		return err
+		return in.fail(err)
 	}
 	if cfg.DisableRelay {
-		in.log.Info("outbox relay not started (OUTBOX_RELAY=off); this process only writes", "table", cfg.Table.String())
+		in.log.Info("outbox relay not started ("+cfg.env.Name("OUTBOX_RELAY")+"=off); this process only writes", "table", cfg.Table.String())
 		return nil
 	}
 	if len(h.topics) > 0 {
 		if err := ensureTopics(ctx, cfg, h.sarama, h.topics, in.log); err != nil {
-			return err
+			return in.fail(err)
 		}
 	}
 	in.log.Info("outbox relay starting", append(in.summary(h), "partitioner", h.partitioner())...)
-	return h.relay.Start(ctx)
+	return in.fail(h.relay.Start(ctx))
 }
 
 // partitioner names how the relay's producer maps keys to partitions.

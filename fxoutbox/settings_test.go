@@ -190,6 +190,12 @@ func TestEnvconfigMatchesConfig(t *testing.T) {
 		if f.Name == "Warnings" || f.Name == "Names" {
 			continue
 		}
+		if f.Name == "EventTypes" { // converted one by one
+			if !reflect.TypeFor[envconfig.EventType]().ConvertibleTo(reflect.TypeFor[EventType]()) {
+				t.Error("envconfig.EventType does not convert to EventType")
+			}
+			continue
+		}
 		if cf, ok := cfg.FieldByName(f.Name); !ok || !f.Type.ConvertibleTo(cf.Type) {
 			t.Errorf("envconfig.Outbox.%s (%v) has no Config field of that name and a convertible type", f.Name, f.Type)
 		}
@@ -220,5 +226,30 @@ func TestRelayErrorNamesVariable(t *testing.T) {
 	}
 	if settingError(nil, relaySettings) != nil {
 		t.Error("settingError(nil) is not nil")
+	}
+}
+
+// The default progress topic and transactional id are as the comments
+// and the README say: without a schema, fxoutbox.progress.<table>.
+func TestProgressTopicDefault(t *testing.T) {
+	for _, tc := range []struct {
+		table         outbox.Table
+		topic, prefix string
+	}{
+		{outbox.Table{}, "fxoutbox.progress.outbox_event", "fxoutbox.outbox_event"},
+		{outbox.Table{Schema: "shop", Name: "audit_outbox"}, "fxoutbox.progress.shop.audit_outbox", "fxoutbox.shop.audit_outbox"},
+	} {
+		pub, err := relay.NewSaramaPublisher([]string{"127.0.0.1:1"}, nil) // no I/O
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		r, err := relay.New(&pgxpool.Pool{}, pub, &relay.Config{Table: tc.table, Delivery: relay.ExactlyOnce})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc := r.Config(); rc.ProgressTopic != tc.topic || rc.TransactionalID != tc.prefix {
+			t.Errorf("table %v: progress topic %q, transactional ids %q; want %q, %q", tc.table, rc.ProgressTopic, rc.TransactionalID, tc.topic, tc.prefix)
+		}
 	}
 }

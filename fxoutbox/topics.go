@@ -76,17 +76,31 @@ func (c Config) TopicNames() ([]string, error) {
 		topic := et.Topic
 		if topic == "" {
 			if topic, err = c.Topics(c.Service, outbox.Event{AggregateType: et.AggregateType, Type: et.Type}); err != nil {
-				return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d]", i),
+				return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d] [OUTBOX_EVENT_TYPES]", i),
 					Reason: fmt.Sprintf("(%s, %s): the topic %v", textcut.Quote(et.AggregateType, 64), textcut.Quote(et.Type, 64), err)}
 			}
 		}
 		if err := outbox.ValidateTopic(topic); err != nil {
-			return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d]", i), Reason: err.Error()}
+			return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d] [OUTBOX_EVENT_TYPES]", i), Reason: err.Error()}
 		}
 		out = append(out, topic)
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil
+}
+
+// declaredTopics is TopicNames for a topic check, which needs at least one.
+func (c Config) declaredTopics() ([]string, error) {
+	names, err := c.TopicNames()
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "is " + c.TopicCheck.String() +
+			" but no event types are declared: list them in Config.EventTypes or OUTBOX_EVENT_TYPES " +
+			"(e.g. OUTBOX_EVENT_TYPES=payment:payment.created.v1,payment:payment.refunded.v1), or set OUTBOX_TOPICS=off"}
+	}
+	return names, nil
 }
 
 // ExplicitTopics is the TopicFunc of a service whose events all name their
@@ -116,25 +130,25 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 	sc.Admin.Retry.Max, sc.Metadata.Retry.Max = 2, 2
 	admin, err := sarama.NewClusterAdmin(cfg.Brokers, &sc)
 	if err != nil {
-		return fmt.Errorf("fxoutbox: topic check (OUTBOX_TOPICS=%s): connect to %s: %w", cfg.TopicCheck, strings.Join(cfg.Brokers, ","), err)
+		return fmt.Errorf("topic check (OUTBOX_TOPICS=%s): connect to Kafka at KAFKA_BROKERS=%s: %w", cfg.TopicCheck, strings.Join(cfg.Brokers, ","), err)
 	}
 	defer admin.Close()
 	for {
 		missing, err := missingTopics(admin, topics, false)
 		if err != nil {
-			return fmt.Errorf("fxoutbox: topic check (OUTBOX_TOPICS=%s): %w", cfg.TopicCheck, err)
+			return fmt.Errorf("topic check (OUTBOX_TOPICS=%s): %w", cfg.TopicCheck, err)
 		}
 		if len(missing) == 0 {
 			return nil
 		}
 		if cfg.TopicCheck != TopicsCreate {
-			return fmt.Errorf("fxoutbox: %w: %s: create them with the partitions and replication your consumers need, "+
+			return fmt.Errorf("%w: %s: create them with the partitions and replication your consumers need, "+
 				"or set OUTBOX_TOPICS=create (Config.TopicCheck = fxoutbox.TopicsCreate)", ErrMissingTopic, strings.Join(missing, ", "))
 		}
 		for _, t := range missing {
 			err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: cfg.TopicPartitions, ReplicationFactor: cfg.TopicReplicationFactor}, false)
 			if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-				return fmt.Errorf("fxoutbox: create topic %s (OUTBOX_TOPICS=create, partitions %d, replication factor %d; -1 is the broker's default): %w",
+				return fmt.Errorf("create topic %s (OUTBOX_TOPICS=create, partitions %d, replication factor %d; -1 is the broker's default): %w",
 					t, cfg.TopicPartitions, cfg.TopicReplicationFactor, err)
 			}
 			if err == nil {
@@ -148,7 +162,7 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("fxoutbox: created topics %s are not ready: %w", strings.Join(missing, ", "), ctx.Err())
+				return fmt.Errorf("created topics %s are not ready: %w", strings.Join(missing, ", "), ctx.Err())
 			case <-time.After(100 * time.Millisecond):
 			}
 		}

@@ -44,8 +44,19 @@
 //
 // The recorder's Tx has no database: its Exec, Query, QueryRow, CopyFrom
 // and SendBatch fail with [ErrNoDB] unless [RecorderConfig.DB] names one to
-// delegate to (a pgx.Tx, a pool, or a mock such as pgxmock). The recorder
-// neither begins nor rolls back anything on that database.
+// delegate to. A [RecordingDB] records the handler's SQL with neither a
+// database nor a mock library, answers it as its rules say, and is
+// asserted on with [RequireSQL], [RequireNoSQL] and [RequireRolledBack]:
+//
+//	db := &outboxtest.RecordingDB{}
+//	rec := outboxtest.NewRecorder(t, &outboxtest.RecorderConfig{UnitOfWork: uc, DB: db})
+//	...
+//	outboxtest.RequireSQL(t, db, outboxtest.WantSQL{SQL: "INSERT INTO shipments", Args: []any{"o-1", "dhl"}})
+//
+// A pgx.Tx, a pool or a mock works too. Each Do begins a transaction on
+// the DB (a savepoint on a pgx.Tx) and commits it when its function
+// returns nil, or rolls it back when the function fails, so that a failed
+// Do leaves none of its writes behind, as in production.
 //
 // # Tests against PostgreSQL
 //

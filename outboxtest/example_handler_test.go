@@ -107,3 +107,28 @@ func (c *Checkout) CreatePayment(ctx context.Context, id string, cents int64) er
 			Payload: map[string]string{"action": "payment.created", "paymentId": id}})
 	})
 }
+
+// Shipments writes to two outboxes in one transaction, with SQL of its own
+// in it: the shipment's row and event in the shipping outbox's transaction
+// (Do), and an audit entry to the audit outbox (AddTx on the same
+// transaction). All three are kept, or none.
+type Shipments struct {
+	Shipping unitofwork.Doer    // *unitofwork.UnitOfWork `name:"shipping"`, or a recorder
+	Audit    unitofwork.TxAdder // *unitofwork.UnitOfWork `name:"audit"`, or a recorder
+}
+
+// Ship records the shipment of an order by a carrier.
+func (s *Shipments) Ship(ctx context.Context, orderID, carrier string) error {
+	return s.Shipping.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO shipments (order_id, carrier) VALUES ($1, $2)", orderID, carrier); err != nil {
+			return fmt.Errorf("ship %s: %w", orderID, err)
+		}
+		err := tx.Add(ctx, outbox.Event{AggregateType: "shipment", AggregateID: orderID, Type: "shipment.created.v1",
+			Payload: map[string]string{"orderId": orderID, "carrier": carrier}})
+		if err != nil {
+			return err
+		}
+		return s.Audit.AddTx(ctx, unitofwork.PgxTx(tx), outbox.Event{AggregateType: "entry", AggregateID: orderID, Type: "entry.recorded.v1",
+			Payload: map[string]string{"action": "shipment.created", "orderId": orderID}})
+	})
+}

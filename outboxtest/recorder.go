@@ -27,7 +27,8 @@ type T interface {
 	Fatalf(format string, args ...any)
 }
 
-// DBTX runs SQL: a pgx.Tx, a *pgxpool.Pool, a *pgx.Conn or a mock.
+// DBTX runs SQL: a *RecordingDB, a pgx.Tx, a *pgxpool.Pool, a *pgx.Conn
+// or a mock.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -38,8 +39,8 @@ type DBTX interface {
 
 // ErrNoDB is returned by the SQL methods of a Recorder's Tx when the
 // recorder has no database to delegate them to.
-var ErrNoDB = errors.New("the recorder has no database: set RecorderConfig.DB (a pgx.Tx, a pool or a mock such as pgxmock), " +
-	"or move the SQL behind an interface the test fakes")
+var ErrNoDB = errors.New("the recorder has no database: set RecorderConfig.DB to an outboxtest.RecordingDB, which records the SQL " +
+	"for RequireSQL with neither a database nor a mock library (DB: &outboxtest.RecordingDB{}), or to a pgx.Tx the test rolls back, a pool, or a mock")
 
 // RecorderConfig configures a Recorder.
 type RecorderConfig struct {
@@ -48,9 +49,21 @@ type RecorderConfig struct {
 	// events exactly as there. Table, TxOptions and OnCommit are not used.
 	// Default: the zero Config (events must name their Topic).
 	UnitOfWork unitofwork.Config
-	// DB runs the SQL methods of the recorder's Tx. The recorder never
-	// begins, commits or rolls back anything on it: pass a pgx.Tx the test
-	// rolls back, or a mock. Default: nil, and those methods return ErrNoDB.
+	// DB runs the SQL methods of the recorder's Tx: a *RecordingDB (the
+	// SQL recorded for RequireSQL, no database needed), a pgx.Tx the test
+	// rolls back, a *pgxpool.Pool or *pgx.Conn, or a mock. When DB can
+	// begin a transaction (a Begin(ctx) (pgx.Tx, error) method, as all
+	// these have), each Do begins one on it and ends it as the real Do
+	// ends its own: committed when the function returns nil, rolled back
+	// when it returns an error or panics, so what the function wrote
+	// through DB is gone after a failed Do, as in production. On a pgx.Tx
+	// that is a savepoint (the test's transaction stays open), on a pool a
+	// transaction of its own (committed writes stay: clean them up); a
+	// mock must expect the Begin and the Commit or Rollback (pgxmock's
+	// ExpectBegin, ExpectCommit, ExpectRollback). Begin, and Begin on a
+	// recorder's transaction, do the same. A pgx.Tx or *pgx.Conn is one
+	// connection: it serves one Do at a time, as pgx requires. Default:
+	// nil, and those methods return ErrNoDB.
 	DB DBTX
 }
 
@@ -113,9 +126,22 @@ func NewRecorder(t T, cfg *RecorderConfig) *Recorder {
 // panics, Do records nothing and panics again. unitofwork.PgxTx(tx) is the
 // transaction as a pgx.Tx, for AddTx; Do owns it: its Commit and Rollback
 // fail with ErrDoOwnsTx, and so does Do.
+//
+// With a RecorderConfig.DB that begins transactions, Do runs fn's SQL in a
+// transaction of its own on it (a savepoint on a pgx.Tx) and commits it
+// with the events, or rolls it back when it records nothing.
 func (r *Recorder) Do(ctx context.Context, fn func(ctx context.Context, tx unitofwork.Tx) error) error {
-	tx := &recTx{owner: r, ofDo: true}
-	defer tx.end() // also on a panic: a late Add fails with ErrTxDone
+	tx, err := r.begin(ctx, nil, true)
+	if err != nil {
+		return fmt.Errorf("outboxtest: Do: %w", err)
+	}
+	committed := false
+	defer func() { // also on a panic: a late Add fails with ErrTxDone
+		tx.end()
+		if !committed {
+			tx.rollbackDB(ctx)
+		}
+	}()
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
@@ -123,8 +149,36 @@ func (r *Recorder) Do(ctx context.Context, fn func(ctx context.Context, tx unito
 	if misuse != nil {
 		return fmt.Errorf("outboxtest: Do: %w", misuse)
 	}
+	if err := tx.commitDB(ctx); err != nil {
+		return fmt.Errorf("outboxtest: Do: %w", err) // records nothing, as a failed commit keeps nothing
+	}
+	committed = true
 	keep(pending)
 	return nil
+}
+
+// beginner begins a transaction: a pgx.Tx (a savepoint), a pool, a
+// connection, a RecordingDB, a mock.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// begin starts a recorder transaction (in parent, for a savepoint) and,
+// when the database its SQL goes to can begin one, a transaction there for
+// it.
+func (r *Recorder) begin(ctx context.Context, parent *recTx, ofDo bool) (*recTx, error) {
+	x := &recTx{owner: r, ofDo: ofDo, parent: parent, db: r.db}
+	if parent != nil {
+		x.owner, x.db = parent.owner, parent.db
+	}
+	if b, ok := x.db.(beginner); ok {
+		t, err := b.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("begin a transaction on RecorderConfig.DB: %w", err)
+		}
+		x.db, x.dbTx = t, t
+	}
+	return x, nil
 }
 
 // AddTx validates events as the writer's AddTx does and adds them to tx,
@@ -147,8 +201,16 @@ func (r *Recorder) AddTx(ctx context.Context, tx pgx.Tx, events ...outbox.Event)
 // Its SQL methods use RecorderConfig.DB as the Tx of Do does; Begin on it
 // starts a nested transaction (a savepoint) whose events join it on
 // Commit.
-func (r *Recorder) Begin(context.Context) (pgx.Tx, error) {
-	return &recTx{owner: r}, nil
+//
+// With a RecorderConfig.DB that begins transactions, it begins one there
+// too (a savepoint on a pgx.Tx), which its Commit commits and its Rollback
+// rolls back.
+func (r *Recorder) Begin(ctx context.Context) (pgx.Tx, error) {
+	x, err := r.begin(ctx, nil, false)
+	if err != nil {
+		return nil, fmt.Errorf("outboxtest: Begin: %w", err)
+	}
+	return x, nil
 }
 
 // Events returns the events of the transactions that succeeded, in the order
@@ -185,9 +247,11 @@ func keep(ps []pending) {
 // recTx is a recorder's transaction: the Tx of Do, or a pgx.Tx from Begin
 // (parent set when it is a savepoint). It is a unitofwork.Tx and a pgx.Tx.
 type recTx struct {
-	owner  *Recorder // its Add validates with owner's configuration; owner.db runs its SQL
+	owner  *Recorder // its Add validates with owner's configuration
 	ofDo   bool      // Do owns it: Commit and Rollback are refused
 	parent *recTx    // for a savepoint: where its events go on Commit
+	db     DBTX      // runs its SQL: dbTx, or RecorderConfig.DB when that cannot begin transactions
+	dbTx   pgx.Tx    // begun for it on RecorderConfig.DB (or its parent's), ended with it; nil if none
 
 	mu      sync.Mutex
 	pending []pending
@@ -231,19 +295,44 @@ func (x *recTx) Add(ctx context.Context, events ...outbox.Event) error {
 	return x.add(ctx, x.owner, events)
 }
 
-// Begin starts a savepoint: its events join x when it commits.
-func (x *recTx) Begin(context.Context) (pgx.Tx, error) {
+// commitDB commits the transaction begun for x on the database, if any.
+func (x *recTx) commitDB(ctx context.Context) error {
+	if x.dbTx == nil {
+		return nil
+	}
+	if err := x.dbTx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit on RecorderConfig.DB: %w", err)
+	}
+	return nil
+}
+
+// rollbackDB rolls back the transaction begun for x on the database, if
+// any; after a commit it does nothing.
+func (x *recTx) rollbackDB(ctx context.Context) {
+	if x.dbTx != nil {
+		_ = x.dbTx.Rollback(context.WithoutCancel(ctx))
+	}
+}
+
+// Begin starts a savepoint: its events join x when it commits; on the
+// database, a savepoint in x's transaction there.
+func (x *recTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.done {
+	done := x.done
+	x.mu.Unlock()
+	if done {
 		return nil, pgx.ErrTxClosed
 	}
-	return &recTx{owner: x.owner, parent: x}, nil
+	sp, err := x.owner.begin(ctx, x, false)
+	if err != nil {
+		return nil, fmt.Errorf("outboxtest: Begin: %w", err)
+	}
+	return sp, nil
 }
 
 // Commit records the transaction's events (a savepoint's join its parent).
 // On the transaction of a Do it fails with ErrDoOwnsTx, and so does Do.
-func (x *recTx) Commit(context.Context) error {
+func (x *recTx) Commit(ctx context.Context) error {
 	if x.ofDo {
 		return x.refuse("Commit")
 	}
@@ -255,6 +344,10 @@ func (x *recTx) Commit(context.Context) error {
 	x.done = true
 	ps := x.pending
 	x.mu.Unlock()
+	if err := x.commitDB(ctx); err != nil {
+		x.rollbackDB(ctx)
+		return fmt.Errorf("outboxtest: %w", err) // its events are dropped, as a failed commit's
+	}
 	if x.parent == nil {
 		keep(ps)
 		return nil
@@ -272,16 +365,18 @@ func (x *recTx) Commit(context.Context) error {
 // Rollback drops the transaction's events; after Commit it returns
 // pgx.ErrTxClosed, as pgx does, so that a deferred Rollback is harmless. On
 // the transaction of a Do it fails with ErrDoOwnsTx, and so does Do.
-func (x *recTx) Rollback(context.Context) error {
+func (x *recTx) Rollback(ctx context.Context) error {
 	if x.ofDo {
 		return x.refuse("Rollback")
 	}
 	x.mu.Lock()
-	defer x.mu.Unlock()
 	if x.done {
+		x.mu.Unlock()
 		return pgx.ErrTxClosed
 	}
 	x.done = true
+	x.mu.Unlock()
+	x.rollbackDB(ctx)
 	return nil
 }
 
@@ -300,44 +395,44 @@ func noDB(method string) error {
 }
 
 func (x *recTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if x.owner.db == nil {
+	if x.db == nil {
 		return pgconn.CommandTag{}, noDB("Exec")
 	}
-	return x.owner.db.Exec(ctx, sql, args...)
+	return x.db.Exec(ctx, sql, args...)
 }
 
 func (x *recTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if x.owner.db == nil {
+	if x.db == nil {
 		return nil, noDB("Query")
 	}
-	return x.owner.db.Query(ctx, sql, args...)
+	return x.db.Query(ctx, sql, args...)
 }
 
 func (x *recTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if x.owner.db == nil {
+	if x.db == nil {
 		return errRow{noDB("QueryRow")}
 	}
-	return x.owner.db.QueryRow(ctx, sql, args...)
+	return x.db.QueryRow(ctx, sql, args...)
 }
 
 func (x *recTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if x.owner.db == nil {
+	if x.db == nil {
 		return 0, noDB("CopyFrom")
 	}
-	return x.owner.db.CopyFrom(ctx, table, columns, src)
+	return x.db.CopyFrom(ctx, table, columns, src)
 }
 
 func (x *recTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if x.owner.db == nil {
+	if x.db == nil {
 		return errBatch{noDB("SendBatch")}
 	}
-	return x.owner.db.SendBatch(ctx, b)
+	return x.db.SendBatch(ctx, b)
 }
 
 // Prepare delegates to RecorderConfig.DB when it can prepare statements (a
 // pgx.Tx or a *pgx.Conn).
 func (x *recTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if p, ok := x.owner.db.(interface {
+	if p, ok := x.db.(interface {
 		Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
 	}); ok {
 		return p.Prepare(ctx, name, sql)
@@ -348,7 +443,7 @@ func (x *recTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statemen
 // LargeObjects is that of RecorderConfig.DB when it is a pgx.Tx; otherwise
 // the zero value, whose methods must not be called.
 func (x *recTx) LargeObjects() pgx.LargeObjects {
-	if t, ok := x.owner.db.(pgx.Tx); ok {
+	if t, ok := x.db.(pgx.Tx); ok {
 		return t.LargeObjects()
 	}
 	return pgx.LargeObjects{}
@@ -357,10 +452,10 @@ func (x *recTx) LargeObjects() pgx.LargeObjects {
 // Conn is that of RecorderConfig.DB when it has one (a pgx.Tx or a
 // *pgx.Conn); otherwise nil.
 func (x *recTx) Conn() *pgx.Conn {
-	if c, ok := x.owner.db.(interface{ Conn() *pgx.Conn }); ok {
+	if c, ok := x.db.(interface{ Conn() *pgx.Conn }); ok {
 		return c.Conn()
 	}
-	if c, ok := x.owner.db.(*pgx.Conn); ok {
+	if c, ok := x.db.(*pgx.Conn); ok {
 		return c
 	}
 	return nil

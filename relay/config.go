@@ -73,12 +73,15 @@ type Config struct {
 	TransactionTimeout time.Duration
 	// ProgressTopic is the compacted, one-partition topic where
 	// ExactlyOnce writes each lane's progress; the relay creates it when
-	// missing. Default "fxoutbox.progress.<schema>.<table>".
+	// missing. Default "fxoutbox.progress.<table>" with no Table.Schema
+	// (e.g. fxoutbox.progress.outbox_event), "fxoutbox.progress.<schema>.<table>"
+	// with one; characters Kafka does not take in a topic name become '_'.
 	ProgressTopic string
 	// TransactionalID is the prefix of ExactlyOnce's Kafka transactional
 	// ids: "<TransactionalID>.<relay>.<n>", where <relay> is random per
 	// relay and <n> numbers its workers. No other producer may use ids
-	// with this prefix. Default "fxoutbox.<schema>.<table>".
+	// with this prefix. Default "fxoutbox.<table>" with no Table.Schema,
+	// "fxoutbox.<schema>.<table>" with one.
 	TransactionalID string
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys
@@ -257,6 +260,11 @@ func setDefault[T comparable](v *T, def T) {
 		*v = def
 	}
 }
+
+// Validate returns the configuration error New would return for c, with
+// the defaults applied, without a database or a publisher: to check a
+// configuration read at start-up before anything is built.
+func (c Config) Validate() error { return c.withDefaults().validate() }
 
 // validate checks a Config after withDefaults: a negative value is an
 // error (except Retention, where it disables the deletion), and each error

@@ -63,10 +63,16 @@ func ParseDelivery(s string) (Delivery, error) {
 // sarama configuration, for the transactional producers of ExactlyOnce.
 // SaramaPublisher (and a type embedding it) is one.
 type kafkaSource interface {
-	kafka() ([]string, *sarama.Config)
+	kafka() ([]string, *sarama.Config, string)
 }
 
-func (p *SaramaPublisher) kafka() ([]string, *sarama.Config) { return p.addrs, p.cfg }
+// kafka returns the brokers, the configuration and how connection errors
+// name the brokers (NameBrokers).
+func (p *SaramaPublisher) kafka() ([]string, *sarama.Config, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addrs, p.cfg, brokersText(p.setting, p.addrs)
+}
 
 // defaultTopicName makes a Kafka topic name of prefix and the table's
 // name: characters Kafka refuses become '_'.
@@ -93,6 +99,7 @@ func defaultTopicName(prefix string, t outbox.Table) string {
 // publishes the lane's events.
 type exactlyOnce struct {
 	addrs   []string
+	brokers string // how connection errors name addrs
 	conf    *sarama.Config
 	topic   string // the progress topic
 	prefix  string // of the transactional ids
@@ -133,7 +140,7 @@ func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
 	if !ok {
 		return nil, &outbox.ConfigError{Field: "Delivery", Reason: "is exactly-once, which publishes through the relay's own transactional producer: pass a *relay.SaramaPublisher (or a type embedding it) as the publisher"}
 	}
-	addrs, conf := src.kafka()
+	addrs, conf, brokers := src.kafka()
 	c := *conf
 	// The lanes of a batch publish concurrently, on shared broker
 	// connections: up to 5 requests in flight on each (Kafka's bound for
@@ -143,7 +150,7 @@ func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
 	// configures sarama's own producer, which this client does not run.
 	c.Net.MaxOpenRequests = 5
 	c.Producer.Idempotent = false
-	return &exactlyOnce{addrs: addrs, conf: &c, topic: cfg.ProgressTopic, prefix: cfg.TransactionalID, timeout: cfg.TransactionTimeout, relayID: uuid.NewString()[:8]}, nil
+	return &exactlyOnce{addrs: addrs, brokers: brokers, conf: &c, topic: cfg.ProgressTopic, prefix: cfg.TransactionalID, timeout: cfg.TransactionTimeout, relayID: uuid.NewString()[:8]}, nil
 }
 
 // connect returns the client, connecting (and checking the progress topic,
@@ -157,7 +164,7 @@ func (e *exactlyOnce) connect(ctx context.Context) (sarama.Client, error) {
 	if e.client == nil {
 		c, err := sarama.NewClient(e.addrs, e.conf)
 		if err != nil {
-			return nil, fmt.Errorf("relay: exactly-once: connect to Kafka %v: %w", e.addrs, err)
+			return nil, fmt.Errorf("relay: exactly-once: connect to Kafka %s: %w", e.brokers, err)
 		}
 		e.client = c
 	}

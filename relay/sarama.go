@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -91,6 +93,9 @@ type SaramaPublisher struct {
 	addrs []string
 	cfg   *sarama.Config
 	prod  *kafkaproducer.Lazy
+
+	mu      sync.Mutex
+	setting string // where addrs come from (NameBrokers), for connection errors
 }
 
 var (
@@ -125,6 +130,27 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 		return nil, err
 	}
 	return &SaramaPublisher{addrs: slices.Clone(addrs), cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
+}
+
+// NameBrokers names the setting the publisher's broker addresses come
+// from, e.g. "KAFKA_BROKERS" or "AUDIT_KAFKA_BROKERS": the errors of a
+// failed connection (logged by the relay, returned by Health) then read
+// "connect to Kafka at KAFKA_BROKERS=host:9092,...: ...", saying what to
+// check. Call it before the relay starts; fxoutbox does.
+func (p *SaramaPublisher) NameBrokers(setting string) {
+	p.mu.Lock()
+	p.setting = setting
+	p.mu.Unlock()
+	p.prod.SetBrokers(brokersText(setting, p.addrs))
+}
+
+// brokersText is how connection errors name the brokers: as a setting and
+// its value when the setting is known, else as the list.
+func brokersText(setting string, addrs []string) string {
+	if setting == "" {
+		return fmt.Sprint(addrs)
+	}
+	return "at " + setting + "=" + strings.Join(addrs, ",")
 }
 
 // Publish sends msgs and waits for every acknowledgement or ctx.

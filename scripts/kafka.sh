@@ -9,7 +9,8 @@
 #                                          (the nodes of a cluster: start each, then 'up' each)
 #   scripts/kafka.sh down                  SIGTERM the broker (SIGKILL after 30 s)
 #   scripts/kafka.sh kill                  SIGKILL the broker (crash tests); data is kept
-#   scripts/kafka.sh destroy               down + delete the data dir (the jar cache is kept)
+#   scripts/kafka.sh destroy               down + delete the broker's state: the KAFKA_STATE_DIR folder,
+#                                          or in the default one everything but the jar cache
 #   scripts/kafka.sh status                say whether the broker is running
 #   scripts/kafka.sh topic NAME PARTITIONS create a topic (no-op if it exists)
 #   scripts/kafka.sh tool CLASS [ARGS...]  run a Kafka tool class with the broker's classpath,
@@ -480,11 +481,20 @@ cmd_kill() {
   log "broker killed"
 }
 
+# destroy removes the broker's state, as pg.sh destroy removes its cluster:
+# the data dir, config, logs, pid and lock files, and then the
+# KAFKA_STATE_DIR folder itself (only once it is empty: a folder holding
+# anything else is kept). The default folder also holds the shared jar
+# cache (<version>/libs), which stays.
 cmd_destroy() {
   take_lock
   stop_broker
-  log "removing $DATA"
-  rm -rf "$DATA"
+  exec 9>&- # the lock file goes too
+  log "removing the broker's state in $KDIR"
+  rm -rf -- "$DATA" "$CONF" "$LOG4J_BROKER" "$LOG4J_TOOLS" "$LOG" "$LOG.1" "$PIDF" "$LOCK"
+  if [[ $KDIR != "$JARDIR" ]] && ! rmdir -- "$KDIR" 2>/dev/null && [[ -d $KDIR ]]; then
+    log "kept $KDIR: it holds files this script did not write"
+  fi
 }
 
 cmd_status() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -28,6 +29,7 @@ type command struct {
 	about string
 
 	json     bool
+	prefix   string
 	yes      bool
 	progress bool
 	chunk    int
@@ -55,6 +57,7 @@ func newCommand(name string, e env, synopsis string) *command {
 		fmt.Fprint(e.stdout, "\nExit codes: 0 done, 1 error, 2 usage, 3 nothing matched, 4 not confirmed.\n")
 	}
 	c.fs.BoolVar(&c.json, "json", false, "print JSON on stdout")
+	c.fs.StringVar(&c.prefix, "prefix", "", "read the variables of the outbox configured with this prefix (fxoutbox.NamedFromEnv), e.g. AUDIT_ for AUDIT_OUTBOX_TABLE")
 	return c
 }
 
@@ -165,10 +168,22 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%s is neither a time (2026-12-03T09:00:00Z, 2026-12-03) nor an age (90m, 2h, 3d)", textcut.Quote(s, 60))
 }
 
+// config reads the services' configuration, with --prefix when given.
+func (c *command) config() (envconfig.Outbox, error) {
+	if c.prefix == "" {
+		return c.e.config()
+	}
+	read := c.e.prefixConfig
+	if read == nil {
+		read = readPrefixConfig
+	}
+	return read(c.prefix)
+}
+
 // connect reads the configuration and connects; code is non-zero on
 // failure, with the reason printed.
 func (c *command) connect(ctx context.Context) (conn *pgx.Conn, table outbox.Table, lanes int, code int) {
-	cfg, err := c.e.config()
+	cfg, err := c.config()
 	if err != nil {
 		fmt.Fprintf(c.e.stderr, "outboxctl: configuration: %v\n", err)
 		return nil, table, 0, exitUsage

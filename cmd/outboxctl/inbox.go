@@ -80,6 +80,10 @@ func (c *inboxCommand) consumerFlag() {
 // connectInbox reads the inbox table from OUTBOX_INBOX_SCHEMA and
 // OUTBOX_INBOX_TABLE and connects.
 func (c *inboxCommand) connectInbox(ctx context.Context) (conn *pgx.Conn, table outbox.Table, code int) {
+	if c.prefix != "" {
+		fmt.Fprintf(c.e.stderr, "outboxctl %s: --prefix selects an outbox's variables; the inbox commands read OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE (outboxctl status --all lists every inbox table)\n", c.name)
+		return nil, table, exitUsage
+	}
 	read := c.e.inboxConfig
 	if read == nil {
 		read = readInboxConfig

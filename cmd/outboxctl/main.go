@@ -8,7 +8,9 @@
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
 //
 // It reads DATABASE_URL and the services' OUTBOX_SCHEMA, OUTBOX_TABLE and
-// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does; the inbox commands
+// OUTBOX_LANES (as fxoutbox.ConfigFromEnv does; with --prefix AUDIT_,
+// AUDIT_OUTBOX_SCHEMA and so on, as fxoutbox.ConfigFromEnvPrefix does;
+// status --all covers every outbox and inbox table it finds; the inbox commands
 // OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE, as
 // fxoutbox.InboxConfigFromEnv does), prints tables for people
 // and JSON with --json, asks before it changes anything unless --yes, and
@@ -23,6 +25,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/fxoutbox/outbox/internal/envconfig"
@@ -51,6 +55,9 @@ type env struct {
 	getenv   func(string) string
 	// config reads the services' configuration (the OUTBOX_* variables).
 	config func() (envconfig.Outbox, error)
+	// prefixConfig reads it with prefix in front of the names (--prefix);
+	// nil reads the environment.
+	prefixConfig func(prefix string) (envconfig.Outbox, error)
 	// inboxConfig reads the consuming services' (OUTBOX_INBOX_*); nil reads
 	// the environment.
 	inboxConfig func() (envconfig.Inbox, error)
@@ -59,14 +66,15 @@ type env struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], env{
-		stdin:       os.Stdin,
-		stdout:      os.Stdout,
-		stderr:      os.Stderr,
-		interactive: isTerminal(os.Stdin) && isTerminal(os.Stderr),
-		progress:    isTerminal(os.Stderr),
-		getenv:      os.Getenv,
-		config:      readConfig,
-		inboxConfig: readInboxConfig,
+		stdin:        os.Stdin,
+		stdout:       os.Stdout,
+		stderr:       os.Stderr,
+		interactive:  isTerminal(os.Stdin) && isTerminal(os.Stderr),
+		progress:     isTerminal(os.Stderr),
+		getenv:       os.Getenv,
+		config:       readConfig,
+		prefixConfig: readPrefixConfig,
+		inboxConfig:  readInboxConfig,
 	})
 	stop()
 	os.Exit(code)
@@ -82,6 +90,9 @@ const usage = `outboxctl operates an fxoutbox outbox table.
 Usage:
   outboxctl status                          backlog, oldest age, rates, parked events by
                                             topic and reason, lanes held, relay sessions
+  outboxctl status --all                    the same for every outbox table in the database
+                                            (found by its columns), and every inbox table
+                                            with its consumers and parked records
   outboxctl parked list [filters]           parked events, oldest first (--limit, --after)
   outboxctl parked show <event-id>          one parked event, with payload and headers
   outboxctl parked requeue <event-id>...    put parked events back in line
@@ -118,6 +129,10 @@ Filters (parked list/requeue/delete, replay):
   --limit N                      at most N events (list: default 100)
 
 Common flags:
+  --prefix P    read the variables of the outbox a service configures with
+                fxoutbox.NamedFromEnv(name, P): P+OUTBOX_SCHEMA, P+OUTBOX_TABLE,
+                P+OUTBOX_LANES (e.g. --prefix AUDIT_: AUDIT_OUTBOX_TABLE); before or
+                after the command
   --json        machine-readable output on stdout
   --yes         do not ask before requeue, delete, replay or drop-slot
   --progress    draw the progress line even when stderr is not a terminal
@@ -128,7 +143,7 @@ Environment:
                  postgres://orders_relay:secret@db:5432/orders?sslmode=verify-full
   OUTBOX_SCHEMA, OUTBOX_TABLE, OUTBOX_LANES
                  as configured for the services (default: outbox_event in the
-                 search_path, 64 lanes)
+                 search_path, 64 lanes); with --prefix P, P+OUTBOX_SCHEMA, ...
   OUTBOX_INBOX_SCHEMA, OUTBOX_INBOX_TABLE
                  the inbox commands' table, as configured for the consuming
                  services (default: outbox_inbox in the search_path)
@@ -146,6 +161,11 @@ Exit codes:
 `
 
 func run(ctx context.Context, args []string, e env) int {
+	args = hoistPrefix(args)
+	if names, ok := prefixNames(args); ok {
+		// The hints name the variables the operator sets: AUDIT_OUTBOX_TABLE.
+		e.stderr = renaming{w: e.stderr, names: names}
+	}
 	if len(args) == 0 {
 		fmt.Fprint(e.stderr, usage)
 		return exitUsage
@@ -201,10 +221,73 @@ func run(ctx context.Context, args []string, e env) int {
 
 // readConfig reads the services' settings as fxoutbox.ConfigFromEnv does
 // (the same code, in a package that does not link fx).
-func readConfig() (envconfig.Outbox, error) { return envconfig.Read("", os.LookupEnv, os.Environ()...) }
+func readConfig() (envconfig.Outbox, error) { return readPrefixConfig("") }
+
+// readPrefixConfig reads them as fxoutbox.ConfigFromEnvPrefix(prefix) does.
+func readPrefixConfig(prefix string) (envconfig.Outbox, error) {
+	return envconfig.Read(prefix, os.LookupEnv, os.Environ()...)
+}
 
 // readInboxConfig reads the inbox settings as fxoutbox.InboxConfigFromEnv
 // does.
 func readInboxConfig() (envconfig.Inbox, error) {
 	return envconfig.ReadInbox(os.LookupEnv, os.Environ()...)
+}
+
+// hoistPrefix moves a --prefix given before the command (outboxctl
+// --prefix AUDIT_ status) behind it, where the command's flags are parsed.
+func hoistPrefix(args []string) []string {
+	if len(args) == 0 {
+		return args
+	}
+	n := 0
+	switch a := strings.TrimLeft(args[0], "-"); {
+	case !strings.HasPrefix(args[0], "-"):
+		return args
+	case a == "prefix" && len(args) > 1:
+		n = 2
+	case strings.HasPrefix(a, "prefix="):
+		n = 1
+	default:
+		return args
+	}
+	rest := slices.Clone(args[n:])
+	if i := slices.Index(rest, "--"); i >= 0 {
+		return slices.Concat(rest[:i], args[:n], rest[i:])
+	}
+	return append(rest, args[:n]...)
+}
+
+// prefixNames returns how the variables of the --prefix among args are
+// named, if it is a valid one.
+func prefixNames(args []string) (envconfig.Names, bool) {
+	for i, a := range args {
+		var p string
+		switch {
+		case a == "--":
+			return envconfig.Names{}, false
+		case (a == "--prefix" || a == "-prefix") && i+1 < len(args):
+			p = args[i+1]
+		case strings.HasPrefix(a, "--prefix="), strings.HasPrefix(a, "-prefix="):
+			_, p, _ = strings.Cut(a, "=")
+		default:
+			continue
+		}
+		n, err := envconfig.NewNames(p, os.Environ())
+		return n, err == nil && p != ""
+	}
+	return envconfig.Names{}, false
+}
+
+// renaming writes through w with the variables renamed by names.
+type renaming struct {
+	w     io.Writer
+	names envconfig.Names
+}
+
+func (r renaming) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(r.w, r.names.Text(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -2,16 +2,23 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 )
 
 func cmdStatus(ctx context.Context, args []string, e env) int {
-	c := newCommand("status", e, "[--json]")
+	c := newCommand("status", e, "[--all] [--prefix P] [--json]")
+	c.fs.BoolVar(&c.all, "all", false, "every outbox table of the database (found by its columns), and every inbox table with its consumers")
 	if ok, code := c.parseNone(args); !ok {
 		return code
 	}
@@ -20,6 +27,9 @@ func cmdStatus(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if c.all {
+		return statusAll(ctx, c, conn, lanes)
+	}
 	st, err := admin.ReadStatus(ctx, conn, table, &admin.StatusOptions{Lanes: lanes})
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl status: %s\n", explain(err, table, ""))
@@ -135,4 +145,124 @@ func laneList(lanes []int) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ",")
+}
+
+// inboxStatus is an inbox table in status --all: its consumers (those that
+// applied records, and those with parked ones) and their parked records.
+type inboxStatus struct {
+	Table     string                   `json:"table"`
+	Consumers []string                 `json:"consumers"`
+	Parked    int64                    `json:"parked"`
+	Groups    []admin.InboxParkedCount `json:"groups"`
+}
+
+// statusAll is status --all: every outbox table the database holds, found
+// by its columns, then every inbox table with its consumers. A table
+// dropped meanwhile is left out; one that cannot be read is reported on
+// stderr and makes the exit code 1, after the others.
+func statusAll(ctx context.Context, c *command, conn *pgx.Conn, lanes int) int {
+	e := c.e
+	tables, err := admin.FindTables(ctx, conn)
+	if err == nil {
+		var inboxes []outbox.Table
+		if inboxes, err = admin.FindInboxTables(ctx, conn); err == nil {
+			return statusOf(ctx, c, conn, lanes, tables, inboxes)
+		}
+	}
+	fmt.Fprintf(e.stderr, "outboxctl status --all: %s\n", explain(err, outbox.Table{}, ""))
+	return exitError
+}
+
+func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables, inboxes []outbox.Table) int {
+	e, code := c.e, exitOK
+	failed := func(why string) {
+		fmt.Fprintf(e.stderr, "outboxctl status --all: %s\n", why)
+		code = exitError
+	}
+	outs, ins := []admin.Status{}, []inboxStatus{}
+	for _, t := range tables {
+		st, err := admin.ReadStatus(ctx, conn, t, &admin.StatusOptions{Lanes: lanes})
+		switch {
+		case dropped(err):
+		case err != nil:
+			failed(explain(err, t, ""))
+		default:
+			outs = append(outs, st)
+		}
+	}
+	for _, t := range inboxes {
+		consumers, err := admin.InboxConsumers(ctx, conn, t)
+		switch {
+		case dropped(err):
+			continue
+		case err != nil:
+			failed(explainInbox(err, t, ""))
+			continue
+		}
+		groups, err := admin.CountInboxParked(ctx, conn, t)
+		if err != nil && !dropped(err) { // no <name>_parked table: nothing parked
+			failed(explainInbox(err, t, ""))
+		}
+		in := inboxStatus{Table: t.String(), Consumers: consumers, Groups: groups}
+		for _, g := range groups {
+			in.Parked += g.Count
+			if !slices.Contains(in.Consumers, g.Consumer) { // parked records only
+				in.Consumers = append(in.Consumers, g.Consumer)
+			}
+		}
+		slices.Sort(in.Consumers)
+		ins = append(ins, in)
+	}
+	if len(outs) == 0 && len(ins) == 0 && code == exitOK {
+		fmt.Fprintln(e.stderr, "no outbox or inbox table in this database (an outbox table has the columns event_id, topic, partition_key, published_at, ...; an inbox table consumer, event_id, processed_at, ...)")
+		code = exitNoMatch
+	}
+	if c.json {
+		if err := writeJSON(e.stdout, struct {
+			Outboxes []admin.Status `json:"outboxes"`
+			Inboxes  []inboxStatus  `json:"inboxes"`
+		}{outs, ins}); err != nil {
+			return exitError
+		}
+		return code
+	}
+	if code == exitNoMatch {
+		return code
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "%d outbox table(s), %d inbox table(s) (found by their columns)\n", len(outs), len(ins))
+	for _, st := range outs {
+		fmt.Fprintln(w)
+		printStatus(e, st)
+	}
+	for _, in := range ins {
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "Inbox     %s (parked records in %s_parked)\n", in.Table, in.Table)
+		consumers := "none yet"
+		if len(in.Consumers) > 0 {
+			var names []string
+			for _, n := range in.Consumers {
+				names = append(names, printable(n, 60))
+			}
+			consumers = strings.Join(names, ", ")
+		}
+		fmt.Fprintf(w, "Consumers %s\n", consumers)
+		fmt.Fprintf(w, "Parked    %s records\n", thousands(in.Parked))
+		if len(in.Groups) > 0 {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "  COUNT\tCONSUMER\tTOPIC\tERROR TYPE\tLAST PARKED")
+			for _, g := range in.Groups {
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", thousands(g.Count), printable(g.Consumer, 30), printable(g.Topic, 40), printable(g.ErrorType, 30), stamp(g.LastParkedAt))
+			}
+			_ = tw.Flush()
+		}
+	}
+	return code
+}
+
+// dropped reports whether err says a table (or its schema) does not exist:
+// one status --all found and that was dropped since.
+func dropped(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "3F000")
 }

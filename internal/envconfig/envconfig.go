@@ -33,6 +33,7 @@ type Outbox struct {
 	Table                  outbox.Table
 	Topics                 outbox.TopicFunc
 	TopicCheck             int
+	EventTypes             []EventType
 	TopicPartitions        int32
 	TopicReplicationFactor int16
 	Limits                 outbox.Limits
@@ -92,6 +93,13 @@ type KafkaSASL struct {
 	User           string
 	Password       string
 	AllowPlaintext bool
+}
+
+// EventType is fxoutbox.EventType (same fields; fxoutbox converts them).
+type EventType struct {
+	AggregateType string
+	Type          string
+	Topic         string
 }
 
 // The values of fxoutbox.TopicCheck.
@@ -173,14 +181,39 @@ func (n Names) Name(v string) string {
 
 var envVarRE = regexp.MustCompile(`\b(OUTBOX|KAFKA)_[A-Z0-9_]*[A-Z0-9]\b`)
 
-// Rename makes a ConfigError name the variables as they are set.
+// Text is s with the variables named as they are set.
+func (n Names) Text(s string) string {
+	if n.prefix == "" {
+		return s
+	}
+	return envVarRE.ReplaceAllStringFunc(s, n.Name)
+}
+
+// Rename makes an error name the variables as they are set: a
+// ConfigError is rebuilt with the names replaced; any other error keeps its
+// chain (errors.Is, errors.As) under a text with the names replaced.
 func (n Names) Rename(err error) error {
-	ce, ok := err.(*outbox.ConfigError)
-	if !ok || n.prefix == "" {
+	if err == nil || n.prefix == "" {
 		return err
 	}
-	return &outbox.ConfigError{Field: envVarRE.ReplaceAllStringFunc(ce.Field, n.Name), Reason: envVarRE.ReplaceAllStringFunc(ce.Reason, n.Name), Err: ce.Err}
+	if ce, ok := err.(*outbox.ConfigError); ok {
+		return &outbox.ConfigError{Field: envVarRE.ReplaceAllStringFunc(ce.Field, n.Name), Reason: envVarRE.ReplaceAllStringFunc(ce.Reason, n.Name), Err: ce.Err}
+	}
+	text := envVarRE.ReplaceAllStringFunc(err.Error(), n.Name)
+	if text == err.Error() {
+		return err
+	}
+	return &renamed{text: text, err: err}
 }
+
+// renamed is an error whose text names the variables as they are set.
+type renamed struct {
+	text string
+	err  error
+}
+
+func (r *renamed) Error() string { return r.text }
+func (r *renamed) Unwrap() error { return r.err }
 
 // Read reads the settings of fxoutbox.ConfigFromEnvPrefix (prefix "" for
 // ConfigFromEnv) through lookupEnv; environ, when given, is scanned for
@@ -217,6 +250,11 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 	if err := choose(get, "OUTBOX_TOPICS", `"off", "check" or "create"`,
 		map[string]int{"off": TopicsOff, "check": TopicsCheck, "create": TopicsCreate}, &c.TopicCheck, strings.ToLower); err != nil {
 		return c, err
+	}
+	if v, ok := get("OUTBOX_EVENT_TYPES"); ok {
+		if c.EventTypes, err = eventTypes(v); err != nil {
+			return c, err
+		}
 	}
 	for _, n := range []struct {
 		name string
@@ -364,11 +402,63 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		for _, n := range InboxVariables {
 			known[n] = true // read by InboxConfigFromEnv
 		}
+		// The project's scripts' variables are no typos, nor a setting
+		// another one could be a typo of.
+		environ = slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+			name, _, _ := strings.Cut(kv, "=")
+			return slices.Contains(ScriptVariables, name)
+		})
 	}
 	if c.Warnings, err = unknownVariablesOf(environ, known, prefix+"OUTBOX_", prefix+"KAFKA_"); err != nil {
 		return c, err
 	}
 	return c, nil
+}
+
+// ScriptVariables are the variables that the project's own scripts read
+// (scripts/kafka.sh, scripts/pg.sh; scripts/devkafka.sh reads DEVKAFKA_*
+// and KAFKA_BROKERS), which start like the settings: exported in the shell
+// that runs a service, they are neither typos nor warnings. A test keeps
+// the list in step with the scripts.
+var ScriptVariables = []string{
+	// scripts/kafka.sh
+	"KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "KAFKA_START_TIMEOUT", "KAFKA_HEAP_OPTS", "KAFKA_JVM_OPTS", "KAFKA_STATE_DIR",
+	"KAFKA_CLUSTER_ID", "KAFKA_NODE_ID", "KAFKA_QUORUM_VOTERS", "KAFKA_REPLICATION_FACTOR", "KAFKA_MIN_INSYNC_REPLICAS",
+	"KAFKA_TXN_ABORT_CLEANUP_INTERVAL_MS",
+	// scripts/pg.sh
+	"OUTBOX_PG_DIR", "OUTBOX_PG_PORT", "OUTBOX_PG_BINDIR", "OUTBOX_PG_WAL_LEVEL",
+}
+
+// eventTypes parses OUTBOX_EVENT_TYPES: entries separated by commas or
+// white space, each <aggregate-type>:<event-type> (its topic derived as the
+// writer derives it), <aggregate-type>:<event-type>=<topic> (an event that
+// names its topic), or =<topic> alone.
+func eventTypes(v string) ([]EventType, error) {
+	const want = "a list of <aggregate-type>:<event-type> (or <aggregate-type>:<event-type>=<topic>, or =<topic>, for events that name their topic), " +
+		"separated by commas, e.g. payment:payment.created.v1,refund:refund.issued.v1=ledger.refunds"
+	var out []EventType
+	for _, e := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' || r == '\r' }) {
+		var et EventType
+		lhs := e
+		if i := strings.LastIndexByte(e, '='); i >= 0 {
+			lhs, et.Topic = e[:i], e[i+1:]
+			if err := outbox.ValidateTopic(et.Topic); err != nil {
+				return nil, &outbox.ConfigError{Field: "OUTBOX_EVENT_TYPES", Reason: fmt.Sprintf("%s: the topic %v", textcut.Quote(e, 64), err)}
+			}
+		}
+		if lhs != "" || et.Topic == "" {
+			agg, typ, ok := strings.Cut(lhs, ":")
+			if !ok || strings.TrimSpace(agg) == "" || strings.TrimSpace(typ) == "" {
+				return nil, bad("OUTBOX_EVENT_TYPES", e, want)
+			}
+			et.AggregateType, et.Type = agg, typ
+		}
+		out = append(out, et)
+	}
+	if len(out) == 0 {
+		return nil, bad("OUTBOX_EVENT_TYPES", v, want)
+	}
+	return out, nil
 }
 
 // UnknownVariables checks the OUTBOX_ and KAFKA_ variables of environ

@@ -22,6 +22,7 @@ type Lazy struct {
 	cfg   *sarama.Config
 
 	mu         sync.Mutex
+	brokers    string // how connection errors name addrs (SetBrokers)
 	prod       *Producer
 	connecting chan struct{} // closed when the connect in flight ends
 	connErr    error         // the last connect's error
@@ -35,7 +36,15 @@ type Lazy struct {
 // caller validated and does not change any more. It does no I/O.
 func NewLazy(addrs []string, cfg *sarama.Config) *Lazy {
 	closing, stop := context.WithCancel(context.Background())
-	return &Lazy{addrs: addrs, cfg: cfg, closing: closing, stop: stop}
+	return &Lazy{addrs: addrs, brokers: fmt.Sprint(addrs), cfg: cfg, closing: closing, stop: stop}
+}
+
+// SetBrokers sets how connection errors name the brokers, e.g.
+// "at KAFKA_BROKERS=host:9092" (default: the list of addresses).
+func (l *Lazy) SetBrokers(text string) {
+	l.mu.Lock()
+	l.brokers = text
+	l.mu.Unlock()
 }
 
 // Produce connects if needed, sends recs (see Producer.Produce) and returns
@@ -106,7 +115,7 @@ func (l *Lazy) connect(ctx context.Context) (*Producer, error) {
 			defer l.mu.Unlock()
 			switch {
 			case err != nil:
-				l.connErr = fmt.Errorf("relay: connect to Kafka %v: %w", l.addrs, err)
+				l.connErr = fmt.Errorf("relay: connect to Kafka %s: %w", l.brokers, err)
 			case l.closed:
 				_ = client.Close()
 			default:
@@ -116,12 +125,12 @@ func (l *Lazy) connect(ctx context.Context) (*Producer, error) {
 			close(done)
 		}()
 	}
-	done := l.connecting
+	done, brokers := l.connecting, l.brokers
 	l.mu.Unlock()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("relay: connect to Kafka %v: %w", l.addrs, ctx.Err())
+		return nil, fmt.Errorf("relay: connect to Kafka %s: %w", brokers, ctx.Err())
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
