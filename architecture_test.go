@@ -20,7 +20,7 @@ var mayImport = map[string][]string{
 	"relay/internal/pgoutput":      {"."},
 	"relay/internal/tablestats":    {".", "internal/tablesql"},
 	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
-	"admin":                        {".", "internal/locks", "internal/tablesql", "internal/textcut"},
+	"admin":                        {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut"},
 	"migrations":                   {".", "internal/textcut"},
 	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
 	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
