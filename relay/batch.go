@@ -93,7 +93,11 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	if r.eo != nil {
 		eo = &eoBatch{}
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
-			c, err := r.eoClaim(ctx, tx, size, held, eo)
+			claim := r.eoClaim
+			if r.cur != nil {
+				claim = r.eoCursorClaim
+			}
+			c, err := claim(ctx, tx, size, held, eo)
 			c.eo = eo
 			return c, err
 		}

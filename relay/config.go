@@ -61,7 +61,7 @@ type Config struct {
 	// Progress is ProgressMarks (default: published_at is set on each
 	// delivered row) or ProgressCursor (the lanes' positions are recorded
 	// once per batch, and nothing is written per event; it needs the cursor
-	// migration, Mode Poll, Ordering PerKey and at-least-once delivery).
+	// migration, Mode Poll and Ordering PerKey).
 	// Default marks [OUTBOX_PROGRESS].
 	Progress Progress
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:

@@ -303,7 +303,7 @@ func TestCursorRefusals(t *testing.T) {
 	s := newSetup(t)
 	for _, cfg := range []relay.Config{
 		{Progress: relay.ProgressCursor, Ordering: relay.Unordered},
-		{Progress: relay.ProgressCursor, Delivery: relay.ExactlyOnce},
+		{Progress: relay.ProgressCursor, Mode: relay.Stream},
 		{Progress: relay.Progress(7)},
 	} {
 		cfg.Table = s.table
@@ -600,4 +600,14 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 18 || dups != 0 {
 		t.Errorf("got %d distinct events and %d duplicates, want 18 and 0", distinct, dups)
 	}
+}
+
+// Exactly once with cursor progress: 8 replicas, one killed every 500ms; a
+// lane's position travels in the progress record of each Kafka
+// transaction, and whoever takes the lane over writes it to the positions
+// table. A read_committed consumer gets every event once, in order, and no
+// row is written after its INSERT.
+func TestCursorExactlyOnceAcrossEightReplicasWithKills(t *testing.T) {
+	t.Parallel()
+	progressScenario(t, relay.ProgressCursor, relay.PerKey, relay.Poll, relay.ExactlyOnce, 8, 500*time.Millisecond, 0, 0)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
@@ -128,11 +129,17 @@ type eoWorker struct {
 // (x-event-id) its transaction published. Event ids, not row ids: a row id
 // can come back (a table recreated, TRUNCATE ... RESTART IDENTITY), an
 // event id cannot.
+//
+// Under ProgressCursor it also holds the lane's position after the
+// transaction: whoever takes the lane over writes it to the positions table
+// (a relay that died between the Kafka commit and its own write of the
+// position leaves it there only).
 type progress struct {
-	Table    string      `json:"table"`
-	Lane     int32       `json:"lane"`
-	Owner    string      `json:"owner"`
-	EventIDs []uuid.UUID `json:"event_ids"`
+	Table    string       `json:"table"`
+	Lane     int32        `json:"lane"`
+	Owner    string       `json:"owner"`
+	EventIDs []uuid.UUID  `json:"event_ids"`
+	Position *cursor.Lane `json:"position,omitempty"`
 }
 
 func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
@@ -259,6 +266,12 @@ type eoBatch struct {
 	// written in the transaction, nil when its outcome is not known to be
 	// stored (see txnPublisher).
 	written map[int32][]uuid.UUID
+	// Under ProgressCursor: the cursor batch, each lane's position if
+	// every row sent is acknowledged (sent with the events), and the
+	// position in the last progress record written.
+	cur        *cursorBatch
+	predicted  map[int32]cursor.Lane
+	writtenPos map[int32]string
 }
 
 // kafkaStepError is a failure of Kafka inside a database step (the
@@ -428,20 +441,28 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	}
 	var ids []uuid.UUID
 	var register []int32
+	var positions []cursor.Lane
 	for _, lane := range take {
 		p := recs[lane]
 		ids = append(ids, p.EventIDs...)
 		if p.Owner != w.txn.ID() {
 			register = append(register, lane)
 		}
+		if p.Position != nil && p.Position.Lane == lane {
+			positions = append(positions, *p.Position)
+		}
 	}
-	if err := r.markCommitted(ctx, ids); err != nil {
+	if r.cur != nil {
+		if err := r.applyPositions(ctx, positions); err != nil {
+			return err
+		}
+	} else if err := r.markCommitted(ctx, ids); err != nil {
 		return err
 	}
 	if len(register) > 0 {
 		out := make([]kafkaproducer.Record, len(register))
 		for i, lane := range register {
-			rec, err := r.progressRecord(lane, w.txn.ID(), nil)
+			rec, err := r.progressRecord(lane, w.txn.ID(), nil, nil)
 			if err != nil {
 				return err
 			}
@@ -600,33 +621,41 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 	}
 	slices.Sort(lanes)
 	recs := records(msgs)
-	for _, lane := range lanes {
-		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane])
+	positions := make([]string, len(lanes))
+	for j, lane := range lanes {
+		var pos *cursor.Lane
+		if b.cur != nil {
+			l := b.predicted[lane]
+			pos = &l
+		}
+		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane], pos)
 		if err != nil {
 			return err
 		}
 		recs = append(recs, rec)
+		positions[j] = positionKey(pos)
 	}
 	res := txn.Produce(ctx, recs)
 	if b.written == nil {
-		b.written = map[int32][]uuid.UUID{}
+		b.written, b.writtenPos = map[int32][]uuid.UUID{}, map[int32]string{}
 	}
 	for j, lane := range lanes {
 		if res[len(msgs)+j].Err == nil {
-			b.written[lane] = byLane[lane]
+			b.written[lane], b.writtenPos[lane] = byLane[lane], positions[j]
 		} else {
-			b.written[lane] = nil
+			b.written[lane], b.writtenPos[lane] = nil, ""
 		}
 	}
 	return results(msgs, res[:len(msgs)])
 }
 
-// progressRecord is lane's progress record: owner, and the events ids.
-func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID) (kafkaproducer.Record, error) {
+// progressRecord is lane's progress record: owner, the events ids and,
+// under ProgressCursor, the lane's position after the transaction.
+func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID, pos *cursor.Lane) (kafkaproducer.Record, error) {
 	if ids == nil {
 		ids = []uuid.UUID{}
 	}
-	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: owner, EventIDs: ids})
+	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: owner, EventIDs: ids, Position: pos})
 	if err != nil {
 		return kafkaproducer.Record{}, err
 	}
@@ -690,11 +719,25 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		lanes = append(lanes, lane)
 	}
 	slices.Sort(lanes)
+	// Under ProgressCursor each lane's record holds its position after the
+	// acknowledged rows, as the batch's database transaction writes it.
+	actual := map[int32]*cursor.Lane{}
+	if b.cur != nil {
+		ok := map[int64]bool{}
+		for i, err := range errs {
+			if err == nil {
+				ok[rows[i].id] = true
+			}
+		}
+		for _, l := range b.cur.advance(func(id int64) bool { return ok[id] }) {
+			actual[l.Lane] = &l
+		}
+	}
 	for _, lane := range lanes {
-		if w := b.written[lane]; w != nil && slices.Equal(w, acked[lane]) {
+		if w := b.written[lane]; w != nil && slices.Equal(w, acked[lane]) && (b.cur == nil || b.writtenPos[lane] == positionKey(actual[lane])) {
 			continue
 		}
-		rec, err := r.progressRecord(lane, txn.ID(), acked[lane])
+		rec, err := r.progressRecord(lane, txn.ID(), acked[lane], actual[lane])
 		if err != nil {
 			_ = txn.Abort(ctx)
 			fail(err)
@@ -755,4 +798,97 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 		}
 	}
 	r.eo.release(b.w)
+}
+
+// positionKey is a position's JSON, to compare two.
+func positionKey(l *cursor.Lane) string {
+	if l == nil {
+		return ""
+	}
+	b, _ := json.Marshal(l)
+	return string(b)
+}
+
+// eoCursorClaim is the ExactlyOnce finder under ProgressCursor: the cursor
+// claim's lanes, taken over by the batch's worker (see eoAcquire, which
+// writes the position of each lane's last committed progress record to the
+// positions table) before their positions are read. The idle lanes a claim
+// takes along are not taken over: their rows wait for a claim that finds
+// them, and only their empty windows close.
+func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
+	client, err := r.eo.connect(ctx)
+	if err != nil {
+		return claimed{}, &kafkaStepError{err}
+	}
+	b.w = r.eo.take(client)
+	if err := r.cursorReady(ctx); err != nil {
+		return claimed{}, err
+	}
+	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n)
+	if err != nil || len(found) == 0 {
+		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
+	}
+	if err := r.eoBegin(ctx, b.w); err != nil {
+		return claimed{}, &kafkaStepError{err}
+	}
+	b.lanes = map[int32]bool{}
+	for _, lane := range found {
+		b.lanes[lane] = true
+	}
+	if err := r.eoAcquire(ctx, client, b); err != nil {
+		if errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready() {
+			r.eoFenced(b.w, err)
+			return claimed{retry: true}, nil
+		}
+		if dberr.Is(err) {
+			return claimed{}, err
+		}
+		return claimed{}, &kafkaStepError{err}
+	}
+	locked, err := r.cursorIdle(ctx, tx, found)
+	if err != nil {
+		return claimed{}, err
+	}
+	// A new statement: its snapshot sees the positions eoAcquire wrote.
+	c, err := r.cursorRead(ctx, tx, locked, n, held, seen, b.lanes)
+	if err != nil {
+		return c, err
+	}
+	b.cur = c.cur
+	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
+	for _, x := range c.rows {
+		b.laneOf[x.eventID] = c.cur.laneOf[x.id]
+	}
+	b.predicted = map[int32]cursor.Lane{}
+	for _, l := range c.cur.advance(func(id int64) bool { return !c.cur.held[id] }) {
+		b.predicted[l.Lane] = l
+	}
+	return c, nil
+}
+
+// applyPositions writes lanes' positions, read from their last committed
+// progress records, to the positions table, in a transaction of its own
+// committed synchronously. A position is the one after the lane's last
+// Kafka transaction: the table's may be behind it (its writer died between
+// the Kafka commit and its database commit), or ahead of it by windows
+// that closed without events, which are read again.
+func (r *Relay) applyPositions(ctx context.Context, lanes []cursor.Lane) error {
+	if len(lanes) == 0 {
+		return nil
+	}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'on', true)")
+	r.cursorSaveLanes(b, lanes)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	return nil
 }

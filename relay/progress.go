@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 )
 
@@ -29,9 +30,11 @@ const (
 	// "Cursor progress"): one small UPDATE of the lanes' rows per batch and
 	// nothing per event, so an event costs the table its INSERT. An open
 	// transaction holds back only its own events. It needs the cursor
-	// migration (migrations.UpCursor), Mode Poll, Ordering PerKey and
-	// at-least-once delivery; a parked event stays in its row (parked_at),
-	// and a requeue writes it again as a new row.
+	// migration (migrations.UpCursor), Mode Poll and Ordering PerKey; under
+	// ExactlyOnce each lane's position also travels in the progress record
+	// of its Kafka transaction. A parked event stays in its row
+	// (parked_at); a requeue gives it a new txid, which the next window
+	// takes.
 	ProgressCursor
 )
 
@@ -70,8 +73,6 @@ func (c Config) validateProgress() error {
 		return bad("needs Mode Poll for now: the streaming relay marks the rows it claims; use Poll, or marks")
 	case c.Ordering != PerKey:
 		return bad("needs Ordering PerKey: the positions are kept per lane")
-	case c.Delivery != AtLeastOnce:
-		return bad("needs at-least-once delivery for now; use marks with exactly-once")
 	}
 	return nil
 }
@@ -136,20 +137,16 @@ var ErrCursorTable = errors.New("relay: the table's relays record cursor progres
 
 // checkMarks refuses marks progress on a table in cursor mode.
 func (r *Relay) checkMarks(ctx context.Context) error {
-	c := cursorTable(r.cfg.Table)
 	var inUse bool
-	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-		var exists bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", c.Ident()).Scan(&exists); err != nil || !exists {
-			return err
-		}
-		return tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+c.Ident()+")").Scan(&inUse)
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
+		inUse, err = tablesql.InCursorMode(ctx, tx, r.cfg.Table)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("relay: check the progress of %s: %w", r.cfg.Table, err)
 	}
 	if inUse {
-		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, c)
+		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, cursorTable(r.cfg.Table))
 	}
 	return nil
 }
@@ -172,7 +169,7 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 	}
 	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		var ok bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", r.cfg.Table.Ident(), cursorTable(r.cfg.Table).Ident()).Scan(&ok); err != nil {
+		if err := tx.QueryRow(ctx, cs.q.Exists).Scan(&ok); err != nil {
 			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
 		}
 		if !ok {
@@ -218,11 +215,30 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}
-	q := r.cur.q
-	var locked []int32
-	seen, heldElsewhere := 0, false
+	locked, seen, heldElsewhere, err := r.cursorLock(ctx, tx, n)
+	if err != nil || len(locked) == 0 {
+		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
+	}
+	return r.cursorRead(ctx, tx, locked, n, held, seen, nil)
+}
+
+// cursorLock is the first part of a cursor claim: the lanes cursorFind
+// locked and, once a second, the idle lanes (cursorIdle).
+func (r *Relay) cursorLock(ctx context.Context, tx pgx.Tx, n int) (locked []int32, seen int, heldElsewhere bool, err error) {
+	locked, seen, heldElsewhere, err = r.cursorFind(ctx, tx, n)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	locked, err = r.cursorIdle(ctx, tx, locked)
+	return locked, seen, heldElsewhere, err
+}
+
+// cursorFind try-locks the lanes with waiting rows that cover about n of
+// them, returning the lanes locked, how many waiting rows the window saw,
+// and whether lanes with rows were held by others.
+func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int) (locked []int32, seen int, heldElsewhere bool, err error) {
 	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns}
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, q.Find, args, func(rows pgx.Rows) error {
+	err = r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Find, args, func(rows pgx.Rows) error {
 		var lane int32
 		var cnt int
 		var got *bool
@@ -240,25 +256,42 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 		return err
 	})
 	if err != nil {
-		return claimed{}, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		return nil, 0, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
 	}
-	if now := time.Now(); now.UnixNano() >= r.cur.idleAt.Load() {
-		// Lanes without events keep up: their windows open and close with
-		// the others'.
-		r.cur.idleAt.Store(now.Add(max(idleEvery, r.cfg.PollInterval)).UnixNano())
-		rows, err := tx.Query(ctx, q.Idle, pgx.NamedArgs{"locked": locked, "ns": r.q.ns})
-		if err == nil {
-			var idle []int32
-			idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
-			locked = append(locked, idle...)
-		}
-		if err != nil {
-			return claimed{}, fmt.Errorf("relay: lock the idle lanes of %s: %w", r.cfg.Table, err)
-		}
+	return locked, seen, heldElsewhere, nil
+}
+
+// cursorIdle adds to locked, once a second (or PollInterval), the closed
+// lanes that transactions went past and nobody holds: lanes without events
+// keep up that way, their windows opening and closing with the others'.
+func (r *Relay) cursorIdle(ctx context.Context, tx pgx.Tx, locked []int32) ([]int32, error) {
+	now := time.Now()
+	if now.UnixNano() < r.cur.idleAt.Load() {
+		return locked, nil
 	}
-	if len(locked) == 0 {
-		return claimed{heldElsewhere: heldElsewhere && seen > 0}, nil
+	r.cur.idleAt.Store(now.Add(max(idleEvery, r.cfg.PollInterval)).UnixNano())
+	rows, err := tx.Query(ctx, r.cur.q.Idle, pgx.NamedArgs{"locked": locked, "ns": r.q.ns})
+	if err == nil {
+		var idle []int32
+		idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		locked = append(locked, idle...)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("relay: lock the idle lanes of %s: %w", r.cfg.Table, err)
+	}
+	return locked, nil
+}
+
+// cursorRead is the rest of a cursor claim, on the lanes locked: it reads
+// their positions in a new statement (opening their windows) and the next
+// n rows of those windows in id order. Rows whose key waits for a failed
+// event's retry are read but not returned; their lane stops before them.
+//
+// With publish not nil, only the rows of the lanes in it are returned; the
+// others' stop their lanes (an exactly-once worker publishes only the lanes
+// it took over).
+func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, publish map[int32]bool) (claimed, error) {
+	q := r.cur.q
 	// A new statement: its snapshot sees what the lanes' previous holder
 	// committed.
 	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}
@@ -356,7 +389,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	kept := out[:0:0]
 	for _, x := range out {
 		lane := cb.laneOf[x.id]
-		if waits[x.key] || stopped[lane] {
+		if waits[x.key] || stopped[lane] || publish != nil && !publish[lane] {
 			cb.held[x.id] = true
 			if len(cb.lanes[lane].Skip) >= cursor.SkipCap {
 				stopped[lane] = true
@@ -371,26 +404,47 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 // cursorSave writes the positions of a cursor batch's lanes after its
 // publish: published and parked rows are resolved, the others (failed,
 // waiting behind their key) stop their lane.
+//
+// Under ExactlyOnce a row parked in this batch is not resolved yet: the
+// position must be the one the batch's Kafka transaction recorded (see
+// cursorAdvance), and the next batch's read skips the parked row.
 func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
 	resolved := make(map[int64]bool, len(sent))
-	for _, id := range cb.parked {
-		resolved[id] = true
+	if r.eo == nil {
+		for _, id := range cb.parked {
+			resolved[id] = true
+		}
 	}
 	for i, x := range sent {
-		if errs[i] == nil || parked[x.id] {
+		if errs[i] == nil || r.eo == nil && parked[x.id] {
 			resolved[x.id] = true
 		}
 	}
+	r.cursorSaveLanes(b, cb.advance(func(id int64) bool { return resolved[id] }))
+}
+
+// advance returns the position of each of the batch's lanes after it, with
+// resolved saying which of the rows read were published (or parked).
+func (cb *cursorBatch) advance(resolved func(id int64) bool) []cursor.Lane {
 	outcomes := map[int32][]cursor.Outcome{}
 	for _, id := range cb.ids {
 		l := cb.laneOf[id]
-		outcomes[l] = append(outcomes[l], cursor.Outcome{ID: id, Resolved: resolved[id]})
+		outcomes[l] = append(outcomes[l], cursor.Outcome{ID: id, Resolved: resolved(id)})
 	}
-	n := len(cb.order)
+	out := make([]cursor.Lane, len(cb.order))
+	for i, id := range cb.order {
+		out[i] = cursor.Advance(cb.lanes[id], outcomes[id], cb.full, cb.last)
+	}
+	return out
+}
+
+// cursorSaveLanes queues the statement that writes lanes' positions.
+func (r *Relay) cursorSaveLanes(b *pgx.Batch, lanes []cursor.Lane) {
+	n := len(lanes)
 	lane, done, upto, skip := make([]int32, 0, n), make([]string, 0, n), make([]*string, 0, n), make([]string, 0, n)
 	base, pos, floor, top := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
-	for _, id := range cb.order {
-		l := cursor.Advance(cb.lanes[id], outcomes[id], cb.full, cb.last)
+	for _, l := range lanes {
+		id := l.Lane
 		lane, done, base, pos, floor, top = append(lane, id), append(done, l.Done), append(base, l.Base), append(pos, l.Pos), append(floor, l.Floor), append(top, l.Top)
 		var u *string
 		if l.Upto != "" {

@@ -33,22 +33,23 @@ import (
 
 // Lane is one lane's position, as stored in the positions table.
 type Lane struct {
-	Lane int32
+	Lane int32 `json:"lane"`
 	// Done is the snapshot (pg_snapshot's text form) up to which the lane
 	// is delivered.
-	Done string
+	Done string `json:"done"`
 	// Upto ends the open window; "" when the window is closed.
-	Upto string
+	Upto string `json:"upto,omitempty"`
 	// Base is the highest id the lane's last window reached: a new
 	// window's rows at or below it are late rows.
-	Base int64
+	Base int64 `json:"base"`
 	// Pos, Floor and Skip place an open window: every window row with an
 	// id below Floor or up to Pos is delivered, and so are those in Skip.
-	Pos, Floor int64
-	Skip       []int64
+	Pos   int64   `json:"pos,omitempty"`
+	Floor int64   `json:"floor,omitempty"`
+	Skip  []int64 `json:"skip,omitempty"`
 	// Top is the highest id visible when the window opened: no row of the
 	// window has a higher one.
-	Top int64
+	Top int64 `json:"top,omitempty"`
 }
 
 // Open reports whether the lane has an open window.
@@ -138,6 +139,8 @@ type Queries struct {
 	// the table's first unpublished row (marks mode's backlog is delivered
 	// too) or the current one.
 	Init string
+	// Exists says whether the table and its positions table exist.
+	Exists string
 	// Check reads the numbers of lanes the positions were made for,
 	// whether the server's transaction ids are behind the positions (the
 	// table was restored into another cluster), and the unpublished rows
@@ -182,6 +185,7 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" ORDER BY e.id LIMIT @n"
 	}
 	q := Queries{
+		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL",
 		Init: "INSERT INTO " + c + " (lane, lanes, done, base) SELECT g, @lanes, s.done, s.base FROM generate_series(0, @lanes - 1) g," +
 			" (SELECT CASE WHEN f.txid IS NULL THEN pg_current_snapshot()" +
 			" ELSE (least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':' || least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':')::pg_snapshot END AS done," +
@@ -239,6 +243,9 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 	}
 	return q
 }
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // JoinSkip is Skip in the text form Save takes ("1,2,3").
 func JoinSkip(ids []int64) string {
