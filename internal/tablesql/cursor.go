@@ -50,21 +50,32 @@ func Delivered(table outbox.Table) string {
 // done snapshot's xip list, or at or past its xmax.
 func cursorWaiting(table outbox.Table) string {
 	t, c := table.Ident(), migrations.CursorTable(table).Ident()
-	return "WITH c AS MATERIALIZED (SELECT lane, lanes, done, upto, CASE WHEN upto IS NULL THEN 0 ELSE greatest(pos, floor - 1) END AS start, skip FROM " + c + ")," +
-		" k AS MATERIALIZED (SELECT coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x), '{}') AS xips," +
-		" (SELECT min(pg_snapshot_xmax(done)) FROM c) AS xmax, (SELECT max(lanes) FROM c) AS lanes)" +
-		" SELECT e.id, e.created_at FROM " + t + " e JOIN c ON c.lane = ((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k))" +
-		" WHERE (e.txid = ANY((SELECT xips FROM k)::xid8[]) OR e.txid >= (SELECT xmax FROM k))" +
-		" AND NOT pg_visible_in_snapshot(e.txid, c.done)" +
-		" AND NOT (c.upto IS NOT NULL AND pg_visible_in_snapshot(e.txid, c.upto) AND (e.id <= c.start OR e.id = ANY(c.skip)))" +
-		" AND e.published_at IS NULL AND e.parked_at IS NULL"
+	// The lanes' states are arrays indexed by lane + 1, so that the scans
+	// stay on the (txid, id) index (see relay/internal/cursor).
+	const ln = "((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k)) + 1"
+	arr := func(col string) string {
+		return "ARRAY(SELECT " + col + " FROM generate_series(0, (SELECT max(lanes) FROM c) - 1) g LEFT JOIN c ON c.lane = g ORDER BY g)"
+	}
+	waiting := func(txid string) string {
+		return "(SELECT e.id, e.created_at FROM " + t + " e WHERE " + txid +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
+			" AND NOT coalesce(pg_visible_in_snapshot(e.txid, ((SELECT uptos FROM k))[" + ln + "])" +
+			" AND (e.id <= ((SELECT starts FROM k))[" + ln + "] OR e.id = ANY((SELECT skips FROM k)::bigint[])), false)" +
+			" AND e.published_at IS NULL AND e.parked_at IS NULL)"
+	}
+	return "WITH c AS MATERIALIZED (SELECT lane, lanes, done, upto, greatest(pos, floor - 1) AS start, skip FROM " + c + ")," +
+		" k AS MATERIALIZED (SELECT (SELECT max(lanes) FROM c) AS lanes, " + arr("c.done") + " AS dones, " + arr("c.upto") + " AS uptos, " + arr("c.start") + " AS starts," +
+		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
+		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x), '{}') AS xips," +
+		" (SELECT min(pg_snapshot_xmax(done)) FROM c) AS xmax)" +
+		" " + waiting("e.txid >= (SELECT xmax FROM k)") + " UNION ALL " + waiting("e.txid = ANY((SELECT xips FROM k)::xid8[])")
 }
 
 // readCursorCounts is readCounts for a table in cursor mode.
 func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
 	var c Counts
 	var ageSec float64
-	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED ("+cursorWaiting(table)+")"+
+	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED (SELECT DISTINCT id, created_at FROM ("+cursorWaiting(table)+") u)"+
 		" SELECT (SELECT count(*) FROM (SELECT 1 FROM w LIMIT @cap) b),"+
 		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
 		" (SELECT count(*) FROM "+table.Ident()+" WHERE parked_at IS NOT NULL)"+

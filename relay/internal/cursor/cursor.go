@@ -177,12 +177,52 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 	// window the next claim opens, ending now).
 	const inWindow = " NOT pg_visible_in_snapshot(e.txid, c.done) AND (c.upto IS NULL OR pg_visible_in_snapshot(e.txid, c.upto))"
 	state := "SELECT lane, done, upto, base, pos, floor, top, skip, CASE WHEN upto IS NULL THEN base ELSE greatest(pos, floor - 1) END AS start FROM " + c
+	// The lanes' states are arrays indexed by lane + 1 (NULL for a lane
+	// not in the statement), read once per statement: a row's lane picks
+	// its state by subscript, so the scan stays an index scan in id order
+	// that stops at its LIMIT (a join with the states made the planner sort
+	// the whole backlog by lane).
+	const ln = "((hashtext(e.partition_key) & 2147483647) % @lanes) + 1"
 	read := func(cols string) string {
-		return "WITH c AS MATERIALIZED (SELECT l AS lane, d::pg_snapshot AS done, u::pg_snapshot AS upto, s AS start" +
-			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))" +
-			" SELECT " + cols + " FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
-			" WHERE e.id > @from AND e.id > c.start AND" + inWindow + " AND e.id <> ALL(@skip::bigint[])" + waiting +
+		return "WITH x AS MATERIALIZED (SELECT l, d::pg_snapshot AS d, u::pg_snapshot AS u, s FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))," +
+			" k AS MATERIALIZED (SELECT ARRAY(SELECT x.d FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS dones," +
+			" ARRAY(SELECT x.u FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS uptos," +
+			" ARRAY(SELECT x.s FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS starts)" +
+			" SELECT " + cols + " FROM " + t + " e" +
+			" WHERE e.id > @from AND e.id > ((SELECT starts FROM k))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
+			" AND pg_visible_in_snapshot(e.txid, ((SELECT uptos FROM k))[" + ln + "])" +
+			" AND e.id <> ALL(@skip::bigint[])" + waiting +
 			" ORDER BY e.id LIMIT @n"
+	}
+	// states are the lanes' rows as arrays (see read), with, of the closed
+	// lanes, the transactions running at their done snapshots (xips), the
+	// lowest xmax of those snapshots and the highest base.
+	states := "WITH c AS MATERIALIZED (" + state + ")," +
+		" k AS MATERIALIZED (SELECT coalesce((SELECT min(start) FROM c), 0) AS start," +
+		" ARRAY(SELECT c.done FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS dones," +
+		" ARRAY(SELECT c.upto IS NULL FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS closed," +
+		" ARRAY(SELECT c.start FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS starts," +
+		" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
+		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
+		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.upto IS NULL), '{}') AS xips," +
+		" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE upto IS NULL) AS xmax, (SELECT max(base) FROM c WHERE upto IS NULL) AS base)"
+	// late: a closed lane's rows at or below its base that its next window
+	// holds (txid from the (txid, id) index, the other conditions per row).
+	late := func(txid string) string {
+		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e WHERE " + txid + " AND e.id <= (SELECT base FROM k)" +
+			" AND ((SELECT closed FROM k))[" + ln + "] AND e.id <= ((SELECT bases FROM k))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" + waiting +
+			" ORDER BY e.txid LIMIT @window)"
+	}
+	// opened: the late rows of the lanes whose windows this statement
+	// opens (at or below the lane's base, in the window): txid from the
+	// (txid, id) index, the rest per row.
+	opened := func(txid string) string {
+		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e WHERE " + txid + " AND e.id <= (SELECT base FROM k)" +
+			" AND ((SELECT opening FROM k))[" + ln + "] AND e.id <= ((SELECT bases FROM k))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
+			" AND pg_visible_in_snapshot(e.txid, (SELECT now FROM s))" + waiting + " ORDER BY e.txid)"
 	}
 	q := Queries{
 		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL",
@@ -200,36 +240,37 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 		// late rows at or below their base: rows of the transactions in
 		// done's xip list, or past its xmax (a row whose id was drawn
 		// before its transaction's id).
-		Find: "WITH c AS MATERIALIZED (" + state + ")," +
-			" k AS MATERIALIZED (SELECT coalesce(min(start), 0) AS start," +
-			" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.upto IS NULL), '{}') AS xips," +
-			" min(pg_snapshot_xmax(done)) FILTER (WHERE upto IS NULL) AS xmax, max(base) FILTER (WHERE upto IS NULL) AS base FROM c)," +
-			" w AS ((SELECT e.id, c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
-			" WHERE e.id > (SELECT start FROM k) AND e.id > c.start AND NOT pg_visible_in_snapshot(e.txid, c.done) AND e.id <> ALL(c.skip)" + waiting +
+		Find: states + "," +
+			" w AS ((SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e" +
+			" WHERE e.id > (SELECT start FROM k) AND e.id > ((SELECT starts FROM k))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "]) AND e.id <> ALL((SELECT skips FROM k)::bigint[])" + waiting +
 			" ORDER BY e.id LIMIT @window)" +
-			" UNION ALL (SELECT e.id, c.lane FROM " + t + " e JOIN c ON c.lane = " + laneExpr +
-			" WHERE (e.txid = ANY((SELECT xips FROM k)::xid8[]) OR e.txid >= (SELECT xmax FROM k)) AND e.id <= (SELECT base FROM k)" +
-			" AND c.upto IS NULL AND e.id <= c.base AND" + inWindow + waiting + " LIMIT @window))" +
+			" UNION ALL " + late("e.txid >= (SELECT xmax FROM k)") +
+			" UNION ALL " + late("e.txid = ANY((SELECT xips FROM k)::xid8[])") + ")" +
 			" SELECT lane, cnt, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
 			"SELECT lane, count(*)::int AS cnt, min(id) AS first," +
 			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
-			" FROM w GROUP BY lane) g ORDER BY first",
+			" FROM (SELECT DISTINCT id, lane FROM w) w GROUP BY lane) g ORDER BY first",
 		// Load opens each closed window at this statement's snapshot: its
 		// floor is the lowest late row (at or below base), found through
-		// the (txid, id) index once per distinct done.
-		Load: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now)," +
-			" c AS MATERIALIZED (SELECT c.lane, c.done, coalesce(c.upto, s.now) AS upto, c.upto IS NULL AS opening, c.base, c.pos, c.floor, c.top, c.skip FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]))," +
-			" late AS (SELECT c.lane, min(e.id) AS id FROM (SELECT DISTINCT done::text AS d FROM c WHERE opening) g" +
-			" CROSS JOIN LATERAL (SELECT e.id, e.txid, e.partition_key FROM " + t + " e" +
-			" WHERE (e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(g.d::pg_snapshot))) OR (e.txid >= pg_snapshot_xmax(g.d::pg_snapshot) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))))" +
-			" AND e.id <= (SELECT max(base) FROM c WHERE opening)" + waiting + ") e" +
-			" JOIN c ON c.lane = " + laneExpr + " AND c.opening AND c.done::text = g.d AND e.id <= c.base AND" + inWindow + " GROUP BY c.lane)" +
+		// the (txid, id) index.
+		Load: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top)," +
+			" c AS MATERIALIZED (SELECT c.lane, c.done, coalesce(c.upto, s.now) AS upto, c.upto IS NULL AS opening, c.base, c.pos, c.floor, c.top, c.skip" +
+			" FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]))," +
+			" k AS MATERIALIZED (SELECT ARRAY(SELECT c.opening FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS opening," +
+			" ARRAY(SELECT c.done FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS dones," +
+			" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
+			" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE opening) AS xmax, (SELECT max(base) FROM c WHERE opening) AS base," +
+			" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.opening), '{}') AS xips)," +
+			" l AS (" + opened("e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
+			" UNION ALL " + opened("e.txid = ANY((SELECT xips FROM k)::xid8[])") + ")," +
+			" late AS (SELECT lane, min(id) AS id FROM l GROUP BY lane)" +
 			" SELECT c.lane, c.done::text, c.upto::text, c.base, CASE WHEN c.opening THEN 0 ELSE c.pos END," +
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
-			" CASE WHEN c.opening THEN coalesce((SELECT max(id) FROM " + t + "), 0) ELSE c.top END" +
+			" CASE WHEN c.opening THEN (SELECT top FROM s) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
-		Read:    read(cols + ", c.lane"),
-		ReadIDs: read("e.id, c.lane"),
+		Read:    read(cols + ", " + ln + " - 1"),
+		ReadIDs: read("e.id, " + ln + " - 1"),
 		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
 			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
