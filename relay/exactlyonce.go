@@ -262,6 +262,7 @@ type eoBatch struct {
 	lanes     map[int32]bool
 	laneOf    map[uuid.UUID]int32 // event id -> lane
 	committed bool                // the batch's Kafka transaction committed (or may have)
+	started   time.Time           // when the batch's claim took its worker
 	// written is, per lane, the event ids of the last progress record
 	// written in the transaction, nil when its outcome is not known to be
 	// stored (see txnPublisher).
@@ -290,7 +291,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
-	b.w = r.eo.take(client)
+	b.w, b.started = r.eo.take(client), time.Now()
 	owned := make([]int32, 0, len(b.w.owned))
 	for lane := range b.w.owned {
 		owned = append(owned, lane)
@@ -417,6 +418,7 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 			r.cfg.Logger.Debug("outbox relay: exactly-once: took lanes over, fencing their owner", "lanes", lanes, "owner", owner, "transactional_id", w.txn.ID())
 		}
 		var fenced []int32
+		defer func() { r.metrics.fenced(ctx, fenceFencing, len(fenced)) }()
 		for _, lanes := range others {
 			for _, lane := range lanes {
 				if !slices.Contains(fenced, lane) {
@@ -469,11 +471,17 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 			out[i] = rec
 		}
 		err := firstResult(w.txn.Produce(ctx, out))
+		outcome := txnAborted
 		if err == nil {
-			err = w.txn.Commit(ctx)
+			if err = w.txn.Commit(ctx); err == nil {
+				outcome = txnCommitted
+			} else if !errors.Is(err, kafkaproducer.ErrTxnAborted) {
+				outcome = txnUnknown
+			}
 		} else {
 			_ = w.txn.Abort(ctx)
 		}
+		r.metrics.txnEnded(ctx, outcome, time.Time{}, err)
 		if err != nil {
 			w.txn.Invalidate()
 			return fmt.Errorf("relay: exactly-once: take over lanes %v: %w", register, err)
@@ -700,6 +708,14 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		if err := txn.Abort(ctx); err != nil {
 			txn.Invalidate()
 		}
+		var first error
+		for _, err := range errs {
+			if err != nil {
+				first = err
+				break
+			}
+		}
+		r.metrics.txnEnded(ctx, txnAborted, b.started, first)
 		return
 	}
 	fail := func(err error) {
@@ -750,6 +766,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 			if aerr := txn.Abort(ctx); aerr != nil {
 				txn.Invalidate()
 			}
+			r.metrics.txnEnded(ctx, txnAborted, b.started, err)
 			fail(fmt.Errorf("write the lanes' progress records: %w", err))
 			return
 		}
@@ -759,10 +776,16 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		// worker's next transaction, and its lanes are read back.
 		b.committed = !errors.Is(err, kafkaproducer.ErrTxnAborted)
 		txn.Invalidate()
+		outcome := txnAborted
+		if b.committed {
+			outcome = txnUnknown
+		}
+		r.metrics.txnEnded(ctx, outcome, b.started, err)
 		fail(err)
 		return
 	}
 	b.committed = true
+	r.metrics.txnEnded(ctx, txnCommitted, b.started, nil)
 }
 
 // eoFenced logs, at Debug, that w's producer lost its transactional id:
@@ -772,6 +795,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 // took its lanes again. Lanes move between live relays in normal running,
 // so this is never above Debug; the worker that took them logs it too.
 func (r *Relay) eoFenced(w *eoWorker, err error) {
+	r.metrics.fenced(context.Background(), fenceFenced, 1)
 	r.cfg.Logger.Debug("outbox relay: exactly-once: this worker was fenced; its transaction is aborted and its batch's events are sent again at once",
 		"transactional_id", w.txn.ID(), "error", err)
 }
@@ -791,6 +815,7 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 		if aerr := txn.Abort(actx); aerr != nil {
 			txn.Invalidate()
 		}
+		r.metrics.txnEnded(ctx, txnAborted, b.started, err)
 	}
 	if b.committed && err != nil {
 		for lane := range b.lanes {
@@ -820,7 +845,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
-	b.w = r.eo.take(client)
+	b.w, b.started = r.eo.take(client), time.Now()
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}

@@ -53,6 +53,18 @@ import (
 //	    messaging.system, messaging.operation.name=publish, messaging.operation.type=send,
 //	    messaging.destination.name, error.type when a message to it failed
 //
+// Per relay with Delivery ExactlyOnce:
+//
+//	outbox.transactions      counter   [{transaction}] -> outbox_transactions_total
+//	    Kafka transactions the relay's workers ended (batches and lane takeovers);
+//	    outbox.transaction.outcome = committed | aborted | unknown (a commit whose answer
+//	    was lost: the next InitProducerId decides it); error.type unless committed
+//	outbox.transaction.duration histogram [s]  -> outbox_transaction_duration_seconds
+//	    from a batch's claim to the end of its Kafka transaction; outbox.transaction.outcome
+//	outbox.fences            counter   [{fence}]   -> outbox_fences_total
+//	    lanes changing owner: outbox.fence.side = fencing (this relay's worker took lanes
+//	    over, fencing their owner) | fenced (this relay's worker found it was fenced)
+//
 // Per relay in Stream mode:
 //
 //	outbox.stream.lag        gauge     [By]        -> outbox_stream_lag_bytes
@@ -115,6 +127,9 @@ const (
 	MetricStreamLag         = "outbox.stream.lag"
 	MetricStreamDelay       = "outbox.stream.delay"
 	MetricStreamState       = "outbox.stream.state"
+	MetricTransactions      = "outbox.transactions"
+	MetricTxnDuration       = "outbox.transaction.duration"
+	MetricFences            = "outbox.fences"
 )
 
 // The steps of outbox.step.duration and outbox.errors (attribute outbox.step).
@@ -132,6 +147,11 @@ const (
 	AttrTable     = attribute.Key("outbox.table")
 	AttrStep      = attribute.Key("outbox.step")
 	AttrErrorKind = attribute.Key("outbox.error.kind")
+	// AttrTxnOutcome is committed, aborted or unknown (outbox.transactions,
+	// outbox.transaction.duration).
+	AttrTxnOutcome = attribute.Key("outbox.transaction.outcome")
+	// AttrFenceSide is fencing or fenced (outbox.fences).
+	AttrFenceSide = attribute.Key("outbox.fence.side")
 )
 
 // durationBuckets are the semantic conventions' boundaries for messaging
@@ -152,6 +172,10 @@ type metrics struct {
 	latency   metric.Float64Histogram
 	sent      messagingconv.ClientSentMessages
 	opDur     messagingconv.ClientOperationDuration
+	// ExactlyOnce only (nil otherwise).
+	txns    metric.Int64Counter
+	txnDur  metric.Float64Histogram
+	fences  metric.Int64Counter
 
 	lastPublish atomic.Int64 // unix nanoseconds of the last commit of a published event, or of Start
 
@@ -190,6 +214,15 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	add(err)
 	ms.opDur, err = messagingconv.NewClientOperationDuration(meter, metric.WithExplicitBucketBoundaries(durationBuckets...))
 	add(err)
+	if r.cfg.Delivery == ExactlyOnce {
+		ms.txns, err = meter.Int64Counter(MetricTransactions, metric.WithUnit("{transaction}"), metric.WithDescription("Kafka transactions ended by the relay's workers, by outbox.transaction.outcome (committed, aborted, unknown)."))
+		add(err)
+		ms.txnDur, err = meter.Float64Histogram(MetricTxnDuration, metric.WithUnit("s"), metric.WithDescription("From a batch's claim to the end of its Kafka transaction, by outbox.transaction.outcome."),
+			metric.WithExplicitBucketBoundaries(stepBuckets...))
+		add(err)
+		ms.fences, err = meter.Int64Counter(MetricFences, metric.WithUnit("{fence}"), metric.WithDescription("Lanes changing owner: outbox.fence.side = fencing (a worker took lanes over) or fenced (a worker found it was fenced)."))
+		add(err)
+	}
 	lastAge, err := meter.Float64ObservableGauge(MetricLastPublishAge, metric.WithUnit("s"), metric.WithDescription("Time since this relay last committed a published event (since its start before the first)."))
 	add(err)
 	backlog, err := meter.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"), metric.WithDescription("Unpublished, unparked events (counted up to 1,000,000); reported by one relay per table."))
@@ -431,4 +464,39 @@ func spanOutcome(pub Publisher, m Message, err error) []attribute.KeyValue {
 		}
 	}
 	return attrs
+}
+
+// The outcomes of outbox.transactions and the sides of outbox.fences.
+const (
+	txnCommitted = "committed"
+	txnAborted   = "aborted"
+	txnUnknown   = "unknown"
+	fenceFencing = "fencing"
+	fenceFenced  = "fenced"
+)
+
+// txnEnded counts a Kafka transaction that ended with outcome (err when
+// not committed), and, when started is not zero, its duration.
+func (ms *metrics) txnEnded(ctx context.Context, outcome string, started time.Time, err error) {
+	if ms.txns == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{ms.table, AttrTxnOutcome.String(outcome)}
+	if outcome != txnCommitted && err != nil {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(ErrorType(err)))
+	}
+	set := metric.WithAttributes(attrs...)
+	ms.txns.Add(ctx, 1, set)
+	if !started.IsZero() {
+		ms.txnDur.Record(ctx, time.Since(started).Seconds(), metric.WithAttributes(ms.table, AttrTxnOutcome.String(outcome)))
+	}
+}
+
+// fenced counts lanes changing owner: side fencing (n lanes taken over) or
+// fenced (a worker that found it was fenced, n = 1).
+func (ms *metrics) fenced(ctx context.Context, side string, n int) {
+	if ms.fences == nil || n == 0 {
+		return
+	}
+	ms.fences.Add(ctx, int64(n), metric.WithAttributes(ms.table, AttrFenceSide.String(side)))
 }

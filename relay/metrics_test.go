@@ -612,6 +612,20 @@ func exportAll(t *testing.T) map[string]exported {
 	defer func() { _ = rs.Stop(s.ctx) }()
 	waitUntil(t, 20*time.Second, "streaming", func() bool { return rs.StreamStatus().State == relay.Streaming })
 
+	// Exactly once: a transaction each, and the second relay takes the
+	// lane over from the first, fencing it.
+	s4 := newSetup(t)
+	topic4 := testenv.Topic(t, brokers, 1)
+	for i := range 2 {
+		s4.write(t, topic4, 2, 1)
+		eo := s4.relay(t, s4.publisher(t), relay.Config{Delivery: relay.ExactlyOnce, MeterProvider: mp, Logger: slog.New(slog.DiscardHandler)})
+		n, err := eo.RunOnce(s.ctx)
+		_ = eo.Stop(s.ctx) // closes its Kafka client
+		if err != nil || n != 2 {
+			t.Fatalf("exactly-once relay %d: RunOnce = %d, %v; want 2 published", i, n, err)
+		}
+	}
+
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(s.ctx, &rm); err != nil {
 		t.Fatal(err)
@@ -729,13 +743,13 @@ func TestDocumentedMetricsMatchExports(t *testing.T) {
 	for _, name := range []string{relay.MetricPublished, relay.MetricErrors, relay.MetricStepErrors, relay.MetricStepDuration,
 		relay.MetricBatchSize, relay.MetricLatency, relay.MetricLastPublishAge, relay.MetricSentMessages, relay.MetricOperationDuration,
 		relay.MetricBacklog, relay.MetricOldestAge, relay.MetricParked, relay.MetricPoolConnections, relay.MetricPoolMax, relay.MetricPoolAcquireWait,
-		relay.MetricStreamLag, relay.MetricStreamDelay, relay.MetricStreamState} {
+		relay.MetricStreamLag, relay.MetricStreamDelay, relay.MetricStreamState, relay.MetricTransactions, relay.MetricTxnDuration, relay.MetricFences} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("constant %s is not exported", name)
 		}
 	}
-	if len(got) != 18 {
-		t.Errorf("%d metrics exported, the constants list 18: add the new one to the constants, the package doc and docs/operating.md", len(got))
+	if len(got) != 21 {
+		t.Errorf("%d metrics exported, the constants list 21: add the new one to the constants, the package doc and docs/operating.md", len(got))
 	}
 
 	token := regexp.MustCompile(`\b(?:outbox|messaging|db)_[a-z_]+\b`)

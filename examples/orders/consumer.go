@@ -136,6 +136,10 @@ func newConsumer(lc fx.Lifecycle, c Config, tp trace.TracerProvider, prop propag
 	sc.Version = sarama.V2_8_0_0
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// Read committed: with OUTBOX_DELIVERY=exactly-once the relay publishes
+	// in Kafka transactions, and an aborted one's records must not count.
+	// Without transactions it reads the same records.
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	sc.Consumer.Retry.Backoff = 250 * time.Millisecond
 	sc.Consumer.Group.Rebalance.Retry.Backoff = 500 * time.Millisecond
 	sc.Net.DialTimeout = 3 * time.Second
