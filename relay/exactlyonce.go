@@ -849,7 +849,11 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}
-	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n)
+	owned := make([]int32, 0, len(b.w.owned))
+	for lane := range b.w.owned {
+		owned = append(owned, lane)
+	}
+	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned)
 	if err != nil || len(found) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}

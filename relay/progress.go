@@ -225,7 +225,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 // cursorLock is the first part of a cursor claim: the lanes cursorFind
 // locked and, once a second, the idle lanes (cursorIdle).
 func (r *Relay) cursorLock(ctx context.Context, tx pgx.Tx, n int) (locked []int32, seen int, heldElsewhere bool, err error) {
-	locked, seen, heldElsewhere, err = r.cursorFind(ctx, tx, n)
+	locked, seen, heldElsewhere, err = r.cursorFind(ctx, tx, n, nil)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -236,8 +236,10 @@ func (r *Relay) cursorLock(ctx context.Context, tx pgx.Tx, n int) (locked []int3
 // cursorFind try-locks the lanes with waiting rows that cover about n of
 // them, returning the lanes locked, how many waiting rows the window saw,
 // and whether lanes with rows were held by others.
-func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int) (locked []int32, seen int, heldElsewhere bool, err error) {
-	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns}
+//
+// The lanes in owned (an exactly-once worker's) come first.
+func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32) (locked []int32, seen int, heldElsewhere bool, err error) {
+	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns, "owned": owned}
 	err = r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Find, args, func(rows pgx.Rows) error {
 		var lane int32
 		var cnt int

@@ -147,8 +147,9 @@ type Queries struct {
 	// that have no txid (written before the cursor migration).
 	Check string
 	// Find groups the first @window rows waiting in any lane by lane, in
-	// order of each lane's first row, and try-locks the lanes that cover
-	// the first @n of them (as the marks claim's window does).
+	// order of each lane's first row (the lanes in @owned first: an
+	// exactly-once worker's own), and try-locks the lanes that cover the
+	// first @n of them (as the marks claim's window does).
 	Find string
 	// Idle try-locks the closed lanes outside @locked that transactions
 	// went past since their done snapshot: a lane without events keeps up
@@ -248,9 +249,9 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" UNION ALL " + late("e.txid >= (SELECT xmax FROM k)") +
 			" UNION ALL " + late("e.txid = ANY((SELECT xips FROM k)::xid8[])") + ")" +
 			" SELECT lane, cnt, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
-			"SELECT lane, count(*)::int AS cnt, min(id) AS first," +
-			" coalesce(sum(count(*)) OVER (ORDER BY min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
-			" FROM (SELECT DISTINCT id, lane FROM w) w GROUP BY lane) g ORDER BY first",
+			"SELECT lane, count(*)::int AS cnt, min(id) AS first, lane = ANY(coalesce(@owned::int[], '{}')) AS mine," +
+			" coalesce(sum(count(*)) OVER (ORDER BY lane = ANY(coalesce(@owned::int[], '{}')) DESC, min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
+			" FROM (SELECT DISTINCT id, lane FROM w) w GROUP BY lane) g ORDER BY mine DESC, first",
 		// Load opens each closed window at this statement's snapshot: its
 		// floor is the lowest late row (at or below base), found through
 		// the (txid, id) index.

@@ -1,0 +1,110 @@
+package rolestest
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
+)
+
+// A cursor relay connected as the relay role, with
+// migrations/roles.example.sql then migrations/cursor/roles.example.sql
+// applied: it creates the lanes' positions, delivers the writer's events,
+// requeues a parked one and deletes delivered rows past Retention, and
+// still cannot delete a row that waits.
+func TestCursorRolesScript(t *testing.T) {
+	t.Parallel()
+	r := newRoles(t)
+	ctx := context.Background()
+	mig := r.pool(t, r.migrator)
+	tbl := r.schema(t, mig)
+	if err := migrations.UpCursor(ctx, mig, tbl); err != nil {
+		t.Fatalf("UpCursor as the migration role: %v", err)
+	}
+	if err := r.apply(t, tbl, readScript(t)); err != nil {
+		t.Fatalf("%s: %v", scriptFile, err)
+	}
+	b, err := migrations.CursorFS.ReadFile("cursor/roles.example.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(t, tbl, string(b)); err != nil {
+		t.Fatalf("cursor/roles.example.sql as the migration role: %v", err)
+	}
+	writer, relayDB := r.pool(t, r.writer), r.pool(t, r.relay)
+	uow, err := unitofwork.New(writer, &unitofwork.Config{Service: "svc", Table: tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 2)
+	write := func(topic string) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV7())
+		err := uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+			return tx.Add(ctx, outbox.Event{ID: id, AggregateType: "order", AggregateID: "o-1", Type: "order.placed.v1", Topic: topic})
+		})
+		if err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+		return id
+	}
+	write(topic)
+	// A row the writer's checks would refuse, written by hand.
+	poison := uuid.Must(uuid.NewV7())
+	if _, err := r.admin.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		" VALUES ($1, 'order', 'o-1', 'order.placed.v1', '{}', 'not a topic!', 'o-1')", poison); err != nil {
+		t.Fatal(err)
+	}
+	write(topic)
+	pub, err := relay.NewSaramaPublisher(brokers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	rl, err := relay.New(relayDB, pub, &relay.Config{Table: tbl, Progress: relay.ProgressCursor, Retention: time.Millisecond, CleanupInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Start(ctx); err != nil {
+		t.Fatalf("Start as the relay role: %v", err)
+	}
+	defer func() { _ = rl.Stop(ctx) }()
+	count := func(where string) int {
+		t.Helper()
+		var n int
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE "+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for count("parked_at IS NULL") > 0 || count("parked_at IS NOT NULL") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("as the relay role: %d rows left unparked, %d parked; want the delivered ones deleted and the poison parked",
+				count("parked_at IS NULL"), count("parked_at IS NOT NULL"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Requeued as the relay role (as outboxctl connects): a new txid.
+	if n, err := admin.Requeue(ctx, relayDB, tbl, admin.Filter{EventIDs: []uuid.UUID{poison}}, nil); err != nil || n != 1 {
+		t.Fatalf("Requeue as the relay role: %d, %v", n, err)
+	}
+	// A waiting row is not the relay's to delete.
+	_ = rl.Stop(ctx)
+	waiting := write(topic)
+	tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE event_id = $1", waiting)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Errorf("the relay role deleted a waiting row: %v rows, %v", tag.RowsAffected(), err)
+	}
+}
