@@ -80,6 +80,9 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	held := r.heldKeys()
 	var eo *eoBatch
 	find := func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
+		if err := r.checkMarks(ctx); err != nil {
+			return claimed{}, err
+		}
 		if isolate {
 			return r.claimIsolating(ctx, tx, size, held, upto)
 		}
@@ -96,6 +99,8 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 			claim := r.eoClaim
 			if r.cur != nil {
 				claim = r.eoCursorClaim
+			} else if err := r.checkMarks(ctx); err != nil {
+				return claimed{eo: eo}, err
 			}
 			c, err := claim(ctx, tx, size, held, eo)
 			c.eo = eo

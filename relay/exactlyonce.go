@@ -837,9 +837,8 @@ func positionKey(l *cursor.Lane) string {
 // eoCursorClaim is the ExactlyOnce finder under ProgressCursor: the cursor
 // claim's lanes, taken over by the batch's worker (see eoAcquire, which
 // writes the position of each lane's last committed progress record to the
-// positions table) before their positions are read. The idle lanes a claim
-// takes along are not taken over: their rows wait for a claim that finds
-// them, and only their empty windows close.
+// positions table) before their positions are read. The idle lanes' sweep
+// (cursorSweep) publishes nothing, so it takes no lane over.
 func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
 	client, err := r.eo.connect(ctx)
 	if err != nil {
@@ -847,6 +846,9 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	}
 	b.w, b.started = r.eo.take(client), time.Now()
 	if err := r.cursorReady(ctx); err != nil {
+		return claimed{}, err
+	}
+	if err := r.cursorSweep(ctx); err != nil {
 		return claimed{}, err
 	}
 	owned := make([]int32, 0, len(b.w.owned))
@@ -874,12 +876,8 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 		}
 		return claimed{}, &kafkaStepError{err}
 	}
-	locked, err := r.cursorIdle(ctx, tx, found)
-	if err != nil {
-		return claimed{}, err
-	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.
-	c, err := r.cursorRead(ctx, tx, locked, n, held, seen, b.lanes)
+	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes)
 	if err != nil {
 		return c, err
 	}

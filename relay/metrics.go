@@ -173,9 +173,9 @@ type metrics struct {
 	sent      messagingconv.ClientSentMessages
 	opDur     messagingconv.ClientOperationDuration
 	// ExactlyOnce only (nil otherwise).
-	txns    metric.Int64Counter
-	txnDur  metric.Float64Histogram
-	fences  metric.Int64Counter
+	txns   metric.Int64Counter
+	txnDur metric.Float64Histogram
+	fences metric.Int64Counter
 
 	lastPublish atomic.Int64 // unix nanoseconds of the last commit of a published event, or of Start
 

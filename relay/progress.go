@@ -135,8 +135,13 @@ var ErrCursorCluster = errors.New("relay: the lanes' positions come from another
 // event the cursor delivered (their published_at is NULL).
 var ErrCursorTable = errors.New("relay: the table's relays record cursor progress")
 
-// checkMarks refuses marks progress on a table in cursor mode.
+// checkMarks refuses marks progress on a table in cursor mode: at Start,
+// and at each polling batch until one check went through (a relay started
+// while the database was down).
 func (r *Relay) checkMarks(ctx context.Context) error {
+	if r.marksChecked.Load() {
+		return nil
+	}
 	var inUse bool
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
 		inUse, err = tablesql.InCursorMode(ctx, tx, r.cfg.Table)
@@ -148,6 +153,7 @@ func (r *Relay) checkMarks(ctx context.Context) error {
 	if inUse {
 		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, cursorTable(r.cfg.Table))
 	}
+	r.marksChecked.Store(true)
 	return nil
 }
 
@@ -215,22 +221,14 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}
-	locked, seen, heldElsewhere, err := r.cursorLock(ctx, tx, n)
+	if err := r.cursorSweep(ctx); err != nil {
+		return claimed{}, err
+	}
+	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil)
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
 	return r.cursorRead(ctx, tx, locked, n, held, seen, nil)
-}
-
-// cursorLock is the first part of a cursor claim: the lanes cursorFind
-// locked and, once a second, the idle lanes (cursorIdle).
-func (r *Relay) cursorLock(ctx context.Context, tx pgx.Tx, n int) (locked []int32, seen int, heldElsewhere bool, err error) {
-	locked, seen, heldElsewhere, err = r.cursorFind(ctx, tx, n, nil)
-	if err != nil {
-		return nil, 0, false, err
-	}
-	locked, err = r.cursorIdle(ctx, tx, locked)
-	return locked, seen, heldElsewhere, err
 }
 
 // cursorFind try-locks the lanes with waiting rows that cover about n of
@@ -239,49 +237,77 @@ func (r *Relay) cursorLock(ctx context.Context, tx pgx.Tx, n int) (locked []int3
 //
 // The lanes in owned (an exactly-once worker's) come first.
 func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32) (locked []int32, seen int, heldElsewhere bool, err error) {
-	args := pgx.NamedArgs{"window": 2 * n, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns, "owned": owned}
-	err = r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Find, args, func(rows pgx.Rows) error {
-		var lane int32
-		var cnt int
-		var got *bool
-		_, err := pgx.ForEachRow(rows, []any{&lane, &cnt, &got}, func() error {
-			seen += cnt
-			switch {
-			case got == nil:
-			case *got:
-				locked = append(locked, lane)
-			default:
-				heldElsewhere = true
-			}
-			return nil
+	// The window grows (4x, up to 32n) while the lanes in it are all held
+	// by other relays: a frozen or slow relay's lanes may fill the oldest
+	// rows, and the others' work lies past them.
+	for window := 2 * n; ; window *= 4 {
+		seen, heldElsewhere = 0, false
+		pre, preArgs := "", []any(nil)
+		if window == 2*n {
+			pre, preArgs = r.txSettings, []any{r.idleMillis}
+		}
+		args := pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns, "owned": owned}
+		err = r.query(ctx, tx, pre, preArgs, r.cur.q.Find, args, func(rows pgx.Rows) error {
+			var lane int32
+			var cnt int
+			var got *bool
+			_, err := pgx.ForEachRow(rows, []any{&lane, &cnt, &got}, func() error {
+				seen += cnt
+				switch {
+				case got == nil:
+				case *got:
+					locked = append(locked, lane)
+				default:
+					heldElsewhere = true
+				}
+				return nil
+			})
+			return err
 		})
-		return err
-	})
-	if err != nil {
-		return nil, 0, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		}
+		if len(locked) > 0 || !heldElsewhere || seen < window || window >= 32*n {
+			return locked, seen, heldElsewhere, nil
+		}
 	}
-	return locked, seen, heldElsewhere, nil
 }
 
-// cursorIdle adds to locked, once a second (or PollInterval), the closed
-// lanes that transactions went past and nobody holds: lanes without events
-// keep up that way, their windows opening and closing with the others'.
-func (r *Relay) cursorIdle(ctx context.Context, tx pgx.Tx, locked []int32) ([]int32, error) {
+// cursorSweep, once a second (or PollInterval), moves on the closed lanes
+// that transactions went past and nobody holds, in a short transaction of
+// its own: a lane without events keeps up that way, its window opening and
+// closing with the others', so that late rows are looked for over a short
+// range. It publishes nothing (a row it meets stops its lane, for the next
+// claim to find), and it never holds a lane while a batch publishes: a
+// relay frozen in a batch holds only the lanes of that batch's rows.
+func (r *Relay) cursorSweep(ctx context.Context) error {
 	now := time.Now()
 	if now.UnixNano() < r.cur.idleAt.Load() {
-		return locked, nil
+		return nil
 	}
 	r.cur.idleAt.Store(now.Add(max(idleEvery, r.cfg.PollInterval)).UnixNano())
-	rows, err := tx.Query(ctx, r.cur.q.Idle, pgx.NamedArgs{"locked": locked, "ns": r.q.ns})
-	if err == nil {
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		var idle []int32
-		idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
-		locked = append(locked, idle...)
-	}
+		err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Idle, pgx.NamedArgs{"locked": []int32{}, "ns": r.q.ns}, func(rows pgx.Rows) error {
+			var err error
+			idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+			return err
+		})
+		if err != nil || len(idle) == 0 {
+			return err
+		}
+		c, err := r.cursorRead(ctx, tx, idle, r.cfg.BatchSize, nil, 0, map[int32]bool{})
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		r.cursorSave(ctx, b, c.cur, nil, nil, nil)
+		return tx.SendBatch(ctx, b).Close()
+	})
 	if err != nil {
-		return nil, fmt.Errorf("relay: lock the idle lanes of %s: %w", r.cfg.Table, err)
+		return fmt.Errorf("relay: move on the idle lanes of %s: %w", r.cfg.Table, err)
 	}
-	return locked, nil
+	return nil
 }
 
 // cursorRead is the rest of a cursor claim, on the lanes locked: it reads
@@ -338,6 +364,27 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	var lane int32
 	var bad []unreadable
 	readArgs := pgx.NamedArgs{"lane": ln, "done": done, "upto": upto, "start": start, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
+	if publish != nil && len(publish) == 0 {
+		// Nothing to publish (the idle lanes' sweep): the ids are enough.
+		err = r.query(ctx, tx, "", nil, q.ReadIDs, readArgs, func(rs pgx.Rows) error {
+			var id int64
+			_, err := pgx.ForEachRow(rs, []any{&id, &lane}, func() error {
+				cb.laneOf[id] = lane
+				cb.ids = append(cb.ids, id)
+				cb.held[id] = true
+				return nil
+			})
+			return err
+		})
+		if err != nil {
+			return claimed{}, fmt.Errorf("relay: read the idle lanes of %s: %w", r.cfg.Table, err)
+		}
+		cb.full = len(cb.ids) == n
+		if len(cb.ids) > 0 {
+			cb.last = cb.ids[len(cb.ids)-1]
+		}
+		return claimed{cur: cb}, nil
+	}
 	// Under a savepoint: a row that cannot be read (see isUnreadable) does
 	// not abort the transaction.
 	err = r.query(ctx, tx, r.q.savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {

@@ -210,6 +210,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/backoff"
+	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
@@ -249,6 +250,9 @@ type Relay struct {
 	stream    streamInfo
 	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
 	cur       *cursorState // Progress ProgressCursor: the lanes' positions
+	// marksChecked: a check found the table not in cursor mode (see
+	// checkMarks).
+	marksChecked atomic.Bool
 
 	mu       sync.Mutex
 	started  bool
@@ -337,11 +341,14 @@ func (r *Relay) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	// A table that is not ready, or in the other progress mode, fails the
+	// start; a database that cannot be reached does not (the batches check
+	// again, as they wait for it).
+	check := r.checkMarks
 	if r.cur != nil {
-		if err := r.cursorReady(ctx); err != nil {
-			return err
-		}
-	} else if err := r.checkMarks(ctx); err != nil {
+		check = r.cursorReady
+	}
+	if err := check(ctx); err != nil && !dberr.Is(err) {
 		return err
 	}
 	gauges, err := r.metrics.register()
