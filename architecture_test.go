@@ -20,6 +20,7 @@ var mayImport = map[string][]string{
 	"relay/internal/tablestats":    {".", "internal/tablesql"},
 	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
 	"admin":                        {".", "internal/locks", "internal/tablesql", "internal/textcut"},
+	"adminui":                      {".", "admin", "migrations", "internal/tablesql"},
 	"migrations":                   {".", "internal/textcut"},
 	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
 	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
