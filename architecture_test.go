@@ -24,7 +24,7 @@ var mayImport = map[string][]string{
 	"migrations":                   {".", "internal/textcut"},
 	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
 	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
-	"cmd/outboxctl":                {".", "admin", "migrations", "internal/envconfig", "internal/textcut"},
+	"cmd/outboxctl":                {".", "admin", "adminui", "migrations", "internal/envconfig", "internal/textcut"},
 	"internal/envconfig":           {".", "relay", "inbox", "internal/textcut"},
 	"internal/record":              {".", "internal/textcut"},
 	"internal/tablesql":            {".", "migrations", "internal/textcut"},
