@@ -256,11 +256,15 @@ func (h *Handler) serveLogin(rq *request) {
 		next = ""
 	}
 	switch {
-	case rq.Method == http.MethodPost && (h.cop.Check(rq.Request) != nil || !hmac.Equal([]byte(rq.PostFormValue("csrf")), []byte(h.loginToken()))):
-		rq.fail(http.StatusForbidden, "forbidden: the login form must come from this UI")
 	case rq.path == "logout" && rq.Method == http.MethodPost:
+		if !h.checkCSRF(rq.Request, h.principal(rq.Request)) {
+			rq.fail(http.StatusForbidden, "forbidden: log out from the UI's own page")
+			return
+		}
 		l.Logout(rq.w, rq.Request, rq.base)
 		http.Redirect(rq.w, rq.Request, rq.base+"login", http.StatusSeeOther)
+	case rq.Method == http.MethodPost && (h.cop.Check(rq.Request) != nil || !hmac.Equal([]byte(rq.PostFormValue("csrf")), []byte(h.loginToken()))):
+		rq.fail(http.StatusForbidden, "forbidden: the login form must come from this UI")
 	case rq.path == "login" && rq.Method == http.MethodPost:
 		if l.Login(rq.w, rq.Request, rq.PostFormValue("token"), rq.base) {
 			http.Redirect(rq.w, rq.Request, rq.base+next, http.StatusSeeOther)

@@ -76,7 +76,8 @@ func newSetup(t *testing.T) *setup {
 	s.seed(t, 25, "payments", "'[invalid_topic] the topic name is not valid'", `jsonb_build_object('n', g)`, "'p' || g")
 	s.seed(t, 3, "xss", `'[kafka.rejected] `+xssImg+`'`, `jsonb_build_object('html', '`+xssScript+`', 'attr', '`+strings.ReplaceAll(xssImg, `'`, `''`)+`')`, `'`+xssImg+`'`)
 	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, created_at, published_at)
-		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', '{}', 'orders', 'k', now() - interval '10 min', now() - (g || ' s')::interval FROM generate_series(1, 30) g`)
+		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', '{}', 'orders', 'k', now() - ((g * 97 % 3500) || ' s')::interval - interval '1 s',
+		now() - ((g * 97 % 3500) || ' s')::interval FROM generate_series(1, 300) g`)
 	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', '{}', 'orders', 'k' FROM generate_series(1, 7) g`)
 	s.exec(t, `INSERT INTO "`+s.inbox.Schema+`".outbox_inbox_parked (consumer, event_id, event_type, topic, "partition", "offset", key, value, headers, attempts, error_type, last_error)
@@ -112,7 +113,7 @@ func (s *setup) seed(t *testing.T, n int, topic, lastErr, payload, key string) {
 	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers,
 		created_at, parked_at, attempts, last_error)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', `+payload+`, '`+topic+`', `+key+`,
-		'{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', now() - interval '30 min', now() - (g || ' s')::interval, 5, `+lastErr+`
+		'{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', now() - interval '70 min', now() - ((g * 131 % 3500) || ' s')::interval, 5, `+lastErr+`
 		FROM generate_series(1, $1) g`, n)
 }
 
