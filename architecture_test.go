@@ -22,7 +22,7 @@ var mayImport = map[string][]string{
 	"admin":                        {".", "internal/locks", "internal/tablesql", "internal/textcut"},
 	"adminui":                      {".", "admin", "migrations", "internal/tablesql"},
 	"migrations":                   {".", "internal/textcut"},
-	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "internal/envconfig", "internal/textcut"},
+	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "adminui", "internal/envconfig", "internal/textcut"},
 	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
 	"cmd/outboxctl":                {".", "admin", "adminui", "migrations", "internal/envconfig", "internal/textcut"},
 	"internal/envconfig":           {".", "relay", "inbox", "internal/textcut"},
