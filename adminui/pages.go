@@ -102,7 +102,18 @@ func (h *Handler) parked(rq *request) (ParkedPage, bool) {
 		return pp, false
 	}
 	ctx := rq.Context()
-	if pp.Groups, err = parkedGroups(ctx, h.cfg.DB, t, af); err != nil {
+	lf := af
+	lf.After, lf.Limit = max(pp.After, 0), h.cfg.PageSize+1
+	err = parallel(
+		func() (err error) {
+			pp.Groups, err = parkedGroups(ctx, h.cfg.DB, t, af, maxGroups)
+			return err
+		},
+		func() (err error) {
+			pp.Events, err = admin.ListParked(ctx, h.cfg.DB, t, lf)
+			return err
+		})
+	if err != nil {
 		rq.dbFail(err)
 		return pp, false
 	}
@@ -114,11 +125,6 @@ func (h *Handler) parked(rq *request) (ParkedPage, bool) {
 			rq.dbFail(err)
 			return pp, false
 		}
-	}
-	af.After, af.Limit = max(pp.After, 0), h.cfg.PageSize+1
-	if pp.Events, err = admin.ListParked(ctx, h.cfg.DB, t, af); err != nil {
-		rq.dbFail(err)
-		return pp, false
 	}
 	if len(pp.Events) > h.cfg.PageSize {
 		pp.Events = pp.Events[:h.cfg.PageSize]
