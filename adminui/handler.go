@@ -169,7 +169,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case api:
 			rq.fail(http.StatusUnauthorized, "unauthorized: send Authorization: Bearer <token>, or log in")
 		case r.Method == http.MethodGet && h.login() != nil:
-			http.Redirect(w, r, rq.base+"login?next="+url.QueryEscape(path+query(r)), http.StatusSeeOther)
+			to := rq.base + "login"
+			if next := path + query(r); next != "" {
+				to += "?next=" + url.QueryEscape(next)
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
 		default:
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 		}
