@@ -184,6 +184,12 @@ func TestBrowser(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll("#events tr.event").length`); n != 20 {
 		t.Fatalf("the first page shows %d events, want 20", n)
 	}
+	// The next keyset page is appended from api/parked.
+	step(t, ctx, "next page", chromedp.Click(chromedp.ID("next")))
+	waitJS(t, ctx, `document.querySelectorAll("#events tr.event").length === 25 && !document.getElementById("next")`)
+	if ok := eval[bool](t, ctx, `location.search.includes("topic=payments") && !location.search.includes("after")`); !ok {
+		t.Fatalf("the next page navigated away")
+	}
 
 	// An event's detail.
 	step(t, ctx, "open an event", chromedp.Click(chromedp.CSS("a.event-link")), chromedp.WaitVisible(chromedp.ID("payload")))

@@ -179,6 +179,82 @@
     }).catch(function (e) { status.textContent = "Error: " + e.message; yes.disabled = false; });
   });
 
+  // Parked list: "Next page" appends the next keyset page from the page's
+  // twin (api/parked) instead of loading a new page; without the script the
+  // link still works.
+  var canOperate = document.body.getAttribute("data-can-operate") === "true";
+  function ago(iso) {
+    var s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (s < 60) { return Math.floor(s) + "s ago"; }
+    if (s < 3600) { return Math.floor(s / 60) + "m ago"; }
+    if (s < 172800) { return Math.floor(s / 3600) + "h ago"; }
+    return Math.floor(s / 86400) + "d ago";
+  }
+  function cell(tr, text, cls) {
+    var td = document.createElement("td");
+    if (cls) { td.className = cls; }
+    td.textContent = text;
+    tr.appendChild(td);
+    return td;
+  }
+  function parkedRow(e, table) {
+    var tr = document.createElement("tr");
+    tr.className = "event";
+    if (canOperate) {
+      var box = document.createElement("input");
+      box.type = "checkbox";
+      box.className = "pick";
+      box.value = e.event_id;
+      box.setAttribute("aria-label", "select");
+      cell(tr, "").appendChild(box);
+    }
+    cell(tr, String(e.id), "n");
+    var a = document.createElement("a");
+    a.className = "event-link";
+    a.href = base + "event?" + new URLSearchParams({ table: table, id: e.event_id }).toString();
+    var code = document.createElement("code");
+    code.textContent = e.event_id;
+    a.appendChild(code);
+    cell(tr, "").appendChild(a);
+    cell(tr, e.event_type);
+    cell(tr, e.topic);
+    cell(tr, e.key, "key");
+    cell(tr, String(e.attempts), "n");
+    cell(tr, e.last_error, "reason");
+    cell(tr, ago(e.parked_at)).title = e.parked_at;
+    return tr;
+  }
+  var next = document.getElementById("next");
+  if (next && document.body.getAttribute("data-page") === "parked") {
+    next.addEventListener("click", function (ev) {
+      ev.preventDefault();
+      var q = new URL(next.href, window.location.href).searchParams;
+      api("GET", "api/parked?" + q.toString()).then(function (pp) {
+        var body = document.querySelector("#events tbody");
+        pp.events.forEach(function (e) { body.appendChild(parkedRow(e, pp.table)); });
+        if (pp.next) {
+          q.set("after", String(pp.next));
+          next.href = base + "parked?" + q.toString();
+        } else {
+          next.remove();
+        }
+      }).catch(function (e) { next.textContent = "Next page (" + e.message + ")"; });
+    });
+  }
+
+  // Event: its state, attempts and last error follow api/event, so a relay
+  // publishing a requeued event shows.
+  function refreshEvent() {
+    api("GET", "api/event?" + params.toString()).then(function (ep) {
+      var e = ep.event;
+      var st = document.getElementById("state");
+      st.textContent = e.state;
+      st.className = "state state-" + e.state;
+      document.getElementById("attempts").textContent = String(e.attempts);
+      document.getElementById("last-error").textContent = e.last_error || "none";
+    }).catch(function () { /* deleted, or the database is away: keep the page */ });
+  }
+
   var all = document.getElementById("select-all");
   if (all) {
     all.addEventListener("change", function () {
@@ -188,5 +264,8 @@
 
   if (document.body.getAttribute("data-page") === "overview") {
     setInterval(refreshOverview, 10000);
+  }
+  if (document.body.getAttribute("data-page") === "event") {
+    setInterval(refreshEvent, 5000);
   }
 })();
