@@ -129,7 +129,7 @@ func base(r *http.Request, rest string) string {
 		orig = ""
 	}
 	b := strings.TrimSuffix(orig, rest)
-	if b == orig && rest != "" || b == "" || !strings.HasPrefix(b, "/") {
+	if b == orig && rest != "" || b == "" || !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") {
 		return "/"
 	}
 	if !strings.HasSuffix(b, "/") {

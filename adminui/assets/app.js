@@ -100,7 +100,6 @@
 
   // request builds the ActionRequest of a button.
   function request(btn) {
-    var box = btn.closest(".bulk, td.actions") || btn;
     var inboxBox = btn.closest("[data-inbox]");
     var scope = btn.getAttribute("data-scope");
     var req = { action: btn.getAttribute("data-action"), filter: {}, inbox_filter: {} };
@@ -125,7 +124,6 @@
     if ((scope === "selection") && ((req.ids && !req.ids.length) || (req.event_ids && !req.event_ids.length))) {
       return null;
     }
-    void box;
     return req;
   }
 
