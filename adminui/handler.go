@@ -1,6 +1,7 @@
 package adminui
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -329,7 +330,9 @@ type layout struct {
 	Principal               Principal
 	CanOperate, CanLogout   bool
 	Tables, Inboxes         []string
-	Data                    any
+	// Current is the table or inbox the page is about.
+	Current string
+	Data    any
 }
 
 func (rq *request) page(code int, name string, data any) {
@@ -340,6 +343,12 @@ func (rq *request) page(code int, name string, data any) {
 	}
 	for _, t := range rq.h.cfg.Inboxes {
 		l.Inboxes = append(l.Inboxes, t.String())
+	}
+	switch {
+	case (name == "parked" || name == "event") && len(l.Tables) > 0:
+		l.Current = cmp.Or(rq.FormValue("table"), l.Tables[0])
+	case (name == "inbox" || name == "record") && len(l.Inboxes) > 0:
+		l.Current = cmp.Or(rq.FormValue("inbox"), l.Inboxes[0])
 	}
 	rq.w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	var b strings.Builder
