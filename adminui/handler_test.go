@@ -3,11 +3,14 @@ package adminui_test
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
@@ -265,6 +268,34 @@ func TestParkedKeysetPages(t *testing.T) {
 		t.Fatalf("a bad event id: %d", code)
 	}
 	if code, _, _ := s.do(t, "GET", "api/parked?table=other.outbox_event", readToken, nil); code != 404 {
+		t.Fatalf("an unknown table: %d", code)
+	}
+}
+
+func TestTwoTables(t *testing.T) {
+	s := newSetup(t)
+	other := testenv.Table(t, s.pool)
+	s.exec(t, `INSERT INTO `+other.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, attempts, last_error)
+		SELECT gen_random_uuid(), 'a', 'a', 't', '{}', 'orders', 'k', now(), 5, '[invalid_topic] x' FROM generate_series(1, 4)`)
+	h, err := adminui.NewHandler(adminui.Config{DB: s.pool, Tables: []outbox.Table{s.table, other}, InsecureAllowAnonymous: adminui.RoleOperate, Logger: slogTo(io.Discard)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer func() { srv.Close(); h.Close() }()
+	s.url = srv.URL + "/"
+	code, b, _ := s.do(t, "GET", "api/overview", "", nil)
+	var ov adminui.Overview
+	if code != 200 || json.Unmarshal(b, &ov) != nil || len(ov.Tables) != 2 || ov.Tables[1].Status.Parked != 4 {
+		t.Fatalf("api/overview: %d %s", code, b)
+	}
+	// Everything matching "orders" in the second table, not the first.
+	csrf := s.csrf(t, operateToken) // act sends it; anonymous, it only binds the CSRF token
+	job := s.act(t, csrf, adminui.ActionRequest{Action: "delete", Table: other.String(), Matching: true, Filter: adminui.Filter{Topic: "orders"}})
+	if job.Done != 4 || s.count(t, "topic = 'orders' AND parked_at IS NOT NULL") != 40 {
+		t.Fatalf("delete in the second table: %+v", job)
+	}
+	if code, _, _ := s.do(t, "POST", "api/count", operateToken, adminui.ActionRequest{Action: "delete", Table: "nope.outbox_event", Matching: true}, "X-CSRF-Token", csrf); code != 400 {
 		t.Fatalf("an unknown table: %d", code)
 	}
 }
