@@ -44,9 +44,6 @@ type TableOverview struct {
 	// Chart counts events published and parked per minute over the last
 	// hour, oldest minute first (60 buckets).
 	Chart Chart `json:"chart"`
-	// Causes are the largest groups of parked events by topic and reason
-	// (the parked page has them all, under its filters).
-	Causes []ParkedGroupRow `json:"causes"`
 	// Slot is the streaming relay's replication slot, when it exists.
 	Slot *admin.SlotStatus `json:"slot,omitempty"`
 }
@@ -88,10 +85,6 @@ func (h *Handler) overview(ctx context.Context) (Overview, error) {
 				return err
 			},
 			func() (err error) {
-				to.Causes, err = parkedGroups(ctx, h.cfg.DB, t, admin.Filter{}, overviewCauses)
-				return err
-			},
-			func() (err error) {
 				to.Slot, err = readSlot(ctx, h.cfg.DB, t.Slot(database))
 				return err
 			})
@@ -111,9 +104,6 @@ func (h *Handler) overview(ctx context.Context) (Overview, error) {
 	}
 	return ov, parallel(fns...)
 }
-
-// overviewCauses is the most parked groups the overview shows.
-const overviewCauses = 10
 
 // parallel runs fns side by side and returns the first error.
 func parallel(fns ...func() error) error {
