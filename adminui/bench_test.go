@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,13 @@ func BenchmarkLargeTable(b *testing.B) {
 	}
 	if seed != nil {
 		b.Logf("seeded 1,000,000 events in %v", time.Since(start).Round(time.Second))
+	}
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		b.Logf("load average before: %s", strings.TrimSpace(string(la)))
+		defer func() {
+			la, _ := os.ReadFile("/proc/loadavg")
+			b.Logf("load average after: %s", strings.TrimSpace(string(la)))
+		}()
 	}
 	benchUI(b, ctx, pool, table)
 }
@@ -138,9 +146,13 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 		{"event", "event?id=" + eventID},
 	} {
 		b.Run(page.name, func(b *testing.B) {
+			var took []time.Duration
 			for b.Loop() {
+				t0 := time.Now()
 				get(b, page.path)
+				took = append(took, time.Since(t0))
 			}
+			reportPercentiles(b, took)
 		})
 	}
 
@@ -154,7 +166,9 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 		}
 		csrf = sess.CSRF
 		polls := 0
+		var took []time.Duration
 		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
 			body := `{"action": "requeue", "matching": true, "filter": {"topic": "shop.orders", "reason": "message_too_large"}}`
 			req, _ := http.NewRequest("POST", srv.URL+"/api/actions", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+operateToken)
@@ -179,6 +193,7 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 			if job.State != "done" || job.Done != 50000 {
 				b.Fatalf("job %+v", job)
 			}
+			took = append(took, time.Since(t0))
 			b.StopTimer()
 			if _, err := pool.Exec(ctx, "UPDATE "+table.Ident()+" SET parked_at = now(), attempts = 5 WHERE topic = 'shop.orders' AND last_error LIKE '[kafka.message_too_large]%' AND parked_at IS NULL AND published_at IS NULL"); err != nil {
 				b.Fatal(err)
@@ -189,5 +204,17 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 			b.StartTimer()
 		}
 		b.ReportMetric(float64(polls)/float64(b.N), "progress-polls/op")
+		reportPercentiles(b, took)
 	})
+}
+
+// reportPercentiles reports the median and 90th percentile of the
+// iterations' times: on a shared machine the mean moves with other load.
+func reportPercentiles(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "p90-ms")
 }
