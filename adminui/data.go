@@ -150,26 +150,28 @@ const chartHorizon = 70 * time.Minute
 // parked rows.
 func readChart(ctx context.Context, db querier, t outbox.Table) (Chart, error) {
 	c := Chart{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
-	horizon := chartHorizon
-	rows, err := db.Query(ctx, "SELECT 0, floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+t.Ident()+
-		" WHERE created_at >= now() - $1::float8 * interval '1 second' AND published_at >= now() - interval '1 hour' GROUP BY 2"+
-		" UNION ALL SELECT 1, floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+t.Ident()+
-		" WHERE parked_at IS NOT NULL AND parked_at >= now() - interval '1 hour' GROUP BY 2", horizon.Seconds())
-	if err != nil {
-		return c, err
-	}
-	var which, ago int
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&which, &ago, &n}, func() error {
-		i := chartMinutes - 1 - min(max(ago, 0), chartMinutes-1)
-		if which == 0 {
-			c.Published[i] += n
-		} else {
-			c.Parked[i] += n
+	// Two statements side by side: each reads rows the other does not
+	// (recent block ranges; the parked rows).
+	series := func(into []int64, sql string, args ...any) func() error {
+		return func() error {
+			rows, err := db.Query(ctx, sql, args...)
+			if err != nil {
+				return err
+			}
+			var ago int
+			var n int64
+			_, err = pgx.ForEachRow(rows, []any{&ago, &n}, func() error {
+				into[chartMinutes-1-min(max(ago, 0), chartMinutes-1)] += n
+				return nil
+			})
+			return err
 		}
-		return nil
-	})
-	return c, err
+	}
+	return c, parallel(
+		series(c.Published, "SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+t.Ident()+
+			" WHERE created_at >= now() - $1::float8 * interval '1 second' AND published_at >= now() - interval '1 hour' GROUP BY 1", chartHorizon.Seconds()),
+		series(c.Parked, "SELECT floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+t.Ident()+
+			" WHERE parked_at IS NOT NULL AND parked_at >= now() - interval '1 hour' GROUP BY 1"))
 }
 
 // Filter is what the parked pages filter on: the query parameters topic,
