@@ -250,11 +250,31 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		}
 	}
 
+	st.LanesHeld, st.Sessions, err = readRelays(ctx, db, table)
+	return st, err
+}
+
+// ReadRelays reads what ReadStatus reports of the relays: the lanes held
+// right now and the sessions seen working for the table (LanesHeld and
+// Sessions), from pg_locks and pg_stat_activity, in one statement.
+func ReadRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold, []Session, error) {
+	if err := table.Validate(); err != nil {
+		return nil, nil, err
+	}
+	held, sessions, err := readRelays(ctx, db, table)
+	if err != nil {
+		return held, sessions, fmt.Errorf("admin: relays of %s: %w", table, err)
+	}
+	return held, sessions, nil
+}
+
+func readRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold, []Session, error) {
+	st := Status{LanesHeld: []LaneHold{}, Sessions: []Session{}}
 	// Lanes are advisory locks (namespace, lane): in pg_locks, classid is
 	// the namespace as an unsigned number, objid the lane, objsubid 2.
 	// The stats reporter's session lock has the same namespace and the
 	// second key locks.StatsReporter (negative: objid past any lane).
-	rows, err = db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
+	rows, err := db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
 		" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = @ns"+
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),"+
 		" held AS (SELECT pid, key AS lane FROM locks WHERE key < 2147483648)"+
@@ -267,7 +287,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		pgx.NamedArgs{"ns": int64(uint32(locks.Namespace(table.String()))), "reporter": int64(uint32(reporterLock)),
 			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
 	if err != nil {
-		return st, err
+		return st.LanesHeld, st.Sessions, err
 	}
 	var (
 		s     Session
@@ -286,9 +306,9 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		s, since = Session{}, nil
 		return nil
 	}); err != nil {
-		return st, err
+		return st.LanesHeld, st.Sessions, err
 	}
-	return st, nil
+	return st.LanesHeld, st.Sessions, nil
 }
 
 // reporterLock is locks.StatsReporter in a variable, so that it

@@ -77,11 +77,7 @@ func (h *Handler) overview(ctx context.Context) (Overview, error) {
 		to.Table = t.String()
 		fns = append(fns,
 			func() (err error) {
-				to.Status, err = admin.ReadStatus(ctx, h.cfg.DB, t, &admin.StatusOptions{Lanes: h.cfg.Lanes, ParkedGroups: -1})
-				return err
-			},
-			func() (err error) {
-				to.Chart, err = readChart(ctx, h.cfg.DB, t)
+				to.Status, to.Chart, err = readStatus(ctx, h.cfg.DB, t, h.cfg.Lanes)
 				return err
 			},
 			func() (err error) {
@@ -136,6 +132,56 @@ func readSlot(ctx context.Context, db querier, name string) (*admin.SlotStatus, 
 	}
 	slot.Name, slot.Exists, slot.LagBytes = name, true, lag
 	return &slot, nil
+}
+
+// readStatus reads what admin.ReadStatus reports (without the parked
+// groups, which the parked page has) and the chart, each statement on its
+// own connection, side by side: ReadStatus runs them one after another on
+// one. The backlog count and the oldest waiting event each walk the index
+// on unpublished rows past the parked ones, so they run apart too. The
+// rates come from the chart: published/s is its last minute.
+func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (admin.Status, Chart, error) {
+	st := admin.Status{Table: t.String(), ParkedGroups: []admin.ParkedGroup{}, Lanes: lanes, RateWindow: time.Minute, RateHorizon: chartHorizon}
+	var (
+		chart   Chart
+		written int64
+		ageSec  float64
+	)
+	ti := t.Ident()
+	err := parallel(
+		func() error {
+			return db.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+ti+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) b",
+				tablesql.BacklogCap).Scan(&st.Backlog)
+		},
+		func() error {
+			rows, err := db.Query(ctx, "SELECT created_at, extract(epoch FROM now() - created_at)::float8 FROM "+ti+
+				" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1")
+			if err != nil {
+				return err
+			}
+			_, err = pgx.ForEachRow(rows, []any{&st.OldestCreatedAt, &ageSec}, func() error { return nil })
+			return err
+		},
+		func() error {
+			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ti+" WHERE parked_at IS NOT NULL),"+
+				" (SELECT count(*) FROM "+ti+" WHERE created_at >= now() - interval '1 minute')").Scan(&st.Parked, &written)
+		},
+		func() (err error) {
+			st.LanesHeld, st.Sessions, err = admin.ReadRelays(ctx, db, t)
+			return err
+		},
+		func() (err error) {
+			chart, err = readChart(ctx, db, t)
+			return err
+		})
+	if err != nil {
+		return st, chart, fmt.Errorf("adminui: status of %s: %w", t, err)
+	}
+	st.BacklogCapped = st.Backlog >= tablesql.BacklogCap
+	st.OldestAge = time.Duration(max(0, ageSec) * float64(time.Second))
+	st.WrittenPerSecond = float64(written) / 60
+	st.PublishedPerSecond = float64(chart.Published[chartMinutes-1]) / 60
+	return st, chart, nil
 }
 
 // chartHorizon bounds the events the chart's publish counts look at to
