@@ -104,10 +104,10 @@ Usage:
   outboxctl inbox parked delete <id>...     drop parked records without applying them
                                             (retrying runs the handler: it is the consuming
                                             service's Consumer.Retry)
-  outboxctl ui [--addr 127.0.0.1:8089]       the admin web UI: overview, parked events by
-             [--allow-write]               cause, event detail, inbox; read only unless
-                                           --allow-write; token OUTBOX_UI_TOKEN, else
-                                           printed at start
+  outboxctl ui [--addr 127.0.0.1:8089]      the admin web UI: overview, parked events by
+               [--allow-write]              cause, event detail, inbox; read only unless
+                                            --allow-write; token OUTBOX_UI_TOKEN, else
+                                            printed at start
   outboxctl version
   outboxctl help [command]
 
