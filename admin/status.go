@@ -31,7 +31,9 @@ type StatusOptions struct {
 	// up to 24h.
 	RateHorizon time.Duration
 	// ParkedGroups is the most topic and reason groups of parked events
-	// reported, largest first. Default 20.
+	// reported, largest first; -1 reports none and skips their query (it
+	// reads every parked row), for a caller that shows only the counts.
+	// Default 20.
 	ParkedGroups int
 }
 
@@ -56,8 +58,8 @@ func (o *StatusOptions) withDefaults() (StatusOptions, error) {
 		return c, &outbox.ConfigError{Field: "StatusOptions.RateWindow", Reason: fmt.Sprintf("is %v: use at least 1s (default 1m)", c.RateWindow)}
 	case c.RateHorizon < 0 || (c.RateHorizon > 0 && c.RateHorizon < c.RateWindow):
 		return c, &outbox.ConfigError{Field: "StatusOptions.RateHorizon", Reason: fmt.Sprintf("is %v: use at least RateWindow %v (default 1h)", c.RateHorizon, c.RateWindow)}
-	case c.ParkedGroups < 1:
-		return c, &outbox.ConfigError{Field: "StatusOptions.ParkedGroups", Reason: fmt.Sprintf("is %d: use at least 1 (default 20)", c.ParkedGroups)}
+	case c.ParkedGroups < -1:
+		return c, &outbox.ConfigError{Field: "StatusOptions.ParkedGroups", Reason: fmt.Sprintf("is %d: use at least 1, or -1 for none (default 20)", c.ParkedGroups)}
 	}
 	return c, nil
 }
@@ -219,15 +221,21 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.WrittenPerSecond = float64(written) / o.RateWindow.Seconds()
 	st.PublishedPerSecond = float64(pub) / o.RateWindow.Seconds()
 
-	if st.Parked > 0 {
+	if st.Parked > 0 && o.ParkedGroups > 0 {
 		// Grouped by the reason with its numbers replaced by N, which also
 		// groups reasons stored with numbers in them (by older versions, or
-		// by hand); a group of one text shows it as stored.
+		// by hand); a group of one text shows it as stored. The rows are
+		// grouped by their first 200 bytes first, so that the regular
+		// expressions run once per distinct text, not once per row (at
+		// 100,000 parked rows: 1.2s -> 0.15s); the error type is within
+		// them.
 		rows, err = db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+","+
-			" CASE WHEN min(last_error) = max(last_error) THEN left(min(last_error), 200) ELSE reason END,"+
-			" min(last_error), count(*), min(parked_at), max(parked_at) FROM ("+
-			"SELECT topic, regexp_replace(left(coalesce(last_error, ''), 200), '[0-9]+', 'N', 'g') AS reason, coalesce(last_error, '') AS last_error, parked_at"+
-			" FROM "+t+" WHERE parked_at IS NOT NULL) p GROUP BY topic, 2, reason ORDER BY count(*) DESC, topic, reason LIMIT @groups",
+			" CASE WHEN min(mn) = max(mx) THEN left(min(mn), 200) ELSE reason END,"+
+			" min(mn), sum(n)::int8, min(f), max(l) FROM ("+
+			"SELECT topic, last_error, regexp_replace(last_error, '[0-9]+', 'N', 'g') AS reason, mn, mx, n, f, l FROM ("+
+			"SELECT topic, left(coalesce(last_error, ''), 200) AS last_error, min(coalesce(last_error, '')) AS mn, max(coalesce(last_error, '')) AS mx,"+
+			" count(*) AS n, min(parked_at) AS f, max(parked_at) AS l"+
+			" FROM "+t+" WHERE parked_at IS NOT NULL GROUP BY 1, 2) d) p GROUP BY topic, 2, reason ORDER BY sum(n) DESC, topic, reason LIMIT @groups",
 			pgx.NamedArgs{"groups": o.ParkedGroups})
 		if err != nil {
 			return st, err
@@ -242,11 +250,31 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		}
 	}
 
+	st.LanesHeld, st.Sessions, err = readRelays(ctx, db, table)
+	return st, err
+}
+
+// ReadRelays reads what ReadStatus reports of the relays: the lanes held
+// right now and the sessions seen working for the table (LanesHeld and
+// Sessions), from pg_locks and pg_stat_activity, in one statement.
+func ReadRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold, []Session, error) {
+	if err := table.Validate(); err != nil {
+		return nil, nil, err
+	}
+	held, sessions, err := readRelays(ctx, db, table)
+	if err != nil {
+		return held, sessions, fmt.Errorf("admin: relays of %s: %w", table, err)
+	}
+	return held, sessions, nil
+}
+
+func readRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold, []Session, error) {
+	st := Status{LanesHeld: []LaneHold{}, Sessions: []Session{}}
 	// Lanes are advisory locks (namespace, lane): in pg_locks, classid is
 	// the namespace as an unsigned number, objid the lane, objsubid 2.
 	// The stats reporter's session lock has the same namespace and the
 	// second key locks.StatsReporter (negative: objid past any lane).
-	rows, err = db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
+	rows, err := db.Query(ctx, "WITH locks AS (SELECT l.pid, l.objid::int8 AS key FROM pg_locks l"+
 		" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = @ns"+
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),"+
 		" held AS (SELECT pid, key AS lane FROM locks WHERE key < 2147483648)"+
@@ -259,7 +287,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		pgx.NamedArgs{"ns": int64(uint32(locks.Namespace(table.String()))), "reporter": int64(uint32(reporterLock)),
 			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
 	if err != nil {
-		return st, err
+		return st.LanesHeld, st.Sessions, err
 	}
 	var (
 		s     Session
@@ -278,9 +306,9 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		s, since = Session{}, nil
 		return nil
 	}); err != nil {
-		return st, err
+		return st.LanesHeld, st.Sessions, err
 	}
-	return st, nil
+	return st.LanesHeld, st.Sessions, nil
 }
 
 // reporterLock is locks.StatsReporter in a variable, so that it

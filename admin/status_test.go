@@ -70,6 +70,10 @@ func TestStatusCounts(t *testing.T) {
 			t.Errorf("group %d = %+v, want %s / %s: %d", i, g, w.topic, w.reason, w.n)
 		}
 	}
+	// ParkedGroups -1 skips the groups, not the counts.
+	if st, err := admin.ReadStatus(s.ctx, s.pool, s.table, &admin.StatusOptions{ParkedGroups: -1}); err != nil || st.Parked != 1500 || len(st.ParkedGroups) != 0 {
+		t.Errorf("ParkedGroups -1: parked %d, groups %+v, %v", st.Parked, st.ParkedGroups, err)
+	}
 	// The JSON form is snake_case with durations in seconds.
 	b, err := json.Marshal(st)
 	if err != nil {

@@ -2,7 +2,8 @@
 // doing, lists, shows, requeues and deletes parked events, replays
 // published events, checks, shows and drops what the streaming relay uses
 // (its replication slot and publication), and counts, lists, shows and
-// deletes an inbox's parked records. It is a shell over package admin, the
+// deletes an inbox's parked records; `outboxctl ui` serves the same as a
+// web UI (package adminui). It is a shell over package admin, the
 // API the inbox's List and Delete use too.
 //
 //	go run github.com/fxoutbox/outbox/cmd/outboxctl@latest status
@@ -117,6 +118,10 @@ Usage:
   outboxctl cursor rebase                   carry a cursor table (OUTBOX_PROGRESS=cursor) over to the
                                             cluster it was restored or moved into, when the relay
                                             says its positions come from another cluster
+  outboxctl ui [--addr 127.0.0.1:8089]      the admin web UI: overview, parked events by
+               [--allow-write]              cause, event detail, inbox; read only unless
+                                            --allow-write; token OUTBOX_UI_TOKEN, else
+                                            printed at start
   outboxctl version
   outboxctl help [command]
 
@@ -147,6 +152,8 @@ Environment:
   OUTBOX_INBOX_SCHEMA, OUTBOX_INBOX_TABLE
                  the inbox commands' table, as configured for the consuming
                  services (default: outbox_inbox in the search_path)
+  OUTBOX_UI_TOKEN
+                 ui: the token (at least 16 bytes); unset, one is generated
   Connect as the relay's role: it may read the table, set published_at,
   parked_at and attempts, and delete parked rows (migrations/roles.example.sql).
   stream check and drop-slot need the streaming relay's role (REPLICATION).
@@ -194,6 +201,8 @@ func run(ctx context.Context, args []string, e env) int {
 		return cmdCursor(ctx, args[1:], e)
 	case "inbox":
 		return cmdInbox(ctx, args[1:], e)
+	case "ui":
+		return cmdUI(ctx, args[1:], e)
 	case "parked":
 		if len(args) < 2 {
 			fmt.Fprintln(e.stderr, "outboxctl parked: name a command: list, show, requeue or delete (outboxctl help)")

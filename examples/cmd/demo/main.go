@@ -150,6 +150,7 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 	outboxCfg.TopicCheck = fxoutbox.TopicsCreate
 	d.printf("fxoutbox demo: the orders service (examples/orders) and the billing service (examples/billing) end to end\n")
 	d.printf("  PostgreSQL  %s, schema %s (dropped at exit)\n", redact(dbURL), schema)
+	d.printf("  Admin UI    while it runs: DATABASE_URL=%s OUTBOX_SCHEMA=%s go run ./cmd/outboxctl ui (repository root; docs/adminui.md)\n", redact(dbURL), schema)
 
 	if len(outboxCfg.Brokers) == 0 {
 		if d.broker, err = devkafka.Start(devkafka.DefaultConfig()); err != nil {
