@@ -148,20 +148,35 @@ func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (adm
 		ageSec  float64
 	)
 	ti := t.Ident()
-	err := parallel(
-		func() error {
-			return db.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+ti+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) b",
-				tablesql.BacklogCap).Scan(&st.Backlog)
-		},
-		func() error {
-			rows, err := db.Query(ctx, "SELECT created_at, extract(epoch FROM now() - created_at)::float8 FROM "+ti+
-				" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1")
-			if err != nil {
-				return err
-			}
-			_, err = pgx.ForEachRow(rows, []any{&st.OldestCreatedAt, &ageSec}, func() error { return nil })
+	cursor, err := tablesql.InCursorMode(ctx, db, t)
+	if err != nil {
+		return st, chart, err
+	}
+	backlog := func() error {
+		return db.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+ti+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) b",
+			tablesql.BacklogCap).Scan(&st.Backlog)
+	}
+	oldest := func() error {
+		rows, err := db.Query(ctx, "SELECT created_at, extract(epoch FROM now() - created_at)::float8 FROM "+ti+
+			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1")
+		if err != nil {
 			return err
-		},
+		}
+		_, err = pgx.ForEachRow(rows, []any{&st.OldestCreatedAt, &ageSec}, func() error { return nil })
+		return err
+	}
+	if cursor {
+		// Cursor progress: what waits is read from the lanes' positions.
+		backlog = func() error {
+			c, err := tablesql.ReadCounts(ctx, db, t)
+			st.Backlog, st.OldestCreatedAt, ageSec = c.Backlog, c.OldestCreatedAt, c.OldestAge.Seconds()
+			return err
+		}
+		oldest = func() error { return nil }
+	}
+	err = parallel(
+		backlog,
+		oldest,
 		func() error {
 			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ti+" WHERE parked_at IS NOT NULL),"+
 				" (SELECT count(*) FROM "+ti+" WHERE created_at >= now() - interval '1 minute')").Scan(&st.Parked, &written)
@@ -334,13 +349,22 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 		headers   []byte
 		lastError *string
 	)
+	// Under cursor progress a delivered row keeps published_at NULL: its
+	// lane's position says it was delivered.
+	delivered := "published_at IS NOT NULL"
+	if cursor, err := tablesql.InCursorMode(ctx, db, t); err != nil {
+		return e, err
+	} else if cursor {
+		delivered = tablesql.Delivered(t)
+	}
+	var isDelivered bool
 	rows, err := db.Query(ctx, "SELECT id, event_id, event_type, aggregate_type, aggregate_id, topic, partition_key, attempts, last_error, created_at,"+
-		" parked_at, published_at, payload, headers FROM "+t.Ident()+" WHERE event_id = $1", id)
+		" parked_at, published_at, payload, headers, "+delivered+" FROM "+t.Ident()+" WHERE event_id = $1", id)
 	if err != nil {
 		return e, err
 	}
 	n, err := pgx.ForEachRow(rows, []any{&e.ID, &e.EventID, &e.EventType, &e.AggregateType, &e.AggregateID, &e.Topic, &e.Key, &e.Attempts,
-		&lastError, &e.CreatedAt, &parkedAt, &e.PublishedAt, &e.Payload, &headers}, func() error { return nil })
+		&lastError, &e.CreatedAt, &parkedAt, &e.PublishedAt, &e.Payload, &headers, &isDelivered}, func() error { return nil })
 	if err != nil {
 		return e, err
 	}
@@ -351,7 +375,7 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 		e.LastError = *lastError
 	}
 	switch {
-	case e.PublishedAt != nil:
+	case isDelivered:
 		e.State = "published"
 	case parkedAt != nil:
 		e.State, e.ParkedAt = "parked", *parkedAt
