@@ -31,9 +31,7 @@ import (
 // eoWorld is newWorld with exactly-once relays.
 func eoWorld(t *testing.T, b *broker, keys int) *world {
 	t.Helper()
-	w := newWorld(t, b, keys)
-	w.delivery = relay.ExactlyOnce
-	return w
+	return newWorldFor(t, testenv.Pool(t), b.brokers(), keys, relay.ExactlyOnce, relay.Poll)
 }
 
 // TestExactlyOnceRelaysKilledAfterCommit runs four exactly-once relay
@@ -411,8 +409,7 @@ func TestExactlyOncePostgresCrash(t *testing.T) {
 	b := faultBroker(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldOn(t, pool, b.brokers(), 50)
-	w.delivery = relay.ExactlyOnce
+	w := newWorldFor(t, pool, b.brokers(), 50, relay.ExactlyOnce, relay.Poll)
 	const backlog = 20000
 	w.preload(t, backlog)
 	for range 2 {
