@@ -270,14 +270,20 @@ func (w *world) unpublished(t *testing.T) int {
 // one snapshot.
 func (w *world) published(t *testing.T) int {
 	t.Helper()
-	if w.progress != relay.ProgressCursor {
-		return w.count(t, "published_at IS NOT NULL")
-	}
-	n, c, err := cursorCounts(w.ctx, w.pool, w.table)
+	n, err := w.publishedCount()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return int(n - c.Backlog - c.Parked)
+	return n
+}
+
+// publishedCount is published, returning the error.
+func (w *world) publishedCount() (int, error) {
+	if w.progress != relay.ProgressCursor {
+		return countRows(w, "published_at IS NOT NULL")
+	}
+	n, c, err := cursorCounts(w.ctx, w.pool, w.table)
+	return int(n - c.Backlog - c.Parked), err
 }
 
 // delivered and waiting are deliveredSQL and waitingSQL of the world's
