@@ -90,11 +90,12 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 		t.Errorf("the frozen relay's rows were taken over after %v, before its transaction could have ended (bound %v): were its locks held at all?", after, bound)
 	}
 	var alive int
-	if err := pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'", app).Scan(&alive); err != nil {
+	var last []string // their last statements, cut
+	if err := pool.QueryRow(w.ctx, "SELECT count(*), coalesce(array_agg(left(query, 160)), '{}') FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'", app).Scan(&alive, &last); err != nil {
 		t.Fatal(err)
 	}
 	if alive != 0 {
-		t.Errorf("the frozen relay still has %d session(s) idle in transaction after its rows were taken over", alive)
+		t.Errorf("the frozen relay still has %d session(s) idle in transaction after its rows were taken over, last statements: %q", alive, last)
 	}
 
 	// Wake it: it sends its stale batch (duplicates), fails to mark it, and
