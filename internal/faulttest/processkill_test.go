@@ -64,7 +64,7 @@ func TestRelayProcessesKilledEveryHalfSecond(t *testing.T) {
 	tick.Stop()
 	took := time.Since(start)
 	t.Logf("%d relay processes SIGKILLed in %v (one every %v); %d of %d events published",
-		kills, took.Round(time.Millisecond), (took / time.Duration(kills)).Round(time.Millisecond), w.published(t), w.count(t, "true"))
+		kills, took.Round(time.Millisecond), (took / time.Duration(max(1, kills))).Round(time.Millisecond), w.published(t), w.count(t, "true"))
 
 	stop := w.startRelay(t)
 	time.Sleep(time.Second)
