@@ -27,8 +27,11 @@ type cluster struct {
 }
 
 const (
-	clusterNodes    = 3
-	clusterBasePort = 29292 // node i listens on base+2i, its controller on base+2i+1 (below the ephemeral ports)
+	clusterNodes = 3
+	// clusterBasePort: node i listens on base+2i, its controller on
+	// base+2i+1 (below the ephemeral ports); OUTBOX_FAULTTEST_CLUSTER_PORT
+	// moves the six ports.
+	clusterBasePort = 29292
 )
 
 var (
@@ -53,13 +56,19 @@ func faultCluster(t *testing.T) *cluster {
 		_, _ = rand.Read(id)
 		id[0] &= 0x7f // a Kafka Uuid may not start with '-' on the command line
 		clusterID := base64.RawURLEncoding.EncodeToString(id)
+		base := clusterBasePort
+		if v := os.Getenv("OUTBOX_FAULTTEST_CLUSTER_PORT"); v != "" {
+			if base, err = strconv.Atoi(v); err != nil || base < 1 || base > 65535-2*clusterNodes {
+				t.Fatalf("OUTBOX_FAULTTEST_CLUSTER_PORT=%q: want a port number", v)
+			}
+		}
 		var voters []string
 		for i := range clusterNodes {
-			voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, clusterBasePort+2*i+1))
+			voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, base+2*i+1))
 		}
 		c := &cluster{}
 		for i := range clusterNodes {
-			port := clusterBasePort + 2*i
+			port := base + 2*i
 			dir := filepath.Join(root, ".cache", "kafka-cluster", "node"+strconv.Itoa(i+1))
 			c.nodes = append(c.nodes, &broker{
 				root: root, dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", port),
@@ -158,6 +167,62 @@ func leaders(t *testing.T, brokers []string, topic string) map[string][]int32 {
 		out[b.Addr()] = append(out[b.Addr()], p)
 	}
 	return out
+}
+
+// TestBelowMinISRParksNothing takes a topic of the three-node cluster
+// below its min.insync.replicas: replication factor 3 and
+// min.insync.replicas 3, one node SIGKILLed for 20 s while two relays
+// publish and writers commit. Meanwhile no acks=all write of the topic can
+// succeed (the dead replica holds it back, then it leaves the ISR and the
+// leaders answer NOT_ENOUGH_REPLICAS). The relays must retry without
+// charging or parking anything, and once the node is back publish every
+// event: nothing lost, each key's first deliveries in write order, at most
+// one batch of duplicates per relay and fault. It runs before
+// TestLeaderKillsKeepPerKeyOrder, which then reuses the cluster.
+func TestBelowMinISRParksNothing(t *testing.T) {
+	const outage = 20 * time.Second
+	c := faultCluster(t)
+	w := newWorldOn(t, testenv.Pool(t), c.brokers(), 50)
+	w.topic = testenv.Name("test.minisr.")
+	minISR := "3"
+	testenv.CreateTopicDetail(t, w.brokers, w.topic, &sarama.TopicDetail{
+		NumPartitions: 6, ReplicationFactor: 3, ConfigEntries: map[string]*string{"min.insync.replicas": &minISR},
+	})
+	const relays = 2
+	for range relays {
+		w.startRelay(t)
+	}
+	ws := w.startWriters(t, 4)
+	waitFor(t, time.Minute, "the relays to publish 300 events", func() bool { return w.published(t) >= 300 })
+
+	n := c.nodes[len(c.nodes)-1]
+	n.kill(t)
+	killed := time.Now()
+	time.Sleep(outage / 2)
+	during := w.published(t)
+	time.Sleep(outage / 2)
+	stalled := w.published(t) - during
+	backlog := w.unpublished(t)
+	t.Logf("node %s down %v: %d events published in its last %v (the topic is below min.insync.replicas), %d waiting",
+		n.addr, time.Since(killed).Round(time.Millisecond), stalled, outage/2, backlog)
+	if backlog == 0 {
+		t.Errorf("nothing waiting while the topic was below min.insync.replicas: the fault did not reach the relays")
+	}
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows charged or parked while the topic was below min.insync.replicas", n)
+	}
+	n.up(t)
+	back := time.Now()
+	time.Sleep(2 * time.Second)
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Errorf("%d writer commits failed, first: %v (writers must never need Kafka)", len(errs), errs[0])
+	}
+	took := waitFor(t, 2*time.Minute, "the relays to publish every row", func() bool { return w.unpublished(t) == 0 })
+	t.Logf("backlog drained %v after the node was back (%v after the writers stopped)", time.Since(back).Round(time.Millisecond), took.Round(time.Millisecond))
+	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL OR last_error IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows charged, parked or given an error because the topic was below min.insync.replicas", n)
+	}
+	w.verify(t, relays)
 }
 
 // TestLeaderKillsKeepPerKeyOrder runs two relays on a backlog and a steady

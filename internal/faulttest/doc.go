@@ -29,6 +29,18 @@
 //   - TestOrdersServiceSIGTERMLosesNothing: the example service
 //     (examples/cmd/orders, built by the test) gets SIGTERM under load, on its
 //     own development broker (examples/cmd/devkafka on a free port).
+//   - TestRelayProcessesKilledEveryHalfSecond: three relay processes on a
+//     40k backlog with writers on, one SIGKILLed every 0.5 s for 10 s
+//     (OUTBOX_FAULTTEST_KILL_FOR) and replaced; each kill may repeat the
+//     batch it cut.
+//   - TestRelaySurvivesPostgresCrash: the tests' own PostgreSQL cluster
+//     crashed (pg_ctl stop -m immediate) while two relays drain a 60k
+//     backlog; the batches' asynchronous commits of the crash's last
+//     moments are lost with it, and only what the relays delivered then may
+//     come twice.
+//   - TestFrozenRelayHoldsOnlyItsLanes: a relay process SIGSTOPped in its
+//     first batch holds back only the lanes of the rows it claimed: a new
+//     key in another lane is published at once by a second relay.
 //
 // TestBrokerCrashMidDrainKeepsKeyOrder (real broker only) SIGKILLs the
 // broker three times while two relays drain a 60k-event backlog and checks
@@ -36,6 +48,17 @@
 //
 // TestBrokerOutage30sParksNothing (real broker only) keeps the broker down
 // for 30 s and checks that nothing was charged an attempt or parked.
+//
+// TestPoisonRequeuedRightAfterFix (real broker only) parks the events of a
+// topic that does not exist, creates it and requeues them at once
+// (admin.Requeue): every one is delivered, none parked again.
+//
+// On a three-node cluster of its own (real broker only, three JVMs on
+// 127.0.0.1:29292-29297, OUTBOX_FAULTTEST_CLUSTER_PORT moves the six
+// ports), TestBelowMinISRParksNothing keeps a topic below its
+// min.insync.replicas (3, one node SIGKILLed for 20 s) and
+// TestLeaderKillsKeepPerKeyOrder SIGKILLs the node leading most partitions
+// three times (OUTBOX_FAULTTEST_KILLS).
 //
 // The streaming relay (relay.Stream) has three: on the tests' own
 // PostgreSQL cluster, TestStreamSlotInvalidatedFallsBackToPolling (the
@@ -85,6 +108,36 @@
 //   - TestExactlyOncePostgresCrash: the tests' own PostgreSQL cluster
 //     crashed (pg_ctl stop -m immediate) while two relays drain a backlog,
 //     no writer on (so no other commit flushes the relays' marks).
+//
+// # Cursor progress
+//
+// OUTBOX_TEST_PROGRESS=cursor runs every polling, per-key, at-least-once
+// relay of the battery with relay.ProgressCursor: in this process, the
+// re-exec'd relay processes (FAULTTEST_HELPER_PROGRESS) and the orders
+// service of the SIGTERM test (OUTBOX_PROGRESS=cursor, whose
+// OUTBOX_MIGRATE=true applies the cursor migration; the test checks that
+// the service's table ended in cursor mode). Each world's table gets
+// migrations.UpCursor before any event is written. The relay refuses cursor
+// progress with exactly-once delivery and with streaming, so the
+// exactly-once scenarios, the streaming ones, and every scenario under
+// OUTBOX_TEST_DELIVERY=exactly-once, run with marks as without the
+// variable, and log that the cursor variant is skipped.
+//
+// Rows are never marked then, so the checks read the lanes' positions:
+// "waiting" is admin.ReadStatus's backlog (tablesql.ReadCounts) plus the
+// parked rows, "published" the rows less those, in one snapshot, and the
+// per-row conditions (the frozen relay's rows, the killed batch) are
+// tablesql.Delivered (the lane's done snapshot holds the row) or the row
+// delivered in its lane's open window, as the backlog counts it (a window
+// whose last batch stopped at its limit stays open until its lane's next
+// event, so Delivered alone may never count every row). The relay
+// process's hooks sit at the statement that saves a batch's lanes'
+// positions ("UPDATE <table>_cursor c SET done = ..."), which follows the
+// batch's Kafka ack in its transaction and precedes its commit, as the
+// mark does with marks: "KILL" there loses the save, "HOLDING" holds it,
+// "STALE" reports how the late save went (the session is gone). Once
+// everything is delivered, check also requires that no row was marked nor
+// written after its INSERT, and that the backlog is 0.
 //
 // OUTBOX_FAULTTEST_SARAMA_LOG=1 sends sarama's own log to stderr, to watch
 // the producer through the crash.

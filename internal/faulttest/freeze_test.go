@@ -68,7 +68,7 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 
 	// Other lanes flow at once, long before the frozen session ends.
 	flow := waitFor(t, 20*time.Second, "the rows of the other lanes to be published", func() bool {
-		return w.count(t, "published_at IS NULL AND id <= "+strconv.FormatInt(lastBefore, 10)+" AND NOT "+inHeld) == 0
+		return w.count(t, w.waiting()+" AND id <= "+strconv.FormatInt(lastBefore, 10)+" AND NOT "+inHeld) == 0
 	})
 	t.Logf("every other lane's backlog was published %v after the second relay started (%v after the freeze)",
 		flow.Round(time.Millisecond), time.Since(frozen).Round(time.Millisecond))
@@ -76,13 +76,13 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 	if since := time.Since(frozen); since > bound-2*time.Second {
 		t.Errorf("other lanes took %v after the freeze: they must not wait for the frozen relay's bound (%v)", since, bound)
 	}
-	if n := w.count(t, "published_at IS NOT NULL AND "+heldRows); n != 0 && time.Since(frozen) < bound-time.Second {
+	if n := w.count(t, w.delivered()+" AND "+heldRows); n != 0 && time.Since(frozen) < bound-time.Second {
 		t.Errorf("%d rows the frozen relay claimed were published while it still held them", n)
 	}
 
 	// Its rows are taken over once PostgreSQL ends the frozen transaction.
 	waitFor(t, 60*time.Second, "the frozen relay's rows to be published by the other relay", func() bool {
-		return w.count(t, "published_at IS NULL AND "+heldRows) == 0
+		return w.count(t, w.waiting()+" AND "+heldRows) == 0
 	})
 	after := time.Since(frozen)
 	t.Logf("the frozen relay's rows were published %v after the freeze (its idle-in-transaction bound is %v)", after.Round(time.Millisecond), bound)
@@ -90,11 +90,12 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 		t.Errorf("the frozen relay's rows were taken over after %v, before its transaction could have ended (bound %v): were its locks held at all?", after, bound)
 	}
 	var alive int
-	if err := pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'", app).Scan(&alive); err != nil {
+	var last []string // their last statements, cut
+	if err := pool.QueryRow(w.ctx, "SELECT count(*), coalesce(array_agg(left(query, 160)), '{}') FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'", app).Scan(&alive, &last); err != nil {
 		t.Fatal(err)
 	}
 	if alive != 0 {
-		t.Errorf("the frozen relay still has %d session(s) idle in transaction after its rows were taken over", alive)
+		t.Errorf("the frozen relay still has %d session(s) idle in transaction after its rows were taken over, last statements: %q", alive, last)
 	}
 
 	// Wake it: it sends its stale batch (duplicates), fails to mark it, and

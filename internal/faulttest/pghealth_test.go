@@ -31,12 +31,17 @@ func TestHealthAfterPostgresRestart(t *testing.T) {
 	pool := pg.pool(t)
 	ctx := context.Background()
 	tbl := testenv.Table(t, pool)
+	delivery := testDelivery(t)
+	progress := progressFor(t, delivery, relay.Poll)
+	if progress == relay.ProgressCursor {
+		cursorReady(t, pool, tbl)
+	}
 	topic := testenv.Topic(t, brokers, 3)
 	pub, err := relay.NewSaramaPublisher(brokers, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(pool, pub, &relay.Config{Table: tbl, PollInterval: 100 * time.Millisecond, Delivery: testDelivery(t)})
+	r, err := relay.New(pool, pub, &relay.Config{Table: tbl, PollInterval: 100 * time.Millisecond, Delivery: delivery, Progress: progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +63,7 @@ func TestHealthAfterPostgresRestart(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "a healthy relay that published the event", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&n)
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE "+waitingSQL(tbl, progress)).Scan(&n)
 		return n == 0 && r.Health(ctx, 0) == nil
 	})
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -38,6 +39,9 @@ const (
 	// envHelperDelivery is the child relay's delivery ("exactly-once" or
 	// "at-least-once"; startHelper passes the world's).
 	envHelperDelivery = "FAULTTEST_HELPER_DELIVERY"
+	// envHelperProgress is the child relay's progress ("cursor" or
+	// "marks"; startHelper passes the world's).
+	envHelperProgress = "FAULTTEST_HELPER_PROGRESS"
 	// envHelperBatchTimeout and envHelperTxnTimeout set the child relay's
 	// BatchTimeout and TransactionTimeout (mode "run"; default: the
 	// relay's defaults).
@@ -75,6 +79,15 @@ const (
 // then SIGKILLs the process between the Kafka commit and the database
 // mark, "HOLDING" holds a committed batch, and "STALE <n> <err>" reports
 // how its late mark went.
+//
+// With FAULTTEST_HELPER_PROGRESS=cursor (at-least-once) the relay writes no
+// mark: a batch ends with the statement that saves its lanes' positions
+// ("UPDATE <table>_cursor c SET done = ..."), sent after the batch's Kafka
+// ack, in the batch's transaction, before its commit. The hooks of "kill"
+// and "freeze" sit there (see markHookDB): the publisher only records the
+// batch it got acknowledged, "KILL" SIGKILLs the process when the positions
+// after that batch are about to be saved, "HOLDING" holds them, and
+// "STALE <n> <err>" reports how the late save went.
 func TestHelperRelayProcess(t *testing.T) {
 	mode := os.Getenv(envHelperMode)
 	if mode == "" {
@@ -109,10 +122,14 @@ func TestHelperRelayProcess(t *testing.T) {
 	if err != nil {
 		fail("%s: %v", envHelperDelivery, err)
 	}
+	progress, err := relay.ParseProgress(os.Getenv(envHelperProgress))
+	if err != nil {
+		fail("%s: %v", envHelperProgress, err)
+	}
 	table := outbox.Table{Schema: os.Getenv(envHelperSchema)}
 	cfg := &relay.Config{
 		Table: table, BatchSize: batchSize, MaxBatchSize: maxBatchSize,
-		PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: delivery,
+		PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: delivery, Progress: progress,
 		// Debug: the tests read when an exactly-once worker was fenced.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
@@ -145,6 +162,11 @@ func TestHelperRelayProcess(t *testing.T) {
 		use = inner
 		db = &markHookDB{pool: pool, mark: "UPDATE " + table.Ident() + " SET published_at = now() WHERE id = ANY($1)",
 			onMark: pub.onMark(pool, table)}
+	} else if progress == relay.ProgressCursor && (mode == "kill" || mode == "freeze") {
+		// The hooks sit at the positions' save, which follows the ack.
+		pub.atSave = true
+		db = &markHookDB{pool: pool, save: "UPDATE " + migrations.CursorTable(table).Ident() + " c SET done = ",
+			onMark: pub.onSave()}
 	}
 	r, err := relay.New(db, use, cfg)
 	if err != nil {
@@ -174,10 +196,21 @@ type faultPublisher struct {
 	acked     int
 	hold      time.Duration
 	held      bool
+	// atSave: the hooks sit at the positions' save (cursor progress);
+	// Publish records the acknowledged batch in pending for onSave.
+	atSave  bool
+	pending []relay.Message
 }
 
 func (p *faultPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	switch {
+	case p.atSave:
+		p.pending = nil
+		err := p.inner.Publish(ctx, msgs)
+		if err == nil {
+			p.pending = msgs
+		}
+		return err
 	case p.mode == "kill":
 		if err := p.inner.Publish(ctx, msgs); err != nil {
 			return err
@@ -234,14 +267,47 @@ func (p *faultPublisher) onMark(pool *pgxpool.Pool, table outbox.Table) func(ctx
 	}
 }
 
+// onSave is faultPublisher's hook at the save of a cursor batch's
+// positions (see markHookDB): the batch's events were acknowledged by
+// Kafka, the lanes' positions are not saved nor the batch committed. A save
+// that follows no acknowledged batch (lanes whose windows were empty, idle
+// lanes taken along) is no batch of the hook's.
+func (p *faultPublisher) onSave() func(ctx context.Context, ids []int64) func(error) {
+	return func(context.Context, []int64) func(error) {
+		msgs := p.pending
+		p.pending = nil
+		if len(msgs) == 0 {
+			return nil
+		}
+		switch {
+		case p.mode == "kill":
+			if p.acked++; p.acked == p.killAfter {
+				report("KILL", eventIDs(msgs))
+				// Acknowledged by Kafka; the positions are not saved.
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				time.Sleep(time.Hour)
+			}
+		case p.mode == "freeze" && !p.held:
+			p.held = true
+			report("HOLDING", eventIDs(msgs))
+			time.Sleep(p.hold) // wall time, as in Publish
+			return func(err error) { report("STALE", fmt.Sprintf("%d %v", len(msgs), err)) }
+		}
+		return nil
+	}
+}
+
 // markHookDB is the relay's database in an exactly-once relay process: a
 // pool whose transactions call onMark before they send the statement mark
 // (the batch's mark, not the read-back's, which differs), with the ids
 // marked. A function onMark returns is called with the outcome of the
-// batch of statements holding the mark.
+// batch of statements holding the mark. With save set instead of mark (a
+// cursor relay), onMark is called before a batch of statements holding one
+// that starts with save, the positions' save, with no ids.
 type markHookDB struct {
 	pool   *pgxpool.Pool
 	mark   string
+	save   string
 	onMark func(ctx context.Context, ids []int64) func(error)
 }
 
@@ -260,10 +326,14 @@ type markHookTx struct {
 
 func (tx *markHookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
-		if q.SQL != tx.db.mark || len(q.Arguments) != 1 {
+		var ids []int64
+		switch {
+		case tx.db.save != "" && strings.HasPrefix(q.SQL, tx.db.save):
+		case tx.db.mark != "" && q.SQL == tx.db.mark && len(q.Arguments) == 1:
+			ids, _ = q.Arguments[0].([]int64)
+		default:
 			continue
 		}
-		ids, _ := q.Arguments[0].([]int64)
 		if after := tx.db.onMark(ctx, ids); after != nil {
 			return &reportingResults{BatchResults: tx.Tx.SendBatch(ctx, b), after: after}
 		}
@@ -425,6 +495,7 @@ func startHelper(t *testing.T, w *world, mode string, env ...string) *proc {
 		envHelperSchema+"="+w.table.Schema,
 		envHelperKafka+"="+strings.Join(w.brokers, ","),
 		envHelperDelivery+"="+w.delivery.String(),
+		envHelperProgress+"="+w.progress.String(),
 	)
 	cmd.Env = append(cmd.Env, env...)
 	p := startProc(t, "relay process ("+mode+")", cmd, func(l string) (string, bool) {

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -76,6 +77,12 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 		"CONSUMER_GROUP="+testenv.Name("faulttest-"),
 		"OUTBOX_DELIVERY="+testDelivery(t).String(),
 	)
+	// The service's relay: cursor progress under OUTBOX_TEST_PROGRESS=cursor
+	// (its OUTBOX_MIGRATE=true then applies the cursor migration too).
+	progress := progressFor(t, testDelivery(t), relay.Poll)
+	if progress == relay.ProgressCursor {
+		cmd.Env = append(cmd.Env, "OUTBOX_PROGRESS="+progress.String())
+	}
 	svc := startProc(t, "orders service", cmd, nil)
 	waitFor(t, 60*time.Second, "the orders service to listen", func() bool {
 		select {
@@ -244,8 +251,14 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 		}
 	}
 	var unpublished int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE published_at IS NULL").Scan(&unpublished); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE "+waitingSQL(table, progress)).Scan(&unpublished); err != nil {
 		t.Fatal(err)
+	}
+	if progress == relay.ProgressCursor {
+		// The service's relay ran with cursor progress: its lanes' rows exist.
+		if on, err := tablesql.InCursorMode(ctx, pool, table); err != nil || !on {
+			t.Errorf("after the orders service ran with OUTBOX_PROGRESS=cursor, %s is in cursor mode: %v (%v)", table, on, err)
+		}
 	}
 	t.Logf("%d requests answered 2xx, %d failed (%d refused after the shutdown), %d without an answer; %d orders, %d events, %d left unpublished by the stopped service",
 		n2xx, nFailed, nRefused, nUnknown, len(orders), len(eventIDs), unpublished)
@@ -258,7 +271,7 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(pool, pub, &relay.Config{Table: table, PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: testDelivery(t)})
+	r, err := relay.New(pool, pub, &relay.Config{Table: table, PollInterval: pollInterval, MaxBackoff: maxBackoff, Delivery: testDelivery(t), Progress: progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +280,7 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "a new relay to publish what the service left", func() bool {
 		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE published_at IS NULL").Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE "+waitingSQL(table, progress)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0

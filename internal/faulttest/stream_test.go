@@ -57,7 +57,7 @@ func (w *world) startStreamRelayWith(t *testing.T, tune func(*relay.Config), sc 
 	}
 	// The streaming relay has no exactly-once mode: its world is checked
 	// as at least once, whatever OUTBOX_TEST_DELIVERY says.
-	w.delivery = relay.AtLeastOnce
+	w.noCursor(t, relay.AtLeastOnce, relay.Stream)
 	x := &streamRelay{pub: pub, log: &syncBuffer{}}
 	cfg := &relay.Config{
 		Mode:  relay.Stream,
@@ -166,7 +166,7 @@ func TestStreamSlotInvalidatedFallsBackToPolling(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldOn(t, pool, brokers, 30)
+	w := newWorldFor(t, pool, brokers, 30, relay.AtLeastOnce, relay.Stream)
 	w.streaming(t)
 	setKeep := func(v string) {
 		t.Helper()
@@ -285,7 +285,7 @@ func TestStreamSurvivesPostgresCrash(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldOn(t, pool, brokers, 30)
+	w := newWorldFor(t, pool, brokers, 30, relay.AtLeastOnce, relay.Stream)
 	w.streaming(t)
 	r := w.startStreamRelay(t, nil)
 	waitFor(t, 30*time.Second, "the relay to stream", func() bool { return r.state() == relay.Streaming })
@@ -332,7 +332,7 @@ func TestStreamSurvivesPostgresCrash(t *testing.T) {
 func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	b := faultBroker(t)
 	pg := ownPG(t)
-	w := newWorldOn(t, pg.pool(t), b.brokers(), 30)
+	w := newWorldFor(t, pg.pool(t), b.brokers(), 30, relay.AtLeastOnce, relay.Stream)
 	w.streaming(t)
 	// A producer that gives up on a dead broker within seconds (the
 	// default waits up to Metadata.Timeout, 15s, and then the batch's

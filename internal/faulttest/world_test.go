@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -55,6 +56,11 @@ type world struct {
 	// it); under ExactlyOnce check reads committed and allows no
 	// duplicate.
 	delivery relay.Delivery
+	// progress is the relays' (OUTBOX_TEST_PROGRESS where it applies, see
+	// progressFor); under ProgressCursor the table has the cursor
+	// migration and published, unpublished and the SQL of delivered and
+	// waiting read the lanes' positions.
+	progress relay.Progress
 }
 
 // payload is what every event carries: its aggregate and that aggregate's
@@ -74,10 +80,18 @@ func newWorld(t *testing.T, b *broker, keys int) *world {
 // restart test uses a cluster of its own).
 func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *world {
 	t.Helper()
+	return newWorldFor(t, pool, brokers, keys, testDelivery(t), relay.Poll)
+}
+
+// newWorldFor is newWorldOn for relays of the given delivery and mode: the
+// world's progress is OUTBOX_TEST_PROGRESS where those relays can record
+// it (see progressFor), and its table gets the cursor migration then.
+func newWorldFor(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, delivery relay.Delivery, mode relay.Mode) *world {
+	t.Helper()
 	ctx := context.Background()
 	tbl := testenv.Table(t, pool)
 	w := &world{
-		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: testDelivery(t),
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: delivery,
 		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
@@ -85,6 +99,9 @@ func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *w
 	}
 	if _, err := pool.Exec(ctx, "INSERT INTO "+w.account+" (id) SELECT 'acct-' || lpad(i::text, 3, '0') FROM generate_series(0, $1 - 1) i", keys); err != nil {
 		t.Fatal(err)
+	}
+	if w.progress = progressFor(t, delivery, mode); w.progress == relay.ProgressCursor {
+		cursorReady(t, pool, tbl)
 	}
 	w.topic = testenv.Topic(t, w.brokers, 6)
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Table: tbl})
@@ -101,7 +118,10 @@ func (w *world) key(i int) string { return fmt.Sprintf("acct-%03d", i%w.keys) }
 // account's row (as SELECT ... FOR UPDATE would) until the commit, so
 // writers of one account serialize and its events are written in sequence
 // order: the locking DESIGN.md asks of writers that share an aggregate.
-func (w *world) commit(ctx context.Context, key string) error {
+func (w *world) commit(ctx context.Context, key string) error { return w.commitTo(ctx, key, w.topic) }
+
+// commitTo is commit with the event sent to topic instead of the world's.
+func (w *world) commitTo(ctx context.Context, key, topic string) error {
 	return w.uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 		var seq int64
 		if err := tx.QueryRow(ctx, "UPDATE "+w.account+" SET seq = seq + 1 WHERE id = $1 RETURNING seq", key).Scan(&seq); err != nil {
@@ -109,7 +129,7 @@ func (w *world) commit(ctx context.Context, key string) error {
 		}
 		return tx.Add(ctx, outbox.Event{
 			AggregateType: "account", AggregateID: key, Type: "account.changed.v1",
-			Topic: w.topic, Payload: payload{Account: key, Seq: seq},
+			Topic: topic, Payload: payload{Account: key, Seq: seq},
 		})
 	})
 }
@@ -186,6 +206,7 @@ func (w *world) startRelayWith(t *testing.T, tune func(*relay.Config)) (stop fun
 		Table: w.table, BatchSize: batchSize, MaxBatchSize: maxBatchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		Delivery: w.delivery, // ExactlyOnce publishes through pub's brokers and configuration itself
+		Progress: w.progress,
 	}
 	if tune != nil {
 		tune(cfg)
@@ -229,8 +250,57 @@ func (w *world) count(t *testing.T, where string) int {
 	return n
 }
 
-func (w *world) unpublished(t *testing.T) int { return w.count(t, "published_at IS NULL") }
-func (w *world) published(t *testing.T) int   { return w.count(t, "published_at IS NOT NULL") }
+// unpublished is the number of rows not delivered yet: published_at IS
+// NULL, or under cursor progress the backlog and the parked rows as
+// admin.ReadStatus counts them from the lanes' positions.
+func (w *world) unpublished(t *testing.T) int {
+	t.Helper()
+	if w.progress != relay.ProgressCursor {
+		return w.count(t, "published_at IS NULL")
+	}
+	_, c, err := cursorCounts(w.ctx, w.pool, w.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(c.Backlog + c.Parked)
+}
+
+// published is the number of rows delivered: published_at IS NOT NULL, or
+// under cursor progress the rows less the backlog and the parked rows, in
+// one snapshot.
+func (w *world) published(t *testing.T) int {
+	t.Helper()
+	n, err := w.publishedCount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// publishedCount is published, returning the error.
+func (w *world) publishedCount() (int, error) {
+	if w.progress != relay.ProgressCursor {
+		return countRows(w, "published_at IS NOT NULL")
+	}
+	n, c, err := cursorCounts(w.ctx, w.pool, w.table)
+	return int(n - c.Backlog - c.Parked), err
+}
+
+// delivered and waiting are deliveredSQL and waitingSQL of the world's
+// table and progress, for count's where.
+func (w *world) delivered() string { return deliveredSQL(w.table, w.progress) }
+func (w *world) waiting() string   { return waitingSQL(w.table, w.progress) }
+
+// noCursor makes the world's relays record marks progress (for scenarios
+// whose relays cannot record cursor progress), saying so when
+// OUTBOX_TEST_PROGRESS asked for cursor. Call it before starting a relay.
+func (w *world) noCursor(t *testing.T, delivery relay.Delivery, mode relay.Mode) {
+	t.Helper()
+	w.delivery = delivery
+	if w.progress == relay.ProgressCursor {
+		w.progress = progressFor(t, delivery, mode)
+	}
+}
 
 // waitFor polls cond every 50ms until it holds, or fails the test.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
@@ -317,8 +387,14 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	if eo {
 		msgs = w.readCommitted(t, events)
 	} else {
-		total := testenv.RecordCount(t, w.brokers, w.topic)
-		cons := testenv.Consume(t, w.brokers, w.topic)
+		// Every topic the table's events went to (one but in
+		// TestPoisonRequeuedRightAfterFix).
+		topics := w.topics(t)
+		total := 0
+		for _, tp := range topics {
+			total += testenv.RecordCount(t, w.brokers, tp)
+		}
+		cons := testenv.Consume(t, w.brokers, topics...)
 		msgs = cons.WaitFor(total, time.Minute)
 		cons.Close()
 	}
@@ -384,9 +460,57 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	} else if dups > limit {
 		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
 	}
-	t.Logf("delivery %v: %d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
-		w.delivery, len(events), len(want), len(msgs), dups, limit, strays)
+	if w.progress == relay.ProgressCursor {
+		w.checkCursor(t)
+	}
+	t.Logf("delivery %v, progress %v: %d committed events over %d keys; %d records consumed: %d duplicates (limit %d), %d strays",
+		w.delivery, w.progress, len(events), len(want), len(msgs), dups, limit, strays)
 	return delivery{events: len(events), dups: dupIDs}
+}
+
+// checkCursor checks, once everything was delivered, what cursor progress
+// promises of the table: no row marked published nor written after its
+// INSERT (unless charged a failure), nothing waiting by the lanes'
+// positions, and the same answer from admin.ReadStatus's backlog and from
+// waiting's count.
+func (w *world) checkCursor(t *testing.T) {
+	t.Helper()
+	var marked, touched, inDone int
+	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FILTER (WHERE published_at IS NOT NULL),"+
+		" count(*) FILTER (WHERE xmin <> xid(txid) AND attempts = 0 AND last_error IS NULL AND parked_at IS NULL),"+
+		" count(*) FILTER (WHERE "+tablesql.Delivered(w.table)+") FROM "+w.table.Ident()).Scan(&marked, &touched, &inDone); err != nil {
+		t.Fatal(err)
+	}
+	if marked > 0 {
+		t.Errorf("cursor progress: %d rows marked published (published_at set): a cursor relay never marks", marked)
+	}
+	if touched > 0 {
+		t.Errorf("cursor progress: %d rows written after their INSERT without a failure charged: delivery must not write rows", touched)
+	}
+	n, c, err := cursorCounts(w.ctx, w.pool, w.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := w.count(t, w.waiting())
+	if c.Backlog != 0 || int64(waiting) != c.Parked {
+		t.Errorf("cursor progress: admin backlog %d (parked %d), rows waiting by the lanes' positions %d, once everything was delivered", c.Backlog, c.Parked, waiting)
+	}
+	t.Logf("cursor progress: %d rows, none marked; %d held by their lanes' done snapshots (tablesql.Delivered), %d by open windows; backlog %d",
+		n, inDone, int(n)-waiting-inDone, c.Backlog)
+}
+
+// topics returns the topics of the table's events, w.topic first.
+func (w *world) topics(t *testing.T) []string {
+	t.Helper()
+	rows, err := w.pool.Query(w.ctx, "SELECT DISTINCT topic FROM "+w.table.Ident()+" WHERE topic <> $1 ORDER BY 1", w.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{w.topic}, others...)
 }
 
 // firstDivergence describes where got departs from want.

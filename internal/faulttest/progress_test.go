@@ -1,0 +1,126 @@
+package faulttest
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// envProgress selects the progress of the relays the battery starts:
+// "cursor" runs every polling, per-key, at-least-once relay (in this
+// process, the re-exec'd relay processes, the orders service of the SIGTERM
+// test) with relay.ProgressCursor on tables that have the cursor migration,
+// and the checks then read what was delivered from the lanes' positions
+// instead of published_at. Unset (or "marks"): the relays' default.
+const envProgress = "OUTBOX_TEST_PROGRESS"
+
+var (
+	progressOnce sync.Once
+	progressVal  relay.Progress
+	progressErr  error
+)
+
+// testProgress is the progress OUTBOX_TEST_PROGRESS asks for; a bad value
+// fails the test.
+func testProgress(t testing.TB) relay.Progress {
+	t.Helper()
+	progressOnce.Do(func() { progressVal, progressErr = relay.ParseProgress(os.Getenv(envProgress)) })
+	if progressErr != nil {
+		t.Fatalf("%s: %v", envProgress, progressErr)
+	}
+	return progressVal
+}
+
+// progressFor is the progress of a scenario's relays: OUTBOX_TEST_PROGRESS,
+// unless the scenario's relays cannot record cursor progress (exactly-once
+// delivery, streaming), in which case it logs that the scenario runs with
+// marks and returns ProgressMarks.
+func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.Progress {
+	t.Helper()
+	p := testProgress(t)
+	if p != relay.ProgressCursor {
+		return p
+	}
+	var why string
+	switch {
+	case mode != relay.Poll:
+		why = "the streaming relay"
+	case delivery != relay.AtLeastOnce:
+		why = "exactly-once delivery"
+	default:
+		return p
+	}
+	t.Logf("%s=cursor: cursor progress does not apply to %s (the relay refuses it at start): the cursor variant is skipped, this scenario runs with marks progress as without the variable", envProgress, why)
+	return relay.ProgressMarks
+}
+
+// cursorReady applies the cursor migration to table (before any event is
+// written: a cursor relay refuses rows written before it).
+func cursorReady(t testing.TB, db migrations.DB, table outbox.Table) {
+	t.Helper()
+	if err := migrations.UpCursor(context.Background(), db, table); err != nil {
+		t.Fatalf("cursor migration: %v", err)
+	}
+}
+
+// deliveredSQL is the condition, on a row of table (unqualified columns),
+// that the row was delivered, under progress p: published_at set (marks),
+// or held by its lane's position (cursor): in the lane's done snapshot
+// (tablesql.Delivered), or delivered in the lane's open window (at or
+// below its start, or in its skip list), as tablesql's backlog counts it.
+//
+// tablesql.Delivered alone leaves out the rows of open windows: a window
+// whose last batch stopped at its limit stays open until its lane's next
+// claim, which needs a new event of the lane, so a wait on it alone could
+// wait for ever once the writers stop.
+func deliveredSQL(table outbox.Table, p relay.Progress) string {
+	if p != relay.ProgressCursor {
+		return "published_at IS NOT NULL"
+	}
+	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + migrations.CursorTable(table).Ident() + " w" +
+		" WHERE w.lane = ((hashtext(partition_key) & 2147483647) % w.lanes) AND w.upto IS NOT NULL AND pg_visible_in_snapshot(txid, w.upto)" +
+		" AND (id <= greatest(w.pos, w.floor - 1) OR id = ANY(w.skip))))"
+}
+
+// waitingSQL is the negation of deliveredSQL: the rows not delivered yet
+// (parked ones included, as published_at IS NULL includes them).
+func waitingSQL(table outbox.Table, p relay.Progress) string {
+	if p != relay.ProgressCursor {
+		return "published_at IS NULL"
+	}
+	return "NOT " + deliveredSQL(table, p)
+}
+
+// cursorCounts returns, in one snapshot, the rows of table and its counts
+// as tablesql.ReadCounts (admin.ReadStatus) computes them from the lanes'
+// positions: the backlog and the parked rows.
+func cursorCounts(ctx context.Context, db tablesql.Querier, table outbox.Table) (rows int64, c tablesql.Counts, err error) {
+	begin, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	})
+	if !ok {
+		c, err = tablesql.ReadCounts(ctx, db, table)
+		return 0, c, err
+	}
+	err = func() error {
+		tx, err := begin.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()).Scan(&rows); err != nil {
+			return err
+		}
+		c, err = tablesql.ReadCounts(ctx, tx, table)
+		return err
+	}()
+	return rows, c, err
+}
