@@ -242,6 +242,12 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32)
 	// rows, and the others' work lies past them.
 	for window := 2 * n; ; window *= 4 {
 		seen, heldElsewhere = 0, false
+		type cand struct {
+			lane int32
+			cnt  int
+		}
+		var cands []cand // lanes past the first n rows, not tried yet
+		covered := 0
 		pre, preArgs := "", []any(nil)
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
@@ -255,8 +261,10 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32)
 				seen += cnt
 				switch {
 				case got == nil:
+					cands = append(cands, cand{lane, cnt})
 				case *got:
 					locked = append(locked, lane)
+					covered += cnt
 				default:
 					heldElsewhere = true
 				}
@@ -266,6 +274,29 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32)
 		})
 		if err != nil {
 			return nil, 0, false, fmt.Errorf("relay: find lanes in %s: %w", r.cfg.Table, err)
+		}
+		// Lanes held by other relays left the batch short: try the next
+		// lanes in order of their first row, a chunk at a time.
+		for len(cands) > 0 && covered < n {
+			var chunk []int32
+			want := map[int32]int{}
+			for need := n - covered; len(cands) > 0 && need > 0; cands = cands[1:] {
+				chunk = append(chunk, cands[0].lane)
+				want[cands[0].lane] = cands[0].cnt
+				need -= cands[0].cnt
+			}
+			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
+			if err != nil {
+				return nil, 0, false, fmt.Errorf("relay: lock lanes: %w", err)
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err != nil {
+				return nil, 0, false, fmt.Errorf("relay: lock lanes: %w", err)
+			}
+			for _, l := range got {
+				locked = append(locked, l)
+				covered += want[l]
+			}
 		}
 		if len(locked) > 0 || !heldElsewhere || seen < window || window >= 32*n {
 			return locked, seen, heldElsewhere, nil

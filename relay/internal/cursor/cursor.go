@@ -137,7 +137,9 @@ const laneExpr = "((hashtext(e.partition_key) & 2147483647) % @lanes)"
 type Queries struct {
 	// Init creates the lanes' rows that do not exist, at the snapshot of
 	// the table's first unpublished row (marks mode's backlog is delivered
-	// too) or the current one.
+	// too) or the current one. Lanes that have a row are left out before
+	// the insert: ON CONFLICT alone waits for a relay whose batch updated
+	// that row (a frozen relay would hold every starting relay back).
 	Init string
 	// Exists says whether the table and its positions table exist.
 	Exists string
@@ -232,6 +234,7 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" ELSE (least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':' || least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':')::pg_snapshot END AS done," +
 			" coalesce(f.id - 1, (SELECT max(id) FROM " + t + "), 0) AS base" +
 			" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT min(e.txid) AS txid, min(e.id) AS id FROM " + t + " e WHERE e.txid IS NOT NULL" + waiting + ") f ON true) s" +
+			" WHERE NOT EXISTS (SELECT FROM " + c + " x WHERE x.lane = g)" +
 			" ON CONFLICT (lane) DO NOTHING",
 		Check: "SELECT coalesce((SELECT array_agg(DISTINCT lanes) FROM " + c + "), '{}')," +
 			" coalesce((SELECT max(pg_snapshot_xmax(done)) > pg_snapshot_xmax(pg_current_snapshot()) FROM " + c + "), false)," +
