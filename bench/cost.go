@@ -90,25 +90,15 @@ func (p params) cost() (rounds int, d time.Duration) {
 	return rounds, d
 }
 
-// costReset makes a table ready for the next run: the rows the previous
-// runs left unpublished (the writers alone, or delivered by the cursor,
-// which marks nothing) marked published, the dead tuples vacuumed, and,
-// for the cursor table, the lanes' positions emptied so that the next
-// cursor relay starts them at the current snapshot. None of it is measured.
+// costReset makes a table ready for the next run, the same for every run
+// and both tables: emptied (the cursor table's positions too: the relay's
+// first claim creates them at the current snapshot), then 100,000 rows
+// written already published (a table in service, without the free space
+// an UPDATE and a VACUUM would leave: INSERTs reusing it would write
+// full-page images that appending ones do not), vacuumed and analyzed.
+// None of it is measured.
 func (c *walCluster) costReset(ctx context.Context, t outbox.Table) error {
-	qs := []string{
-		"UPDATE " + t.Ident() + " SET published_at = now() WHERE published_at IS NULL",
-		"VACUUM " + t.Ident(),
-	}
-	if t == c.e.ctable {
-		qs = append(qs, "TRUNCATE "+positionsOf(t).Ident())
-	}
-	for _, q := range qs {
-		if _, err := c.e.pool.Exec(ctx, q); err != nil {
-			return fmt.Errorf("%s: %w", q, err)
-		}
-	}
-	return nil
+	return c.e.preload(ctx, t, "fxbench.published", 100_000, true)
 }
 
 func runCost(ctx context.Context, e *env) (*Cost, error) {
@@ -182,9 +172,9 @@ func runCost(ctx context.Context, e *env) (*Cost, error) {
 	res.MarksP50, res.MarksP99 = round2(pick("poll", func(r CostRun) float64 { return r.P50 })), round2(pick("poll", func(r CostRun) float64 { return r.P99 }))
 	res.CursorP50, res.CursorP99 = round2(pick("cursor", func(r CostRun) float64 { return r.P50 })), round2(pick("cursor", func(r CostRun) float64 { return r.P99 }))
 	res.LoadAvgEnd = loadavg()
-	res.Note = fmt.Sprintf("A throwaway cluster started by scripts/pg.sh (wal_level=logical, as the wal section's), with two outbox tables: the marks relay's (fxbench.outbox_event) and the cursor relay's (fxbench.cursor_event, with migrations.UpCursor), each preloaded with 100,000 published rows and analyzed, autovacuum off on both. "+
+	res.Note = fmt.Sprintf("A throwaway cluster started by scripts/pg.sh (wal_level=logical, as the wal section's), with two outbox tables: the marks relay's (fxbench.outbox_event) and the cursor relay's (fxbench.cursor_event, with migrations.UpCursor), autovacuum off on both. "+
 		"Each run: writers in a process of their own (unitofwork with the Notifier, %d writers, one event per transaction, %d/s for %.0f s), and the polling relay at its defaults with Listen in another, with marks (poll) or cursor progress (cursor), or no relay (writers, writers-cursor); modes rotating round by round, %d round(s), medians. "+
-		"Before each run (not measured): the table's unpublished rows marked published, VACUUM, and for the cursor table its lanes' positions emptied (the relay creates them at its first claim, at the current snapshot); a CHECKPOINT. "+
+		"Before each run (not measured): the run's table emptied (the cursor table's positions too: the relay creates them at its first claim, at the current snapshot), 100,000 rows written already published, VACUUM ANALYZE; a CHECKPOINT. "+
 		"Relay PostgreSQL CPU: user+system from /proc of the relay's backends, from before the writes until the relay delivered the last event (marks: marked it; cursor: its backends out of any transaction after the consumer got the last event). "+
 		"WAL: pg_current_wal_lsn over the same span, per event committed; the relay's = the run's minus the writers alone on the same table. "+
 		"Dead tuples: pg_stat_user_tables.n_dead_tup of the table before the run and after the relay and writer processes exited (a backend flushes its statistics when it exits; the reading session calls pg_stat_force_next_flush() and pg_stat_clear_snapshot()), per event.",

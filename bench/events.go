@@ -46,11 +46,22 @@ func (e *env) preloadOutbox(ctx context.Context, topic string, n int) error {
 // also empties the lanes' positions, so that the next cursor relay starts
 // them afresh at the backlog's first row (migrations.UpCursor's Init).
 func (e *env) preloadInto(ctx context.Context, t outbox.Table, topic string, n int) error {
+	return e.preload(ctx, t, topic, n, false)
+}
+
+// preload empties table t and writes n events for topic into it, already
+// published when published (in the INSERT: no UPDATE, no dead tuple, no
+// free space left behind), then vacuums and analyzes it.
+func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, published bool) error {
 	if err := e.truncate(ctx, t); err != nil {
 		return err
 	}
-	q := `INSERT INTO ` + t.Ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
-		SELECT gen_random_uuid(), $1, k, $2,
+	at := "NULL::timestamptz"
+	if published {
+		at = "now()"
+	}
+	q := `INSERT INTO ` + t.Ident() + ` (published_at, event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
+		SELECT ` + at + `, gen_random_uuid(), $1, k, $2,
 		       format('{"pad": "%s", "seq": "%s", "order_id": "%s"}', $3::text, lpad(i::text, 7, '0'), k)::jsonb,
 		       $4, k
 		FROM (SELECT i, 'order-' || lpad(floor(random() * $6)::int::text, 5, '0') AS k
