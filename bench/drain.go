@@ -111,6 +111,14 @@ type Drain struct {
 	Replicas4PGVs1      float64 `json:"replicas4_pg_cpu_vs_1"`
 	Replicas4ProcsPGVs1 float64 `json:"replicas4_procs_pg_cpu_vs_1"`
 
+	// Cursor progress (relay.ProgressCursor) against marks: 1 relay,
+	// defaults otherwise, the same backlog, events/s (median of the
+	// rounds' ratios) and PostgreSQL CPU per event.
+	CursorEPS     float64 `json:"cursor_eps"`
+	CursorVsMarks float64 `json:"cursor_vs_marks"`
+	CursorPGUs    float64 `json:"cursor_pg_us_per_event"`
+	MarksPGUs     float64 `json:"marks_pg_us_per_event"`
+
 	Contenders []*DrainContender `json:"contenders"`
 }
 
@@ -152,6 +160,8 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		return nil, nil, err
 	}
 	prepFx := func(ctx context.Context, topic string) error { return e.preloadOutbox(ctx, topic, n) }
+	// The cursor relay's table: its positions start afresh at the backlog.
+	prepCursor := func(ctx context.Context, topic string) error { return e.preloadInto(ctx, e.ctable, topic, n) }
 	fx := func(cfg *relay.Config, replicas int) func(context.Context, string) (drainRun, error) {
 		return func(ctx context.Context, topic string) (drainRun, error) {
 			return e.drainFx(ctx, topic, warm, n, cfg, replicas, false)
@@ -169,6 +179,8 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	}
 	cs := []*contender{
 		{name: "fxoutbox default", desc: "relay.New with every default (only Table set: batches of 50 growing to 500 while full, per-key lanes, asynchronous commit), 1 relay", kind: "contender", prepare: prepFx, run: fx(nil, 1)},
+		{name: "fxoutbox cursor default", desc: "every default but Progress ProgressCursor (the lanes' positions saved once per batch, no mark per event; on a table with the cursor migration), 1 relay", kind: "contender", prepare: prepCursor,
+			run: fx(&relay.Config{Progress: relay.ProgressCursor}, 1)},
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
 		{name: "fxoutbox exactly-once default", desc: "every default but Delivery ExactlyOnce (each batch one lane's Kafka transaction, synchronous commit), 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{Delivery: relay.ExactlyOnce}, 1)},
@@ -311,6 +323,10 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	d := &Drain{Contenders: order}
 	fxd := get("fxoutbox default")
 	d.FxoutboxEPS = fxd.EPS
+	if cur := get("fxoutbox cursor default"); cur.EPS > 0 {
+		d.CursorEPS, d.CursorPGUs, d.MarksPGUs = cur.EPS, cur.PGUsPerEvent, fxd.PGUsPerEvent
+		d.CursorVsMarks = medianRatio(cur.series(), fxd.series())
+	}
 	d.FxoutboxB500x1EPS = get("fxoutbox b500 x1").EPS
 	d.FxoutboxB500x2EPS = get("fxoutbox b500 x2").EPS
 	d.FxoutboxB500x4EPS = get("fxoutbox b500 x4").EPS
@@ -476,6 +492,9 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 			c = *cfg
 		}
 		c.Table = e.table // the only setting the "default" contender changes
+		if c.Progress == relay.ProgressCursor {
+			c.Table = e.ctable // the table with the cursor migration
+		}
 		r, err := relay.New(e.pool, pub, &c)
 		if err != nil {
 			return drainRun{}, err
@@ -510,8 +529,11 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 			return drainRun{}, err
 		}
 	}
-	if err := e.checkDrained(ctx, capped); err != nil {
-		return drainRun{}, err
+	// A cursor relay marks nothing: runDrain checks the broker's count.
+	if cfg == nil || cfg.Progress != relay.ProgressCursor {
+		if err := e.checkDrained(ctx, capped); err != nil {
+			return drainRun{}, err
+		}
 	}
 	res := result(min(prog.n.Load(), int64(n)), elapsed, capped)
 	res.setPG(pgUsed)

@@ -30,6 +30,14 @@ import (
 // tables of tests or demos that share the cluster.
 const schema = "fxbench"
 
+// cursorTable is the outbox table of the relays with cursor progress
+// (relay.ProgressCursor); its positions table is cursor_event_cursor.
+var cursorTable = outbox.Table{Schema: schema, Name: "cursor_event"}
+
+// tableNamed is the benchmark's table of that name ("" the default one),
+// for the child processes (FXBENCH_TABLE).
+func tableNamed(name string) outbox.Table { return outbox.Table{Schema: schema, Name: name} }
+
 type env struct {
 	p          params
 	pool       *pgxpool.Pool
@@ -40,7 +48,11 @@ type env struct {
 	admin      sarama.ClusterAdmin
 	client     sarama.Client
 	table      outbox.Table
-	topicSeq   atomic.Int64
+	// ctable is a second outbox table, with the cursor migration
+	// (migrations.UpCursor), for the relays with relay.ProgressCursor: its
+	// rows are never marked, so it is kept apart from the marks relays'.
+	ctable   outbox.Table
+	topicSeq atomic.Int64
 }
 
 func setup(ctx context.Context, p params) (*env, error) {
@@ -68,7 +80,7 @@ func setup(ctx context.Context, p params) (*env, error) {
 	}
 	sqldb.SetMaxOpenConns(24)
 	sqldb.SetMaxIdleConns(24)
-	e := &env{p: p, pool: pool, sqldb: sqldb, table: outbox.Table{Schema: schema}}
+	e := &env{p: p, pool: pool, sqldb: sqldb, table: outbox.Table{Schema: schema}, ctable: cursorTable}
 	if err := e.setupSchema(ctx); err != nil {
 		return nil, err
 	}
@@ -100,6 +112,13 @@ func (e *env) setupSchema(ctx context.Context) error {
 		return err
 	}
 	if err := migrations.Up(ctx, e.pool, e.table); err != nil {
+		return err
+	}
+	// The cursor relays' table: the same migrations, then the cursor's.
+	if err := migrations.Up(ctx, e.pool, e.ctable); err != nil {
+		return err
+	}
+	if err := migrations.UpCursor(ctx, e.pool, e.ctable); err != nil {
 		return err
 	}
 	for _, q := range []string{

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -38,11 +39,29 @@ func randKey(keys int) int { return rand.IntN(keys) }
 // in id order, as the unit of work would have written them (headers NULL: no
 // trace context), then VACUUM ANALYZEs it like every contender's table.
 func (e *env) preloadOutbox(ctx context.Context, topic string, n int) error {
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+	return e.preloadInto(ctx, e.table, topic, n)
+}
+
+// preloadInto is preloadOutbox into table t; for the cursor table it
+// also empties the lanes' positions, so that the next cursor relay starts
+// them afresh at the backlog's first row (migrations.UpCursor's Init).
+func (e *env) preloadInto(ctx context.Context, t outbox.Table, topic string, n int) error {
+	return e.preload(ctx, t, topic, n, false)
+}
+
+// preload empties table t and writes n events for topic into it, already
+// published when published (in the INSERT: no UPDATE, no dead tuple, no
+// free space left behind), then vacuums and analyzes it.
+func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, published bool) error {
+	if err := e.truncate(ctx, t); err != nil {
 		return err
 	}
-	q := `INSERT INTO ` + e.table.Ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
-		SELECT gen_random_uuid(), $1, k, $2,
+	at := "NULL::timestamptz"
+	if published {
+		at = "now()"
+	}
+	q := `INSERT INTO ` + t.Ident() + ` (published_at, event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
+		SELECT ` + at + `, gen_random_uuid(), $1, k, $2,
 		       format('{"pad": "%s", "seq": "%s", "order_id": "%s"}', $3::text, lpad(i::text, 7, '0'), k)::jsonb,
 		       $4, k
 		FROM (SELECT i, 'order-' || lpad(floor(random() * $6)::int::text, 5, '0') AS k
@@ -51,7 +70,18 @@ func (e *env) preloadOutbox(ctx context.Context, topic string, n int) error {
 	if _, err := e.pool.Exec(ctx, q, aggregateType, eventType, pad, topic, n, e.p.Keys); err != nil {
 		return fmt.Errorf("preload: %w", err)
 	}
-	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+e.table.Ident())
+	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+t.Ident())
+	return err
+}
+
+// truncate empties table t (and restarts its ids); for the cursor table,
+// its positions too.
+func (e *env) truncate(ctx context.Context, t outbox.Table) error {
+	q := "TRUNCATE " + t.Ident() + " RESTART IDENTITY"
+	if t == e.ctable {
+		q = "TRUNCATE " + t.Ident() + ", " + positionsOf(t).Ident() + " RESTART IDENTITY"
+	}
+	_, err := e.pool.Exec(ctx, q)
 	return err
 }
 

@@ -64,14 +64,18 @@ type Latency struct {
 	At5k map[string]any `json:"at_5k"`
 	// The steady latency with replicas at 1k events/s: 3 relays in separate
 	// processes against 1 (defaults + Listen, writers with the Notifier).
-	Replicas1P50    float64          `json:"replicas1_procs_p50_ms,omitempty"`
-	Replicas1P99    float64          `json:"replicas1_procs_p99_ms,omitempty"`
-	Replicas3P50    float64          `json:"replicas3_procs_p50_ms,omitempty"`
-	Replicas3P99    float64          `json:"replicas3_procs_p99_ms,omitempty"`
-	Replicas3P50Vs1 float64          `json:"replicas3_p50_vs_1,omitempty"`
-	Replicas3P99Vs1 float64          `json:"replicas3_p99_vs_1,omitempty"`
-	Note            string           `json:"note"`
-	Series          []*LatencySeries `json:"series"`
+	Replicas1P50    float64 `json:"replicas1_procs_p50_ms,omitempty"`
+	Replicas1P99    float64 `json:"replicas1_procs_p99_ms,omitempty"`
+	Replicas3P50    float64 `json:"replicas3_procs_p50_ms,omitempty"`
+	Replicas3P99    float64 `json:"replicas3_procs_p99_ms,omitempty"`
+	Replicas3P50Vs1 float64 `json:"replicas3_p50_vs_1,omitempty"`
+	Replicas3P99Vs1 float64 `json:"replicas3_p99_vs_1,omitempty"`
+	// fxoutbox wake with cursor progress (relay.ProgressCursor) at 1k/s.
+	CursorP50  float64          `json:"cursor_p50_ms,omitempty"`
+	CursorP99  float64          `json:"cursor_p99_ms,omitempty"`
+	CursorP999 float64          `json:"cursor_p999_ms,omitempty"`
+	Note       string           `json:"note"`
+	Series     []*LatencySeries `json:"series"`
 }
 
 type latContender struct {
@@ -92,9 +96,13 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		return nil, err
 	}
 	defer e.dropTopic(warm)
-	fxStart := func(wake, listen bool, batch int, delivery relay.Delivery) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+	fxStartP := func(wake, listen bool, batch int, delivery relay.Delivery, progress relay.Progress) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
-			if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+			table := e.table
+			if progress == relay.ProgressCursor {
+				table = e.ctable // with the cursor migration; truncate empties its positions too
+			}
+			if err := e.truncate(ctx, table); err != nil {
 				return nil, nil, err
 			}
 			sp, err := relay.NewSaramaPublisher(e.brokers, producerConfig("fxoutbox"))
@@ -104,19 +112,19 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			if err := sp.Publish(ctx, []relay.Message{{Topic: warm, Key: []byte("k"), Value: []byte(`{}`)}}); err != nil {
 				return nil, nil, err
 			}
-			rc := &relay.Config{Table: e.table, Listen: listen, BatchSize: batch, Delivery: delivery} // zero values: the defaults
+			rc := &relay.Config{Table: table, Listen: listen, BatchSize: batch, Delivery: delivery, Progress: progress} // zero values: the defaults
 			r, err := relay.New(e.pool, sp, rc)
 			if err != nil {
 				return nil, nil, err
 			}
-			cfg := &unitofwork.Config{Table: e.table}
+			cfg := &unitofwork.Config{Table: table}
 			var notifier *unitofwork.Notifier
 			switch {
 			case wake:
 				cfg.OnCommit = func(int) { r.Wake() } // what fxoutbox.Module wires in one process
 			case listen:
 				// A writer in another process: the coalesced NOTIFY after commit.
-				if notifier, err = unitofwork.NewNotifier(e.pool, e.table, 0, nil); err != nil {
+				if notifier, err = unitofwork.NewNotifier(e.pool, table, 0, nil); err != nil {
 					return nil, nil, err
 				}
 				cfg.OnCommit = notifier.OnCommit
@@ -200,6 +208,9 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			return write, stop, nil
 		}
 	}
+	fxStart := func(wake, listen bool, batch int, delivery relay.Delivery) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+		return fxStartP(wake, listen, batch, delivery, relay.ProgressMarks)
+	}
 	wmStart := func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		if err := e.resetWatermill(ctx); err != nil {
 			return nil, nil, err
@@ -225,6 +236,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 	}
 	cs := []latContender{
 		{name: "fxoutbox wake", desc: "defaults, woken in-process after each commit (fxoutbox.Module)", start: fxStart(true, false, 0, relay.AtLeastOnce)},
+		{name: "fxoutbox wake cursor", desc: "defaults + Progress ProgressCursor (on a table with the cursor migration), woken in-process after each commit", start: fxStartP(true, false, 0, relay.AtLeastOnce, relay.ProgressCursor), rates: map[int]bool{1000: true}},
 		{name: "fxoutbox wake exactly-once", desc: "defaults + Delivery ExactlyOnce, woken in-process after each commit; the consumer reads committed", start: fxStart(true, false, 0, relay.ExactlyOnce), committed: true},
 		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0, relay.AtLeastOnce)},
 		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0, relay.AtLeastOnce)},
@@ -234,10 +246,14 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		{name: "watermill", desc: "Forwarder with watermill-sql defaults (1 s poll, batch 100)", start: wmStart},
 	}
 	if p.Quick {
-		cs[2].rates = map[int]bool{1000: true}
-		cs[3].rates = map[int]bool{1000: true}
-		cs[4].rates = map[int]bool{} // not in the quick run
-		cs[7].rates = map[int]bool{1000: true}
+		for i := range cs {
+			switch cs[i].name {
+			case "fxoutbox listen", "fxoutbox ticker", "watermill":
+				cs[i].rates = map[int]bool{1000: true}
+			case "fxoutbox wake b500":
+				cs[i].rates = map[int]bool{} // not in the quick run
+			}
+		}
 	}
 	if re := e.p.contenders; re != nil { // BENCH_CONTENDERS: a subset, while tuning
 		kept := cs[:0]
@@ -302,6 +318,9 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		s.Saturated, s.WritersShort = 2*nSat > len(s.Rounds), 2*nShort > len(s.Rounds)
 		if s.Contender == "fxoutbox wake" && s.Rate == 1000 {
 			l.P50, l.P99, l.P999 = s.P50, s.P99, s.P999
+		}
+		if s.Contender == "fxoutbox wake cursor" && s.Rate == 1000 {
+			l.CursorP50, l.CursorP99, l.CursorP999 = s.P50, s.P99, s.P999
 		}
 		if s.Rate == 5000 {
 			l.At5k[s.Contender] = map[string]float64{"p50_ms": s.P50, "p99_ms": s.P99, "p999_ms": s.P999}

@@ -15,7 +15,9 @@
 //
 // Environment knobs (all optional): BENCH_QUICK, BENCH_ROUNDS,
 // BENCH_BACKLOG, BENCH_ONLY (comma list of drain,latency,write,limits,inbox,
-// profile,wal; a partial run merges its sections into the results file),
+// profile,wal,cost,soak; a partial run merges its sections into the results
+// file; soak, 10 minutes, runs only when named), BENCH_SOAK_S,
+// BENCH_SOAK_RATE, BENCH_SOAK_PROGRESS (a shorter, slower or marks soak),
 // BENCH_OUT, BENCH_CPUPROFILE (a pprof CPU profile of the whole run),
 // BENCH_LAT_WRITERS, BENCH_BROKER_KIND (the label of a KAFKA_BROKERS broker
 // that is not Apache Kafka).
@@ -241,6 +243,17 @@ func run() error {
 			log.Printf("wal: section skipped: %v", err)
 		}
 	}
+	if p.runs("cost") {
+		if res.Cost, err = runCost(ctx, e); err != nil {
+			return fmt.Errorf("cost: %w", err)
+		}
+	}
+	if p.only["soak"] { // ten minutes: only when asked for
+		if res.Soak, err = runSoak(ctx, e); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+	}
+	res.linkSoak()
 	res.Machine.LoadAvgEnd = loadavg()
 	res.DurationS = round1(time.Since(started).Seconds())
 	res.Targets = evaluateTargets(res)
@@ -299,6 +312,13 @@ func mergeResults(path string, res *results, p params) (*results, error) {
 	if p.runs("wal") {
 		old.Wal = res.Wal
 	}
+	if p.runs("cost") {
+		old.Cost = res.Cost
+	}
+	if p.only["soak"] {
+		old.Soak = res.Soak
+	}
+	old.linkSoak()
 	old.Targets = evaluateTargets(old)
 	return old, nil
 }

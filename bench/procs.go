@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -70,12 +69,22 @@ func runChild() error {
 		return err
 	})
 	rc := &relay.Config{
-		Table:     outbox.Table{Schema: schema},
+		Table:     tableNamed(os.Getenv("FXBENCH_TABLE")),
 		BatchSize: batch, // 0: the default
 		Listen:    os.Getenv("FXBENCH_LISTEN") == "1",
 	}
 	if os.Getenv("FXBENCH_MODE") == "stream" {
 		rc.Mode = relay.Stream
+	}
+	if s := os.Getenv("FXBENCH_PROGRESS"); s != "" {
+		if rc.Progress, err = relay.ParseProgress(s); err != nil {
+			return err
+		}
+	}
+	if s := os.Getenv("FXBENCH_RETENTION"); s != "" {
+		if rc.Retention, err = time.ParseDuration(s); err != nil {
+			return fmt.Errorf("FXBENCH_RETENTION: %w", err)
+		}
 	}
 	r, err := relay.New(pool, pub, rc)
 	if err != nil {

@@ -22,6 +22,8 @@ type results struct {
 	Inbox     *Inbox    `json:"inbox,omitempty"`
 	Profile   []Profile `json:"relay_profile,omitempty"`
 	Wal       *Wal      `json:"wal,omitempty"`
+	Cost      *Cost     `json:"cost,omitempty"`
+	Soak      *Soak     `json:"soak,omitempty"`
 	Targets   []Target  `json:"targets"`
 }
 
@@ -88,6 +90,30 @@ func evaluateTargets(r *results) []Target {
 			Value: w.NotifyVsOutbox1, Unit: "fraction of outbox1", Met: true})
 	}
 	ts = append(ts, inboxTargets(r.Inbox)...)
+	if x := r.Cost; x != nil && x.CursorRelayPGUs > 0 {
+		atMost("cost: cursor relay PostgreSQL CPU/event", "<= 70 µs (Debezium's outbox connector; 1k/s)", x.CursorRelayPGUs, 70, "µs")
+		// Zero is a value here (a relay that adds no WAL, no dead tuple).
+		atMost0 := func(name, goal string, v, want float64, unit string) {
+			t := Target{Name: name, Goal: goal, Value: v, Unit: unit, Met: v <= want}
+			if !t.Met {
+				t.Gap = fmt.Sprintf("%.1fx over (%.3g vs %.3g)", v/want, v, want)
+			}
+			ts = append(ts, t)
+		}
+		atMost0("cost: cursor relay WAL/event of the insert's", "<= 0.1x the INSERT's WAL (1k/s)", x.CursorRelayWalOfInsrt, 0.1, "x")
+		atMost0("cost: cursor dead tuples/event", "<= 0.01 (n_dead_tup growth, before vacuum)", x.CursorDeadTuples, 0.01, "per event")
+	}
+	if d := r.Drain; d != nil && d.CursorVsMarks > 0 {
+		atLeast("drain: cursor vs marks", ">= 1.5x (1 relay, defaults, same backlog)", d.CursorVsMarks, 1.5, "x")
+	}
+	if l := r.Latency; l != nil && l.CursorP50 > 0 {
+		atMost("latency: cursor p50 at 1k/s (wake)", "<= 5 ms", l.CursorP50, 5, "ms")
+		atMost("latency: cursor p99 at 1k/s (wake)", "<= 25 ms", l.CursorP99, 25, "ms")
+	}
+	if x := r.Soak; x != nil && x.TableGrowth > 0 {
+		atMost("soak: table growth (10 min at 2k/s, Retention 1 min)", "<= 2.0x the size at minute 2", x.TableGrowth, 2, "x")
+		ts = append(ts, Target{Name: "soak: rows the relay deleted", Goal: "0 (retention without DELETE)", Value: float64(x.RelayDeletes), Unit: "rows", Met: x.RelayDeletes == 0})
+	}
 	if x := r.Wal; x != nil && x.LatencyP50 > 0 {
 		atMost("wal: stream p50 at 1k/s", "<= 5 ms (writers in another process)", x.LatencyP50, 5, "ms")
 		atMost("wal: stream p99 at 1k/s", "<= 25 ms (writers in another process)", x.LatencyP99, 25, "ms")
@@ -193,6 +219,8 @@ func printReport(w io.Writer, r *results) {
 	}
 	printInbox(w, r.Inbox, line)
 	printWal(w, r.Wal, line)
+	printCost(w, r.Cost, line)
+	printSoak(w, r.Soak, line)
 	fmt.Fprintf(w, "%s\nTARGETS\n", line)
 	for _, t := range r.Targets {
 		mark := "MET "
@@ -202,4 +230,14 @@ func printReport(w io.Writer, r *results) {
 		fmt.Fprintf(w, "   [%s] %-42s %-48s value %.3g %s %s\n", mark, t.Name, t.Goal, t.Value, t.Unit, t.Gap)
 	}
 	fmt.Fprintln(w, line)
+}
+
+// linkSoak copies the soak section's figures into the cost section
+// (cost.soak_table_growth, cost.soak_relay_deletes), when both are there.
+func (r *results) linkSoak() {
+	if r.Cost == nil || r.Soak == nil {
+		return
+	}
+	g, d := r.Soak.TableGrowth, r.Soak.RelayDeletes
+	r.Cost.SoakTableGrowth, r.Cost.SoakRelayDeletes = &g, &d
 }

@@ -134,6 +134,8 @@ type WalStatement struct {
 	TotalMS float64 `json:"total_ms"`
 	MeanUs  float64 `json:"mean_us"`
 	Rows    int64   `json:"rows"`
+	// WalBytes is the WAL the statement wrote (pg_stat_statements.wal_bytes).
+	WalBytes int64 `json:"wal_bytes"`
 }
 
 // statements returns the statements that took the most time since the
@@ -142,7 +144,7 @@ func (c *walCluster) statements(ctx context.Context) []WalStatement {
 	if !c.e.p.walStatements {
 		return nil
 	}
-	rows, err := c.e.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time * 1000, rows
+	rows, err := c.e.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time * 1000, rows, wal_bytes::bigint
 		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 14`)
 	if err != nil {
 		log.Printf("pg_stat_statements: %v", err)
@@ -151,7 +153,7 @@ func (c *walCluster) statements(ctx context.Context) []WalStatement {
 	var out []WalStatement
 	for rows.Next() {
 		var s WalStatement
-		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanUs, &s.Rows) == nil {
+		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanUs, &s.Rows, &s.WalBytes) == nil {
 			s.TotalMS, s.MeanUs = round1(s.TotalMS), round1(s.MeanUs)
 			out = append(out, s)
 		}
@@ -246,9 +248,18 @@ func (p params) wal() walParams {
 // walCluster is a throwaway PostgreSQL cluster started by scripts/pg.sh
 // for the section, with the benchmark schema and the publication.
 type walCluster struct {
-	level, dir, url string
-	port            int
-	e               *env
+	name, level, dir, url string
+	port                  int
+	e                     *env
+}
+
+// explainMS is auto_explain.log_min_duration under BENCH_WAL_STATEMENTS:
+// BENCH_EXPLAIN_MS, default 40.
+func explainMS() string {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_EXPLAIN_MS")); err == nil && n >= 0 {
+		return strconv.Itoa(n)
+	}
+	return "40"
 }
 
 func pgScriptEnv(level, dir string, port int) []string {
@@ -285,11 +296,20 @@ func freePort() (int, error) {
 
 // startWalCluster starts a fresh cluster with wal_level level.
 func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, error) {
+	return e.startCluster(ctx, level, level)
+}
+
+// startCluster starts a fresh cluster with wal_level level, on a free
+// port, in a directory named after name and the port of the benchmark's
+// own cluster (so that benchmarks of other checkouts, on other clusters,
+// never share or destroy it).
+func (e *env) startCluster(ctx context.Context, name, level string) (*walCluster, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	c := &walCluster{level: level, dir: filepath.Join(os.TempDir(), "fxbench-pg-"+level), port: port}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("fxbench-pg-%s-%d", name, e.pool.Config().ConnConfig.Port))
+	c := &walCluster{name: name, level: level, dir: dir, port: port}
 	penv := pgScriptEnv(level, c.dir, port)
 	_, _ = pgScript(ctx, penv, "destroy") // a cluster a killed run left behind
 	out, err := pgScript(ctx, penv, "up")
@@ -311,7 +331,7 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 		conn, err := pgx.Connect(ctx, c.url)
 		if err == nil {
 			for _, q := range []string{"LOAD 'auto_explain'", "ALTER SYSTEM SET shared_preload_libraries = pg_stat_statements, auto_explain",
-				"ALTER SYSTEM SET auto_explain.log_min_duration = '40ms'", "ALTER SYSTEM SET auto_explain.log_analyze = on",
+				"ALTER SYSTEM SET auto_explain.log_min_duration = '" + explainMS() + "ms'", "ALTER SYSTEM SET auto_explain.log_analyze = on",
 				"ALTER SYSTEM SET auto_explain.log_buffers = on"} {
 				if _, err = conn.Exec(ctx, q); err != nil {
 					break
@@ -339,7 +359,7 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 		c.stop()
 		return nil, err
 	}
-	c.e = &env{p: e.p, pool: pool, brokers: e.brokers, brokerKind: e.brokerKind, admin: e.admin, client: e.client, table: e.table}
+	c.e = &env{p: e.p, pool: pool, brokers: e.brokers, brokerKind: e.brokerKind, admin: e.admin, client: e.client, table: e.table, ctable: e.ctable}
 	var got string
 	if err := pool.QueryRow(ctx, "SHOW wal_level").Scan(&got); err != nil || got != level {
 		c.stop()
@@ -366,7 +386,7 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 			return nil, err
 		}
 	}
-	log.Printf("wal: started a wal_level=%s cluster on 127.0.0.1:%d (%s)", level, port, c.dir)
+	log.Printf("%s: started a wal_level=%s cluster on 127.0.0.1:%d (%s)", name, level, port, c.dir)
 	return c, nil
 }
 
@@ -376,14 +396,18 @@ func (e *env) startWalCluster(ctx context.Context, level string) (*walCluster, e
 // mark (id = ANY($1)) then stays a sequential scan while the table grows,
 // until autovacuum analyzes it: not what a service sees.
 func (c *walCluster) settle(ctx context.Context) error {
-	if err := c.e.preloadOutbox(ctx, "fxbench.published", 100_000); err != nil {
-		return err
+	for _, t := range []outbox.Table{c.e.table, c.e.ctable} {
+		if err := c.e.preloadInto(ctx, t, "fxbench.published", 100_000); err != nil {
+			return err
+		}
+		if _, err := c.e.pool.Exec(ctx, "UPDATE "+t.Ident()+" SET published_at = now()"); err != nil {
+			return err
+		}
+		if _, err := c.e.pool.Exec(ctx, "VACUUM ANALYZE "+t.Ident()); err != nil {
+			return err
+		}
 	}
-	if _, err := c.e.pool.Exec(ctx, "UPDATE "+c.e.table.Ident()+" SET published_at = now()"); err != nil {
-		return err
-	}
-	_, err := c.e.pool.Exec(ctx, "VACUUM ANALYZE "+c.e.table.Ident())
-	return err
+	return nil
 }
 
 // stop stops and removes the cluster.
@@ -393,7 +417,7 @@ func (c *walCluster) stop() {
 		if c.e.p.walStatements {
 			// Keep the server log (auto_explain's plans of slow statements).
 			if b, err := os.ReadFile(filepath.Join(c.dir, "postgres.log")); err == nil {
-				_ = os.WriteFile(filepath.Join("out", "wal-postgres-"+c.level+".log"), b, 0o644)
+				_ = os.WriteFile(filepath.Join("out", "wal-postgres-"+c.name+".log"), b, 0o644)
 			}
 		}
 	}
@@ -497,12 +521,19 @@ type walRelay struct {
 	batches atomic.Int64 // publish calls
 }
 
-func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string) (*walRelay, error) {
+// startRelay starts a relay process of mode poll, stream or cursor (poll
+// with relay.ProgressCursor, on the cursor table); more is added to its
+// environment.
+func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string, more ...string) (*walRelay, error) {
 	r := &walRelay{c: c, mode: mode}
-	extra := []string{"DATABASE_URL=" + c.url, "FXBENCH_APP=" + relayApp}
-	if mode == "stream" {
+	extra := []string{"DATABASE_URL=" + c.url, "FXBENCH_APP=" + relayApp, "FXBENCH_TABLE=" + c.e.tableOf(mode).Name}
+	switch mode {
+	case "stream":
 		extra = append(extra, "FXBENCH_MODE=stream")
+	case "cursor":
+		extra = append(extra, "FXBENCH_PROGRESS=cursor")
 	}
+	extra = append(extra, more...)
 	if profile != "" {
 		extra = append(extra, "FXBENCH_PROFILE="+profile)
 	}
@@ -623,71 +654,244 @@ func (k *consumer) close() {
 // their own and the relay in another; it also takes the PostgreSQL CPU
 // and the WAL of the run.
 func (c *walCluster) latencyRound(ctx context.Context, mode, warm string, rate int, d time.Duration) (WalLatRun, error) {
+	run, _, err := c.rateRound(ctx, rateSpec{mode: mode, warm: warm, rate: rate, d: d})
+	return run, err
+}
+
+// rateSpec is one run of rateRound.
+type rateSpec struct {
+	// mode is the relay's: poll, stream, cursor (poll with cursor
+	// progress, on the cursor table); "writers" and "writers-cursor" run
+	// the writers alone, on the marks and the cursor table.
+	mode, warm string
+	rate       int
+	d          time.Duration
+	// deadTuples: stop the relay and the writers and read the growth of
+	// the table's n_dead_tup over the run.
+	deadTuples bool
+}
+
+// relayMode is the relay of a rateSpec mode, "" for the writers alone.
+func relayMode(mode string) string {
+	if strings.HasPrefix(mode, "writers") {
+		return ""
+	}
+	return mode
+}
+
+// tableOf is the table a mode writes and relays: the cursor table for
+// cursor progress, the marks table otherwise.
+func (e *env) tableOf(mode string) outbox.Table {
+	if mode == "cursor" || mode == "writers-cursor" {
+		return e.ctable
+	}
+	return e.table
+}
+
+// rateRound runs the writers at spec.rate events/s, one event per
+// transaction, for spec.d, in a process of their own, with one relay of
+// spec.mode in another (or none), and measures the commit-to-consumer
+// latency, the PostgreSQL CPU of the relay's and the writers' backends,
+// the WAL of the run (pg_current_wal_lsn before the writes and after the
+// relay's last batch) and, with spec.deadTuples, the growth of the
+// table's n_dead_tup (returned per event).
+func (c *walCluster) rateRound(ctx context.Context, spec rateSpec) (WalLatRun, float64, error) {
 	e := c.e
+	mode, table := spec.mode, e.tableOf(spec.mode)
 	topic, err := e.newTopic("wallat")
 	if err != nil {
-		return WalLatRun{}, err
+		return WalLatRun{}, 0, err
 	}
 	defer e.dropTopic(topic)
-	cons, err := e.startConsumer(topic)
-	if err != nil {
-		return WalLatRun{}, err
+	var r *walRelay
+	var cons *consumer
+	if relayMode(mode) != "" {
+		if cons, err = e.startConsumer(topic); err != nil {
+			return WalLatRun{}, 0, err
+		}
+		defer cons.close()
+		if r, err = c.startRelay(ctx, mode, spec.warm, ""); err != nil {
+			return WalLatRun{}, 0, err
+		}
+		defer func() {
+			if r != nil {
+				_ = r.stop(ctx)
+			}
+		}()
 	}
-	defer cons.close()
-	r, err := c.startRelay(ctx, mode, warm, "")
+	w, err := e.startWriterProc(ctx, c.url, topic, "FXBENCH_TABLE="+table.Name)
 	if err != nil {
-		return WalLatRun{}, err
+		return WalLatRun{}, 0, err
 	}
-	defer func() { _ = r.stop(ctx) }()
-	w, err := e.startWriterProc(ctx, c.url, topic)
-	if err != nil {
-		return WalLatRun{}, err
+	defer func() {
+		if w != nil {
+			_ = w.stop()
+		}
+	}()
+	var dead0 int64
+	if spec.deadTuples {
+		if dead0, err = c.deadTuples(ctx, table); err != nil {
+			return WalLatRun{}, 0, err
+		}
 	}
-	defer func() { _ = w.stop() }()
 	e.checkpoint(ctx)
 	c.resetStatements(ctx)
-	cpu0, lsn0, b0 := c.backendCPU(ctx), c.walLSN(ctx), r.batches.Load()
-	wr, err := w.run(rate, d, 1, e.p.LatWriters, true)
+	var b0 int64
+	if r != nil {
+		b0 = r.batches.Load()
+	}
+	cpu0, lsn0 := c.backendCPU(ctx), c.walLSN(ctx)
+	wr, err := w.run(spec.rate, spec.d, 1, e.p.LatWriters, r != nil)
 	if err != nil {
-		return WalLatRun{}, err
+		return WalLatRun{}, 0, err
 	}
-	deadline := time.Now().Add(graceFor(e.p))
-	for cons.n.Load() < wr.events && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if _, err := c.waitPublished(ctx, 5*time.Second); err != nil { // the marks too
-		return WalLatRun{}, err
-	}
-	cpu1, lsn1, batches := c.backendCPU(ctx), c.walLSN(ctx), float64(max(1, r.batches.Load()-b0))
-	cons.mu.Lock()
-	lats := make([]time.Duration, 0, len(wr.commits))
-	missing := 0
-	for id, at := range wr.commits {
-		a, ok := cons.arrivals[id]
-		if !ok {
-			missing++
-			continue
+	batches := 1.0
+	switch {
+	case r == nil:
+	case mode == "cursor":
+		// The rows are never marked: wait for the consumer, then for
+		// the relay's last batch to commit its positions.
+		deadline := time.Now().Add(graceFor(e.p))
+		for cons.n.Load() < wr.events && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
 		}
-		lats = append(lats, max(0, a.Sub(at)))
+		if err := c.waitRelayIdle(ctx, 5*time.Second); err != nil {
+			return WalLatRun{}, 0, err
+		}
+	default:
+		deadline := time.Now().Add(graceFor(e.p))
+		for cons.n.Load() < wr.events && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := c.waitPublished(ctx, 5*time.Second); err != nil { // the marks too
+			return WalLatRun{}, 0, err
+		}
 	}
-	cons.mu.Unlock()
-	slices.Sort(lats)
+	cpu1, lsn1 := c.backendCPU(ctx), c.walLSN(ctx)
+	if r != nil {
+		batches = float64(max(1, r.batches.Load()-b0))
+	}
+	var lats []time.Duration
+	missing := 0
+	if cons != nil {
+		cons.mu.Lock()
+		lats = make([]time.Duration, 0, len(wr.commits))
+		for id, at := range wr.commits {
+			a, ok := cons.arrivals[id]
+			if !ok {
+				missing++
+				continue
+			}
+			lats = append(lats, max(0, a.Sub(at)))
+		}
+		cons.mu.Unlock()
+		slices.Sort(lats)
+	}
 	n := float64(max(1, wr.events))
 	run := WalLatRun{
-		Mode: mode, Rate: rate, Achieved: round1(wr.achieved), Events: int(wr.events), Missing: missing,
+		Mode: mode, Rate: spec.rate, Achieved: round1(wr.achieved), Events: int(wr.events), Missing: missing,
 		P50: percentileMS(lats, 0.5), P99: percentileMS(lats, 0.99), P999: percentileMS(lats, 0.999), Max: percentileMS(lats, 1),
 		RelayPGUs:        round2((cpu0.relay.until(cpu1.relay) + cpu0.walsender.until(cpu1.walsender)) / n * 1e6),
 		WalsenderPGUs:    round2(cpu0.walsender.until(cpu1.walsender) / n * 1e6),
 		WriterPGUs:       round2(cpu0.writers.until(cpu1.writers) / n * 1e6),
 		WalBytesPerEvent: round1(float64(lsn1-lsn0) / n),
-		EventsPerBatch:   round2(n / batches),
 	}
-	run.RelayPGUsPerBatch = round1(run.RelayPGUs * run.EventsPerBatch)
+	if r != nil {
+		run.EventsPerBatch = round2(n / batches)
+		run.RelayPGUsPerBatch = round1(run.RelayPGUs * run.EventsPerBatch)
+	}
 	run.Statements = c.statements(ctx)
 	for _, st := range run.Statements {
-		log.Printf("wal:   %-6s %8d calls %9.1f ms %8.1f µs/call %8d rows  %s", mode, st.Calls, st.TotalMS, st.MeanUs, st.Rows, st.Query)
+		log.Printf("%s:   %-6s %8d calls %9.1f ms %8.1f µs/call %8d rows %9d B WAL  %s", c.name, mode, st.Calls, st.TotalMS, st.MeanUs, st.Rows, st.WalBytes, st.Query)
 	}
-	return run, nil
+	dead := 0.0
+	if spec.deadTuples {
+		// The relay's and the writers' backends flush their table
+		// statistics when they exit: stop both, then read.
+		if r != nil {
+			err := r.stop(ctx)
+			r = nil
+			if err != nil {
+				return run, 0, err
+			}
+		}
+		err := w.stop()
+		w = nil
+		if err != nil {
+			return run, 0, err
+		}
+		dead1, err := c.deadTuples(ctx, table)
+		if err != nil {
+			return run, 0, err
+		}
+		dead = float64(dead1-dead0) / n
+	}
+	return run, dead, nil
+}
+
+// waitRelayIdle waits, once the consumer has every event, until the
+// relay's backends are out of any transaction on two polls in a row: its
+// last batch saved its lanes' positions and committed. (A cursor relay
+// marks nothing, and a lane may keep a window open, read to its end,
+// until its next row arrives, so neither is a sign of the end.)
+func (c *walCluster) waitRelayIdle(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	quiet := 0
+	for {
+		var busy int
+		if err := c.e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'", relayApp).Scan(&busy); err != nil {
+			return err
+		}
+		if busy == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		if quiet >= 2 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log.Printf("%s: the relay's backends still busy after %v; measuring anyway", c.name, limit)
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// positionsOf is the positions table of a cursor table
+// (migrations.UpCursor's <table>_cursor).
+func positionsOf(t outbox.Table) outbox.Table {
+	t = t.WithDefaults()
+	return outbox.Table{Schema: t.Schema, Name: t.Name + "_cursor"}
+}
+
+// deadTuples reads n_dead_tup of table once the backends of the relay and
+// of the writers are gone (a backend flushes its pending table statistics
+// when it exits, before it leaves pg_stat_activity). Its own session's
+// are flushed with pg_stat_force_next_flush().
+func (c *walCluster) deadTuples(ctx context.Context, table outbox.Table) (int64, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := c.e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name IN ($1, $2)", relayApp, writerApp).Scan(&n); err != nil {
+			return 0, err
+		}
+		if n == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	conn, err := c.e.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()"); err != nil {
+		return 0, err
+	}
+	var dead int64
+	err = conn.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass", table.Ident()).Scan(&dead)
+	return dead, err
 }
 
 // maxRateRound steps the offered rate up with one relay running, until a

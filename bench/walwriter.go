@@ -52,7 +52,7 @@ func runWriterChild() error {
 		return err
 	}
 	defer pool.Close()
-	table := outbox.Table{Schema: schema}
+	table := tableNamed(os.Getenv("FXBENCH_TABLE"))
 	ucfg := &unitofwork.Config{Table: table}
 	if os.Getenv("FXBENCH_NOTIFY") != "0" {
 		n, err := unitofwork.NewNotifier(pool, table, 0, nil)
@@ -185,7 +185,8 @@ type writerRun struct {
 
 // startWriterProc starts a writer process on the database at url, writing
 // events for topic.
-func (e *env) startWriterProc(ctx context.Context, url, topic string) (*writerProc, error) {
+// extra is added to its environment (FXBENCH_TABLE: another table).
+func (e *env) startWriterProc(ctx context.Context, url, topic string, extra ...string) (*writerProc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -193,6 +194,7 @@ func (e *env) startWriterProc(ctx context.Context, url, topic string) (*writerPr
 	cmd := exec.CommandContext(ctx, self)
 	cmd.Env = append(os.Environ(), childEnv+"=writer", "DATABASE_URL="+url, "FXBENCH_TOPIC="+topic,
 		"FXBENCH_KEYS="+strconv.Itoa(e.p.Keys))
+	cmd.Env = append(cmd.Env, extra...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
