@@ -79,9 +79,14 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 			// rows that were parked move on.
 			b := &pgx.Batch{}
 			r.cursorSave(ctx, b, c.cur, nil, nil, nil)
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				_, err = r.metrics.lap(ctx, StepMark, t, fmt.Errorf("relay: save the lanes' positions: %w", err))
-				return c, d, err
+			if b.Len() == 0 && len(c.bad) == 0 {
+				return c, d, nil // nothing moved
+			}
+			if b.Len() > 0 {
+				if err := tx.SendBatch(ctx, b).Close(); err != nil {
+					_, err = r.metrics.lap(ctx, StepMark, t, fmt.Errorf("relay: save the lanes' positions: %w", err))
+					return c, d, err
+				}
 			}
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)

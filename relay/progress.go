@@ -333,6 +333,9 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 		}
 		b := &pgx.Batch{}
 		r.cursorSave(ctx, b, c.cur, nil, nil, nil)
+		if b.Len() == 0 {
+			return nil
+		}
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
@@ -500,7 +503,16 @@ func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, s
 			resolved[x.id] = true
 		}
 	}
-	r.cursorSaveLanes(b, cb.advance(func(id int64) bool { return resolved[id] }))
+	// A lane whose position did not change is not written.
+	var changed []cursor.Lane
+	for _, l := range cb.advance(func(id int64) bool { return resolved[id] }) {
+		if old := cb.lanes[l.Lane]; !old.Equal(l) {
+			changed = append(changed, l)
+		}
+	}
+	if len(changed) > 0 {
+		r.cursorSaveLanes(b, changed)
+	}
 }
 
 // advance returns the position of each of the batch's lanes after it, with

@@ -240,8 +240,9 @@ func TestExactlyOnceBrokerKills(t *testing.T) {
 // the records written when it died. Alone, the broker aborts the
 // transaction after the relay's TransactionTimeout (the default, 10 s)
 // plus its cleanup interval (scripts/kafka.sh: 1 s); with another relay
-// running, that relay takes the dead one's lanes at once and initialises
-// their recorded owner's transactional id, which aborts the transaction. The bound asserted is generous:
+// (started as the process dies), that relay takes the dead one's lanes at
+// once and initialises their recorded owner's transactional id, which
+// aborts the transaction. The bound asserted is generous:
 // TransactionTimeout + cleanup interval + 5 s.
 func TestExactlyOnceLastStableOffsetStall(t *testing.T) {
 	b := faultBroker(t)
@@ -250,7 +251,12 @@ func TestExactlyOnceLastStableOffsetStall(t *testing.T) {
 	client := offsetClient(t, w.brokers)
 	const txnTimeout = 10 * time.Second // the relay's default
 	bound := txnTimeout + time.Second + 5*time.Second
-	measure := func(name string) time.Duration {
+	// measure runs a relay process, SIGKILLs it frozen with a transaction
+	// open, and, with another, starts a relay of this process at once
+	// (the relay that takes the dead one's lanes). A relay already running
+	// beside the process would take its lanes, and abort its transaction,
+	// while the process is frozen, before the test could see it open.
+	measure := func(name string, another bool) time.Duration {
 		t.Helper()
 		before := w.published(t)
 		child := startHelper(t, w, "run", envHelperTxnTimeout+"="+txnTimeout.String())
@@ -258,6 +264,10 @@ func TestExactlyOnceLastStableOffsetStall(t *testing.T) {
 		pinned := freezeInTransaction(t, child, client, w.topic)
 		child.signal(syscall.SIGKILL)
 		child.wait(30 * time.Second)
+		if another {
+			stop := w.startRelay(t)
+			defer stop()
+		}
 		stall := waitStable(t, client, w.topic, pinned, time.Minute)
 		t.Logf("%s: relay process killed with a transaction open on partitions %v; read_committed consumers held back %v after the kill",
 			name, slices.Sorted(maps.Keys(pinned)), stall.Round(time.Millisecond))
@@ -266,14 +276,14 @@ func TestExactlyOnceLastStableOffsetStall(t *testing.T) {
 		}
 		return stall
 	}
-	alone := measure("alone")
-	stop := w.startRelay(t)
+	alone := measure("alone", false)
 	var others []time.Duration
 	for i := range 2 {
-		others = append(others, measure("with another relay, round "+strconv.Itoa(i+1)))
+		others = append(others, measure("with another relay, round "+strconv.Itoa(i+1), true))
 	}
 	t.Logf("longest last-stable-offset stall: alone %v; with another relay %v (TransactionTimeout %v)",
 		alone.Round(time.Millisecond), slices.Max(others).Round(time.Millisecond), txnTimeout)
+	stop := w.startRelay(t)
 	if errs := ws.halt(); len(errs) > 0 {
 		t.Errorf("%d writer commits failed, first: %v", len(errs), errs[0])
 	}
@@ -286,11 +296,12 @@ func TestExactlyOnceLastStableOffsetStall(t *testing.T) {
 // open on topic: some partition's last stable offset is behind its
 // high-water mark, and still is 300 ms later (a transaction being
 // committed would have moved it). It tries again (SIGCONT, a short random
-// pause) until it succeeds, and returns the high-water marks of the
+// pause) until it succeeds (at least 300 tries and a minute), and returns the high-water marks of the
 // partitions held back, the child stopped.
 func freezeInTransaction(t *testing.T, child *proc, client sarama.Client, topic string) map[int32]int64 {
 	t.Helper()
-	for try := 0; try < 300; try++ {
+	deadline := time.Now().Add(time.Minute)
+	for try := 0; try < 300 || time.Now().Before(deadline); try++ {
 		time.Sleep(time.Duration(5+rand.IntN(50)) * time.Millisecond)
 		child.signal(syscall.SIGSTOP)
 		pinned := map[int32]int64{}
@@ -316,7 +327,7 @@ func freezeInTransaction(t *testing.T, child *proc, client sarama.Client, topic 
 		}
 		child.signal(syscall.SIGCONT)
 	}
-	t.Fatalf("the relay process never had a transaction open on %s when stopped (300 tries)", topic)
+	t.Fatalf("the relay process never had a transaction open on %s when stopped (300 tries and a minute)", topic)
 	return nil
 }
 

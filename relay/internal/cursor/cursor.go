@@ -52,6 +52,12 @@ type Lane struct {
 	Top int64 `json:"top,omitempty"`
 }
 
+// Equal reports whether two positions are the same.
+func (l Lane) Equal(o Lane) bool {
+	return l.Lane == o.Lane && l.Done == o.Done && l.Upto == o.Upto && l.Base == o.Base && l.Pos == o.Pos &&
+		l.Floor == o.Floor && l.Top == o.Top && slices.Equal(l.Skip, o.Skip)
+}
+
 // Open reports whether the lane has an open window.
 func (l Lane) Open() bool { return l.Upto != "" }
 
