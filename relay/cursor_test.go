@@ -21,6 +21,20 @@ import (
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
+// drain runs r's batches until one publishes nothing.
+func drain(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	for {
+		n, err := r.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
 // cursor applies the cursor migration to the setup's table.
 func (s *setup) cursor(t testing.TB) {
 	t.Helper()
@@ -86,15 +100,7 @@ func TestCursorDeliversWithoutWritingRows(t *testing.T) {
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, BatchSize: 25, MaxBatchSize: 25})
 	total := 120
 	for round := range 6 {
-		for {
-			n, err := r.RunOnce(s.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 0 {
-				break
-			}
-		}
+		drain(t, r)
 		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 			for i := range 5 {
 				if err := tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i), Type: "order.updated.v1",
@@ -109,15 +115,7 @@ func TestCursorDeliversWithoutWritingRows(t *testing.T) {
 		}
 		total += 5
 	}
-	for {
-		n, err := r.RunOnce(s.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-	}
+	drain(t, r)
 	msgs := cons.WaitForDistinct(total, 30*time.Second)
 	time.Sleep(200 * time.Millisecond)
 	distinct, dups := checkOrder(t, cons.Messages())
@@ -208,15 +206,7 @@ func TestCursorSkipsRolledBackEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.write(t, topic, 10, 1)
-	for {
-		n, err := r.RunOnce(s.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-	}
+	drain(t, r)
 	cons.WaitForDistinct(10, 30*time.Second)
 	time.Sleep(200 * time.Millisecond)
 	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 10 || dups != 0 {
@@ -367,18 +357,6 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 		}
 		return id
 	}
-	drain := func() {
-		t.Helper()
-		for {
-			n, err := r.RunOnce(s.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 0 {
-				return
-			}
-		}
-	}
 	status := func() admin.Status {
 		t.Helper()
 		st, err := admin.ReadStatus(s.ctx, s.pool, s.table, nil)
@@ -390,7 +368,7 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 	first := add("a", topic, 0)
 	poison := add("b", "late.topic", 0)
 	add("a", topic, 1)
-	drain()
+	drain(t, r)
 	if st := status(); st.Backlog != 0 || st.Parked != 1 {
 		t.Errorf("after the drain: backlog %d, parked %d; want 0 and 1", st.Backlog, st.Parked)
 	}
@@ -400,7 +378,7 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 	if st := status(); st.Backlog != 3 || st.OldestCreatedAt == nil {
 		t.Errorf("3 events written: backlog %d, oldest %v; want 3 and a time", st.Backlog, st.OldestCreatedAt)
 	}
-	drain()
+	drain(t, r)
 	if st := status(); st.Backlog != 0 {
 		t.Errorf("after the second drain: backlog %d, want 0", st.Backlog)
 	}
@@ -411,15 +389,15 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 	if st := status(); st.Backlog != 1 || st.Parked != 0 {
 		t.Errorf("after the requeue: backlog %d, parked %d; want 1 and 0", st.Backlog, st.Parked)
 	}
-	drain()
+	drain(t, r)
 	// Past the idle lanes' next sweep, the first event is in every
 	// lane's done snapshot: it can be replayed.
 	time.Sleep(1100 * time.Millisecond)
-	drain()
+	drain(t, r)
 	if n, err := admin.Replay(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{first}}, nil); err != nil || n != 1 {
 		t.Fatalf("Replay: %d, %v; want 1", n, err)
 	}
-	drain()
+	drain(t, r)
 	msgs := cons.WaitForDistinct(6, 30*time.Second)
 	waitUntil(t, 30*time.Second, "the replayed event", func() bool {
 		n := 0
@@ -541,18 +519,6 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 	topic := testenv.Topic(t, brokers, 2)
 	cons := testenv.Consume(t, brokers, topic)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
-	drain := func(r *relay.Relay) {
-		t.Helper()
-		for {
-			n, err := r.RunOnce(s.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 0 {
-				return
-			}
-		}
-	}
 	write := func(from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {
@@ -565,7 +531,7 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 		}
 	}
 	write(0, 10)
-	drain(r)
+	drain(t, r)
 	cons.WaitForDistinct(10, 30*time.Second)
 	write(10, 15) // not delivered when the dump is taken
 	const shift = "4000000000"
@@ -594,7 +560,7 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 		t.Errorf("RebaseCursor = %+v, want 10 marked and 5 rewritten", got)
 	}
 	after := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
-	drain(after)
+	drain(t, after)
 	cons.WaitForDistinct(18, 30*time.Second)
 	time.Sleep(200 * time.Millisecond)
 	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 18 || dups != 0 {

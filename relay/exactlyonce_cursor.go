@@ -1,0 +1,114 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
+)
+
+// Exactly once under cursor progress: the claim that takes lanes over and
+// writes their recorded positions (see eoAcquire, txnPublisher, eoSettle).
+
+// positionKey is a position's JSON, to compare two.
+func positionKey(l *cursor.Lane) string {
+	if l == nil {
+		return ""
+	}
+	b, _ := json.Marshal(l)
+	return string(b)
+}
+
+// eoCursorClaim is the ExactlyOnce finder under ProgressCursor: the cursor
+// claim's lanes, taken over by the batch's worker (see eoAcquire, which
+// writes the position of each lane's last committed progress record to the
+// positions table) before their positions are read. The idle lanes' sweep
+// (cursorSweep) publishes nothing, so it takes no lane over.
+func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
+	client, err := r.eo.connect(ctx)
+	if err != nil {
+		return claimed{}, &kafkaStepError{err}
+	}
+	b.w, b.started = r.eo.take(client), time.Now()
+	if err := r.cursorReady(ctx); err != nil {
+		return claimed{}, err
+	}
+	if err := r.cursorSweep(ctx); err != nil {
+		return claimed{}, err
+	}
+	owned := make([]int32, 0, len(b.w.owned))
+	for lane := range b.w.owned {
+		owned = append(owned, lane)
+	}
+	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned)
+	if err != nil || len(found) == 0 {
+		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
+	}
+	if err := r.eoBegin(ctx, b.w); err != nil {
+		return claimed{}, &kafkaStepError{err}
+	}
+	b.lanes = map[int32]bool{}
+	for _, lane := range found {
+		b.lanes[lane] = true
+	}
+	if err := r.eoAcquire(ctx, client, b); err != nil {
+		if errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready() {
+			r.eoFenced(b.w, err)
+			return claimed{retry: true}, nil
+		}
+		if dberr.Is(err) {
+			return claimed{}, err
+		}
+		return claimed{}, &kafkaStepError{err}
+	}
+	// A new statement: its snapshot sees the positions eoAcquire wrote.
+	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes)
+	if err != nil {
+		return c, err
+	}
+	b.cur = c.cur
+	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
+	for _, x := range c.rows {
+		b.laneOf[x.eventID] = c.cur.laneOf[x.id]
+	}
+	b.predicted = map[int32]cursor.Lane{}
+	for _, l := range c.cur.advance(func(id int64) bool { return !c.cur.held[id] }) {
+		b.predicted[l.Lane] = l
+	}
+	return c, nil
+}
+
+// applyPositions writes lanes' positions, read from their last committed
+// progress records, to the positions table, in a transaction of its own
+// committed synchronously. A position is the one after the lane's last
+// Kafka transaction: the table's may be behind it (its writer died between
+// the Kafka commit and its database commit), or ahead of it by windows
+// that closed without events, which are read again.
+func (r *Relay) applyPositions(ctx context.Context, lanes []cursor.Lane) error {
+	if len(lanes) == 0 {
+		return nil
+	}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('synchronous_commit', 'on', true)")
+	r.cursorSaveLanes(b, lanes)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
+	}
+	return nil
+}
