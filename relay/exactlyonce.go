@@ -301,25 +301,12 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	if err != nil || len(ids) == 0 {
 		return claimed{heldElsewhere: err == nil && more}, err
 	}
-	if err := r.eoBegin(ctx, b.w); err != nil {
-		return claimed{}, &kafkaStepError{err}
-	}
-	b.lanes = map[int32]bool{}
+	lanes := map[int32]bool{}
 	for _, lane := range laneOf {
-		b.lanes[lane] = true
+		lanes[lane] = true
 	}
-	if err := r.eoAcquire(ctx, client, b); err != nil {
-		if errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready() {
-			// Another worker took one of this worker's lanes meanwhile:
-			// nothing was claimed; the next batch, at once, starts over
-			// with a new epoch.
-			r.eoFenced(b.w, err)
-			return claimed{retry: true}, nil
-		}
-		if dberr.Is(err) {
-			return claimed{}, err
-		}
-		return claimed{}, &kafkaStepError{err}
+	if c, done, err := r.eoTakeOver(ctx, client, b, lanes); done {
+		return c, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted
 	// and the lanes' committed events marked.
@@ -330,6 +317,29 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 		b.laneOf[x.eventID] = laneOf[x.id]
 	}
 	return c, err
+}
+
+// eoTakeOver readies the batch's worker (eoBegin) and makes it the owner
+// of lanes (eoAcquire). done says the claim ends there, with c and err:
+// a step failed, or another worker took one of this worker's lanes
+// meanwhile, and then nothing was claimed and the next batch, at once,
+// starts over with a new epoch.
+func (r *Relay) eoTakeOver(ctx context.Context, client sarama.Client, b *eoBatch, lanes map[int32]bool) (c claimed, done bool, err error) {
+	if err := r.eoBegin(ctx, b.w); err != nil {
+		return claimed{}, true, &kafkaStepError{err}
+	}
+	b.lanes = lanes
+	err = r.eoAcquire(ctx, client, b)
+	switch {
+	case err == nil:
+		return claimed{}, false, nil
+	case errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready():
+		r.eoFenced(b.w, err)
+		return claimed{retry: true}, true, nil
+	case dberr.Is(err):
+		return claimed{}, true, err
+	}
+	return claimed{}, true, &kafkaStepError{err}
 }
 
 // eoBegin readies the worker's producer: one that needs Init (new, fenced

@@ -3,16 +3,13 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
-	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
 // Exactly once under cursor progress: the claim that takes lanes over and
@@ -52,22 +49,12 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	if err != nil || len(found) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
-	if err := r.eoBegin(ctx, b.w); err != nil {
-		return claimed{}, &kafkaStepError{err}
-	}
-	b.lanes = map[int32]bool{}
+	lanes := map[int32]bool{}
 	for _, lane := range found {
-		b.lanes[lane] = true
+		lanes[lane] = true
 	}
-	if err := r.eoAcquire(ctx, client, b); err != nil {
-		if errors.Is(err, kafkaproducer.ErrFenced) && !b.w.txn.Ready() {
-			r.eoFenced(b.w, err)
-			return claimed{retry: true}, nil
-		}
-		if dberr.Is(err) {
-			return claimed{}, err
-		}
-		return claimed{}, &kafkaStepError{err}
+	if c, done, err := r.eoTakeOver(ctx, client, b, lanes); done {
+		return c, err
 	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.
 	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes)
