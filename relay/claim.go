@@ -181,11 +181,22 @@ func newQueries(t outbox.Table) queries {
 }
 
 // txSettings returns the statement that sets a batch transaction's
-// settings, and its argument: the server-side bound (a relay that hangs
+// settings, and its argument: the planner's settings (see below), the server-side bound (a relay that hangs
 // while holding locks loses them after BatchTimeout + 5s) and, unless
 // SynchronousCommit, an asynchronous commit.
 func txSettings(cfg Config) (sql, idleMillis string) {
-	sql = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
+	// No parallel plans and no JIT: a batch's statements read a few rows,
+	// and a Gather's start-up or a JIT compilation (seconds, where an
+	// estimate went wrong) costs more than they do.
+	sql = "SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)"
+	if cfg.Progress == ProgressCursor {
+		// The cursor's statements find rows through the (txid, id) index
+		// by transaction ids that the table's statistics cannot predict:
+		// after a bulk load (many rows per transaction) the planner
+		// expects each id to match thousands of rows and scans the table
+		// instead, on every claim.
+		sql += ", set_config('enable_seqscan', 'off', true)"
+	}
 	switch {
 	case cfg.Delivery == ExactlyOnce:
 		// A lane's marks must be durable before its next Kafka

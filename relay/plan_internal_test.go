@@ -3,10 +3,12 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
@@ -114,6 +116,114 @@ func walk(n map[string]any, f func(map[string]any)) {
 	if kids, ok := n["Plans"].([]any); ok {
 		for _, k := range kids {
 			walk(k.(map[string]any), f)
+		}
+	}
+}
+
+// Under cursor progress the late rows (transactions that were running at a
+// lane's done snapshot) are found through the (txid, id) index, whatever
+// the statistics say. After a move from marks (100k rows delivered by marks,
+// in one bulk transaction: the planner expects thousands of rows per
+// transaction id and few in the unpublished partial index, which holds
+// every row the cursor delivered) the find and load statements must visit
+// about the backlog's rows, not the table's.
+func TestCursorPlansAfterBulkLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, n int, published bool) {
+		t.Helper()
+		pub := "NULL"
+		if published {
+			pub = "now()"
+		}
+		if _, err := db.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+			" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at)"+
+			" SELECT gen_random_uuid(), 'a', 'k' || g, 'a.b', '{}', 't', 'k' || g, "+pub+" FROM generate_series(1, $1) g", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(pool, 100000, true)
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }), &Config{Table: tbl, Progress: ProgressCursor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, r.cur.q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
+		t.Fatal(err)
+	}
+	// 20,000 rows that the lanes then delivered (their positions moved
+	// past them, as a relay's would), while a transaction ran: its rows
+	// are late rows of every lane (in the done snapshots' xip lists).
+	for range 20 {
+		insert(pool, 1000, false)
+	}
+	open, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck
+	insert(open, 100, false)
+	if _, err := pool.Exec(ctx, "UPDATE "+cursorTable(tbl).Ident()+" SET done = pg_current_snapshot(), base = (SELECT max(id) FROM "+tbl.Ident()+")"); err != nil {
+		t.Fatal(err)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		insert(pool, 100, false)
+	}
+	lanes := make([]int32, r.cfg.Lanes)
+	for i := range lanes {
+		lanes[i] = int32(i)
+	}
+	for name, q := range map[string]struct {
+		sql  string
+		args pgx.NamedArgs
+	}{
+		"find": {r.cur.q.Find, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns, "owned": []int32{}}},
+		"load": {r.cur.q.Load, pgx.NamedArgs{"locked": lanes, "lanes": r.cfg.Lanes}},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, r.txSettings, r.idleMillis); err != nil {
+			t.Fatal(err)
+		}
+		var plan []byte
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args).Scan(&plan); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		_ = tx.Rollback(ctx)
+		var nodes []map[string]any
+		_ = json.Unmarshal(plan, &nodes)
+		visited := 0.0
+		var bad []string
+		walk(nodes[0]["Plan"].(map[string]any), func(n map[string]any) {
+			if rel, _ := n["Relation Name"].(string); rel != tbl.WithDefaults().Name {
+				return
+			}
+			if n["Node Type"] == "Seq Scan" {
+				bad = append(bad, "Seq Scan")
+			}
+			num := func(k string) float64 { f, _ := n[k].(float64); return f }
+			visited += (num("Actual Rows") + num("Rows Removed by Filter") + num("Rows Removed by Index Recheck")) * num("Actual Loops")
+		})
+		// The backlog is 2,100 rows; the table holds 122,100.
+		if visited > 10000 {
+			bad = append(bad, fmt.Sprintf("%.0f rows of the table visited", visited))
+		}
+		if len(bad) > 0 {
+			t.Errorf("%s plan has %s:\n%s", name, strings.Join(bad, ", "), plan)
 		}
 	}
 }

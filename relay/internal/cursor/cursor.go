@@ -182,6 +182,11 @@ type Queries struct {
 func NewQueries(table, cursor outbox.Table, cols string) Queries {
 	t, c := table.Ident(), cursor.Ident()
 	const waiting = " AND e.published_at IS NULL AND e.parked_at IS NULL"
+	// waitingLate is waiting in a form the planner does not match to the
+	// unpublished partial index: in cursor mode that index holds every row,
+	// but after a move from marks the statistics say it holds few, and the
+	// late rows' scan would walk it whole instead of the (txid, id) index.
+	const waitingLate = " AND coalesce(e.published_at, e.parked_at) IS NULL"
 	// inWindow: row e belongs to lane state c's window (upto NULL: the
 	// window the next claim opens, ending now).
 	const inWindow = " NOT pg_visible_in_snapshot(e.txid, c.done) AND (c.upto IS NULL OR pg_visible_in_snapshot(e.txid, c.upto))"
@@ -218,20 +223,30 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 		" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE upto IS NULL) AS xmax, (SELECT max(base) FROM c WHERE upto IS NULL) AS base)"
 	// late: a closed lane's rows at or below its base that its next window
 	// holds (txid from the (txid, id) index, the other conditions per row).
-	late := func(txid string) string {
-		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e WHERE " + txid + " AND e.id <= (SELECT base FROM k)" +
+	// "e.id + 0" keeps the planner off the id indexes: an id range at or
+	// below base is every row the table holds (the unpublished partial
+	// index holds them all in cursor mode), while the txid range is the
+	// few rows of transactions that were running.
+	late := func(from, txid string) string {
+		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + from + " WHERE " + txid + " AND e.id + 0 <= (SELECT base FROM k)" +
 			" AND ((SELECT closed FROM k))[" + ln + "] AND e.id <= ((SELECT bases FROM k))[" + ln + "]" +
-			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" + waiting +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" + waitingLate +
 			" ORDER BY e.txid LIMIT @window)"
 	}
+	// byXip: the rows of the transactions running at the done snapshots,
+	// an index probe per transaction. As "txid = ANY(xips)" the planner
+	// weighs the probes by the table's statistics, and where transactions
+	// wrote many rows each (a batch writer, a bulk load) it chose to scan
+	// the whole table; a lateral probe per transaction has no such choice.
+	byXip := "unnest((SELECT xips FROM k)::xid8[]) x(xid) CROSS JOIN LATERAL (SELECT * FROM " + t + " e WHERE e.txid = x.xid OFFSET 0) e"
 	// opened: the late rows of the lanes whose windows this statement
 	// opens (at or below the lane's base, in the window): txid from the
 	// (txid, id) index, the rest per row.
-	opened := func(txid string) string {
-		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e WHERE " + txid + " AND e.id <= (SELECT base FROM k)" +
+	opened := func(from, txid string) string {
+		return "(SELECT e.id, " + ln + " - 1 AS lane FROM " + from + " WHERE " + txid + " AND e.id + 0 <= (SELECT base FROM k)" +
 			" AND ((SELECT opening FROM k))[" + ln + "] AND e.id <= ((SELECT bases FROM k))[" + ln + "]" +
 			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
-			" AND pg_visible_in_snapshot(e.txid, (SELECT now FROM s))" + waiting + " ORDER BY e.txid)"
+			" AND pg_visible_in_snapshot(e.txid, (SELECT now FROM s))" + waitingLate + " ORDER BY e.txid)"
 	}
 	q := Queries{
 		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL",
@@ -255,8 +270,8 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" WHERE e.id > (SELECT start FROM k) AND e.id > ((SELECT starts FROM k))[" + ln + "]" +
 			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "]) AND e.id <> ALL((SELECT skips FROM k)::bigint[])" + waiting +
 			" ORDER BY e.id LIMIT @window)" +
-			" UNION ALL " + late("e.txid >= (SELECT xmax FROM k)") +
-			" UNION ALL " + late("e.txid = ANY((SELECT xips FROM k)::xid8[])") + ")" +
+			" UNION ALL " + late(t+" e", "e.txid >= (SELECT xmax FROM k)") +
+			" UNION ALL " + late(byXip, "true") + ")" +
 			" SELECT lane, cnt, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
 			"SELECT lane, count(*)::int AS cnt, min(id) AS first, lane = ANY(coalesce(@owned::int[], '{}')) AS mine," +
 			" coalesce(sum(count(*)) OVER (ORDER BY lane = ANY(coalesce(@owned::int[], '{}')) DESC, min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
@@ -272,8 +287,8 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
 			" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE opening) AS xmax, (SELECT max(base) FROM c WHERE opening) AS base," +
 			" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.opening), '{}') AS xips)," +
-			" l AS (" + opened("e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
-			" UNION ALL " + opened("e.txid = ANY((SELECT xips FROM k)::xid8[])") + ")," +
+			" l AS (" + opened(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
+			" UNION ALL " + opened(byXip, "true") + ")," +
 			" late AS (SELECT lane, min(id) AS id FROM l GROUP BY lane)" +
 			" SELECT c.lane, c.done::text, c.upto::text, c.base, CASE WHEN c.opening THEN 0 ELSE c.pos END," +
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
