@@ -44,9 +44,9 @@
 // nothing and backs off exponentially with jitter, up to MaxBackoff. A
 // failure of single events holds back only those events and their keys,
 // retried with paced backoff while every other key flows. Events the relay
-// cannot read or send, or that the broker refuses on their own, are parked
-// ([outbox.Park]) at once; other permanent failures after MaxAttempts (5);
-// under [outbox.Hold] nothing is parked. Package admin and the outboxctl
+// cannot read or send, that the broker refuses sent alone, or whose topic
+// does not exist are parked ([outbox.Park]) at once; other permanent
+// failures after MaxAttempts (5); under [outbox.Hold] nothing is parked. Package admin and the outboxctl
 // command list, requeue and delete parked events. Each batch runs under
 // BatchTimeout (30s); published rows are deleted after Retention (72h).
 //
