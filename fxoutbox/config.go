@@ -80,7 +80,7 @@ type Config struct {
 	// an error next to a partitioner of your own there (choose in one
 	// place) or with a relay.Publisher from fx (which partitions itself).
 	// Changing it on a live topic moves keys to other partitions: see the
-	// README's "Changing the partitioner". Default (zero): relay.Murmur2,
+	// "Changing the partitioner" in docs/configuration.md. Default (zero): relay.Murmur2,
 	// or Sarama.Producer.Partitioner as it is when Sarama is given
 	// (relay.DefaultSaramaConfig's is murmur2).
 	Partitioner relay.Partitioner
@@ -118,8 +118,7 @@ type Config struct {
 	// Delivery is relay.AtLeastOnce (default) or relay.ExactlyOnce: each
 	// batch in a Kafka transaction with the lane's progress, so that
 	// read_committed consumers see each event once; it needs the poll mode,
-	// per-key ordering and the module's own producer (README "Exactly
-	// once") [OUTBOX_DELIVERY=at-least-once|exactly-once].
+	// per-key ordering and the module's own producer (docs/exactly-once.md) [OUTBOX_DELIVERY=at-least-once|exactly-once].
 	Delivery relay.Delivery
 	// Progress is relay.ProgressMarks (default: published_at set on each
 	// delivered row) or relay.ProgressCursor (the lanes' positions once
@@ -174,8 +173,7 @@ type Config struct {
 	// the table) or relay.Stream (it follows the table's inserts in a
 	// logical replication slot: PostgreSQL needs wal_level = logical, the
 	// table's publication (migrations.UpStream) and a role with
-	// REPLICATION; see relay.StreamConfig and the README's "Streaming from
-	// the WAL") [OUTBOX_RELAY_MODE=poll|stream].
+	// REPLICATION; see relay.StreamConfig and docs/streaming.md) [OUTBOX_RELAY_MODE=poll|stream].
 	Mode relay.Mode
 	// Stream configures the Stream mode [OUTBOX_STREAM_MAX_LAG (a
 	// duration), OUTBOX_STREAM_MAX_LAG_BYTES]. The slot and publication

@@ -65,7 +65,7 @@ func TestEverySettingReachable(t *testing.T) {
 			case code:
 			case !ok:
 				t.Errorf("%s.%s has no fx path and no environment variable: add it to fxoutbox's Config and ConfigFromEnv "+
-					"(and the settings table and README), or list it as code-only", engine.name, f.Name)
+					"(and the settings table of docs/configuration.md), or list it as code-only", engine.name, f.Name)
 			default:
 				if s.Fx == "" && s.Env == "" {
 					t.Errorf("%s.%s: setting with neither an fx path nor a variable", engine.name, f.Name)
@@ -230,7 +230,7 @@ func TestRelayErrorNamesVariable(t *testing.T) {
 }
 
 // The default progress topic and transactional id are as the comments
-// and the README say: without a schema, fxoutbox.progress.<table>.
+// and docs/exactly-once.md say: without a schema, fxoutbox.progress.<table>.
 func TestProgressTopicDefault(t *testing.T) {
 	for _, tc := range []struct {
 		table         outbox.Table

@@ -127,4 +127,8 @@
 // the Metric constants; logs through Config.Logger with the consumer, topic,
 // partition and offset of each failure. [Consumer.Health] is for readiness
 // probes.
+//
+// Guarantees, settings and operating parked records: [the inbox guide].
+//
+// [the inbox guide]: https://github.com/fxoutbox/outbox/blob/main/docs/inbox.md
 package inbox

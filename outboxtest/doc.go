@@ -29,7 +29,7 @@
 // unitofwork.PgxTx(tx) returns the recorder's transaction as a pgx.Tx, and
 // another recorder's AddTx on it validates the events with its own
 // configuration (service, topic naming, limits) and records them in that
-// recorder when the transaction commits, as the README's pattern does with
+// recorder when the transaction commits, as docs/configuration.md's pattern does with
 // two real outboxes:
 //
 //	payments := outboxtest.NewRecorder(t, &outboxtest.RecorderConfig{UnitOfWork: unitofwork.Config{Service: "payment-service"}})

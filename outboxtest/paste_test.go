@@ -23,9 +23,9 @@ import (
 // does exactly that: it pastes each example's body into that test
 // function, in a package of its own beside the handlers of
 // example_handler_test.go (the application's code), and runs go test on
-// it against the same database. The Go blocks of the README's "Testing
-// your handlers" section must each be one of those tests or handlers, word
-// for word, so the README shows what runs here.
+// it against the same database. The Go blocks of the "Testing your
+// handlers" section of docs/testing.md must each be one of those tests or
+// handlers, word for word, so the guide shows what runs here.
 func TestExamplesPastedIntoTests(t *testing.T) {
 	if os.Getenv("DATABASE_URL") == "" {
 		msg := "DATABASE_URL is not set: the pasted examples need a PostgreSQL server (run `make test`, which starts one)"
@@ -43,7 +43,7 @@ func TestExamplesPastedIntoTests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkREADME(t, tests, string(handlers))
+	checkGuide(t, tests, string(handlers))
 
 	var src bytes.Buffer
 	src.WriteString("package pasted_test\n\nimport (\n\t\"testing\"\n")
@@ -163,26 +163,27 @@ func usedIn(path string, tests map[string]string) bool {
 	return false
 }
 
-// checkREADME fails unless every Go block of the README's "Testing your
-// handlers" section is one of the pasted tests (without the example's
+// checkGuide fails unless every Go block of docs/testing.md's "Testing
+// your handlers" section is one of the pasted tests (without the example's
 // closing "// Output:" comment), or a piece of the handlers' file, word for
 // word (tabs as in gofmt'ed code).
-func checkREADME(t *testing.T, tests map[string]string, handlers string) {
+func checkGuide(t *testing.T, tests map[string]string, handlers string) {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	const guide = "../docs/testing.md"
+	doc, err := os.ReadFile(guide)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Testing your handlers\n")
+	_, section, ok := strings.Cut(string(doc), "\n## Testing your handlers\n")
 	if !ok {
-		t.Fatal("README.md has no section \"Testing your handlers\"")
+		t.Fatalf("%s has no section \"Testing your handlers\"", guide)
 	}
 	if i := strings.Index(section, "\n## "); i >= 0 {
 		section = section[:i]
 	}
 	blocks := regexp.MustCompile("(?s)\n```go\n(.*?)```\n").FindAllStringSubmatch(section, -1)
 	if len(blocks) == 0 {
-		t.Fatal("README.md's \"Testing your handlers\" shows no Go code")
+		t.Fatalf("%s's \"Testing your handlers\" shows no Go code", guide)
 	}
 	for _, b := range blocks {
 		code := strings.TrimSpace(b[1])
@@ -194,8 +195,8 @@ func checkREADME(t *testing.T, tests map[string]string, handlers string) {
 			found = found || test == code
 		}
 		if !found {
-			t.Errorf("README.md's \"Testing your handlers\" shows code that is neither an example pasted into a test nor in example_handler_test.go; "+
-				"make it one of them, word for word:\n%s", code)
+			t.Errorf("%s's \"Testing your handlers\" shows code that is neither an example pasted into a test nor in example_handler_test.go; "+
+				"make it one of them, word for word:\n%s", guide, code)
 		}
 	}
 }

@@ -84,7 +84,7 @@ var ErrDoOwnsTx = errors.New("the transaction belongs to Do: return from the fun
 // transactions that commit instead of writing them. Give each outbox of a
 // service a recorder of its own, built from that outbox's configuration:
 // the events another recorder adds with AddTx in a recorder's transaction
-// (the README's two outboxes in one transaction) are validated by, and
+// (two outboxes in one transaction, docs/configuration.md) are validated by, and
 // recorded in, the recorder whose AddTx was called, and are kept only if
 // that transaction commits. It is safe for concurrent use.
 type Recorder struct {

@@ -22,7 +22,7 @@ func entry(id string) outbox.Event {
 	return outbox.Event{AggregateType: "entry", AggregateID: id, Type: "entry.recorded.v1", Payload: map[string]any{"id": id}}
 }
 
-// payAndAudit is the README's pattern: Do on the payments outbox, AddTx on
+// payAndAudit is the pattern of docs/configuration.md's "Several outboxes": Do on the payments outbox, AddTx on
 // the audit outbox in the same transaction.
 func payAndAudit(ctx context.Context, payments unitofwork.Doer, audit unitofwork.TxAdder, id string, audited outbox.Event, fail error) error {
 	return payments.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {

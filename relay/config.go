@@ -53,8 +53,8 @@ type Config struct {
 	Ordering Ordering
 	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
 	// lane's events, in a Kafka transaction with the lane's progress, for
-	// read_committed consumers that see each event once (see the README,
-	// "Exactly once"). ExactlyOnce needs Mode Poll, Ordering PerKey and a
+	// read_committed consumers that see each event once (see
+	// docs/exactly-once.md). ExactlyOnce needs Mode Poll, Ordering PerKey and a
 	// SaramaPublisher, and commits each batch's marks synchronously.
 	// Default at-least-once [OUTBOX_DELIVERY].
 	Delivery Delivery

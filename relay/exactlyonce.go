@@ -34,7 +34,7 @@ const (
 	// writes the lane's progress to the table's progress topic, and marks
 	// the rows after the commit: every event reaches each read_committed
 	// consumer once, in per-key order, across relay, broker and database
-	// crashes (see the README, "Exactly once"). It needs Mode Poll,
+	// crashes (see docs/exactly-once.md). It needs Mode Poll,
 	// Ordering PerKey and a SaramaPublisher; a batch is one lane's events.
 	ExactlyOnce
 )

@@ -35,7 +35,7 @@ const (
 	// FNV-1a hash of the key, taken as a signed number, modulo partitions,
 	// its sign dropped. fxoutbox used it before Murmur2 became the default:
 	// keep it for topics whose keys must stay on the partitions they have
-	// (see the README's "Changing the partitioner").
+	// (see "Changing the partitioner" in docs/configuration.md).
 	FNV1a
 	// CRC32 is librdkafka's "consistent" partitioner, and its default
 	// "consistent_random" for non-empty keys (confluent-kafka-go,

@@ -26,8 +26,8 @@ const (
 	// dead tuple for vacuum), and Retention deletes the rows later.
 	ProgressMarks Progress = iota
 	// ProgressCursor records, per lane, the snapshot up to which the lane
-	// is delivered and its place in the window after it (see the README,
-	// "Cursor progress"): one small UPDATE of the lanes' rows per batch and
+	// is delivered and its place in the window after it (see
+	// docs/progress.md): one small UPDATE of the lanes' rows per batch and
 	// nothing per event, so an event costs the table its INSERT. An open
 	// transaction holds back only its own events. It needs the cursor
 	// migration (migrations.UpCursor), Mode Poll and Ordering PerKey; under
@@ -126,7 +126,7 @@ var ErrCursorNotReady = errors.New("relay: the table is not ready for cursor pro
 // lanes' positions: the table was restored into another cluster (pg_dump
 // and pg_restore, or a move by logical replication), where the positions
 // would take new events for delivered ones. The relay stops rather than
-// lose them; the README's "Cursor progress: changes of cluster" says what
+// lose them; "Changes of cluster" in docs/progress.md says what
 // to do.
 var ErrCursorCluster = errors.New("relay: the lanes' positions come from another PostgreSQL cluster")
 
@@ -194,7 +194,7 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 		}
 		if behind {
 			cs.ready = false
-			return fmt.Errorf("%w: %s: this server's transaction ids are behind the snapshots in %s, so the table was restored or moved into another cluster; new events would be taken for delivered ones. Stop the relays and follow the README, \"Cursor progress: changes of cluster\"", ErrCursorCluster, r.cfg.Table, cursorTable(r.cfg.Table))
+			return fmt.Errorf("%w: %s: this server's transaction ids are behind the snapshots in %s, so the table was restored or moved into another cluster; new events would be taken for delivered ones. Stop the relays and follow \"Changes of cluster\" in docs/progress.md (outboxctl cursor rebase)", ErrCursorCluster, r.cfg.Table, cursorTable(r.cfg.Table))
 		}
 		if cs.ready {
 			cs.checked = time.Now()

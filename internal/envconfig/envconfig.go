@@ -219,7 +219,7 @@ func (r *renamed) Unwrap() error { return r.err }
 // ConfigFromEnv) through lookupEnv; environ, when given, is scanned for
 // unknown variables. It reads each setting's unprefixed name through
 // Names.Name, and its errors name the variables as set. It is long on
-// purpose: one short block per variable, in the order the README lists
+// purpose: one short block per variable, in the order docs/configuration.md lists
 // them, so that each variable is read, checked and named in one place.
 func Read(prefix string, lookupEnv func(string) (string, bool), environ ...string) (c Outbox, err error) {
 	env, err := NewNames(prefix, environ)

@@ -20,7 +20,7 @@ import (
 	"github.com/fxoutbox/outbox/relay"
 )
 
-// TestBesideTheNestJSRelay measures what the README's first step avoids:
+// TestBesideTheNestJSRelay measures what docs/nestjs.md's first step avoids:
 // the NestJS relay left running beside the fxoutbox relay on one table, a
 // backlog of 3,000 events over 10 keys drained by both. It reports, for
 // each of the relay's orderings, how many events were delivered twice and

@@ -4,8 +4,7 @@
 // order, sent with kafkajs: key = partition_key, value =
 // JSON.stringify(payload), headers x-event-id and x-event-type, acks -1, the
 // Java-compatible murmur2 partitioner of kafkajs 2.x). Tests take such a
-// table over with the migrations and the relay, as the README's "Coming from
-// the NestJS relay" says.
+// table over with the migrations and the relay, as docs/nestjs.md says.
 package nestjs
 
 import (

@@ -22,9 +22,8 @@ import (
 	"github.com/fxoutbox/outbox/migrations"
 )
 
-// TestTakeOverFromTheNestJSRelay performs the README's "Coming from the
-// NestJS relay" steps on a NestJS table with a backlog, and checks what a
-// consumer receives.
+// TestTakeOverFromTheNestJSRelay performs the steps of docs/nestjs.md on a
+// NestJS table with a backlog, and checks what a consumer receives.
 //
 // The NestJS application writes 400 events over 12 keys on two topics (6
 // partitions each) with TypeORM's INSERT; its relay publishes three batches
