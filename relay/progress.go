@@ -383,21 +383,23 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 		r.cur.mu.Unlock()
 		return claimed{}, fmt.Errorf("relay: %s: %d of %d lanes have no position row", r.cfg.Table, len(locked)-len(cb.order), len(locked))
 	}
-	ln, done, upto, start, skip := make([]int32, 0, len(cb.order)), []string{}, []string{}, []int64{}, []int64{}
+	read := make(map[int32]cursor.Lane, len(cb.order))
+	skip := []int64{} // not nil: a NULL array would match no row
 	from := int64(-1)
 	for _, id := range cb.order {
 		l := cb.lanes[id]
-		ln, done, upto, start = append(ln, id), append(done, l.Done), append(upto, l.Upto), append(start, l.Start())
+		read[id] = l
 		skip = append(skip, l.Skip...)
 		if from < 0 || l.Start() < from {
 			from = l.Start()
 		}
 	}
+	dones, uptos, starts := cursor.ReadArrays(r.cfg.Lanes, read)
 	var out []row
 	var x row
 	var lane int32
 	var bad []unreadable
-	readArgs := pgx.NamedArgs{"lane": ln, "done": done, "upto": upto, "start": start, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
+	readArgs := pgx.NamedArgs{"dones": dones, "uptos": uptos, "starts": starts, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
 	if publish != nil && len(publish) == 0 {
 		// Nothing to publish (the idle lanes' sweep): the ids are enough.
 		err = r.query(ctx, tx, "", nil, q.ReadIDs, readArgs, func(rs pgx.Rows) error {

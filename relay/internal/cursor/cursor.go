@@ -169,6 +169,8 @@ type Queries struct {
 	Load string
 	// Read reads the next @n rows of the lanes' windows, in id order;
 	// ReadIDs reads only their ids and lanes (when a row cannot be read).
+	// Their arguments are the lanes' states indexed by lane (see
+	// ReadArrays).
 	Read, ReadIDs string
 	// Save writes the lanes' positions.
 	Save string
@@ -197,30 +199,35 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 	// that stops at its LIMIT (a join with the states made the planner sort
 	// the whole backlog by lane).
 	const ln = "((hashtext(e.partition_key) & 2147483647) % @lanes) + 1"
+	// read: the lanes' states arrive as arrays indexed by lane + 1, built
+	// by the relay (NULL for a lane not in the batch), and are converted
+	// once per statement (the scalar subqueries).
 	read := func(cols string) string {
-		return "WITH x AS MATERIALIZED (SELECT l, d::pg_snapshot AS d, u::pg_snapshot AS u, s FROM unnest(@lane::int[], @done::text[], @upto::text[], @start::bigint[]) AS x(l, d, u, s))," +
-			" k AS MATERIALIZED (SELECT ARRAY(SELECT x.d FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS dones," +
-			" ARRAY(SELECT x.u FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS uptos," +
-			" ARRAY(SELECT x.s FROM generate_series(0, @lanes - 1) g LEFT JOIN x ON x.l = g ORDER BY g) AS starts)" +
-			" SELECT " + cols + " FROM " + t + " e" +
-			" WHERE e.id > @from AND e.id > ((SELECT starts FROM k))[" + ln + "]" +
-			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
-			" AND pg_visible_in_snapshot(e.txid, ((SELECT uptos FROM k))[" + ln + "])" +
+		return "SELECT " + cols + " FROM " + t + " e" +
+			" WHERE e.id > @from AND e.id > ((SELECT @starts::bigint[]))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT @dones::text[]::pg_snapshot[]))[" + ln + "])" +
+			" AND pg_visible_in_snapshot(e.txid, ((SELECT @uptos::text[]::pg_snapshot[]))[" + ln + "])" +
 			" AND e.id <> ALL(@skip::bigint[])" + waiting +
 			" ORDER BY e.id LIMIT @n"
+	}
+	// byLane is expr of the lanes' rows c as an array indexed by lane + 1.
+	// When every lane has its row (as it does but for a moment after the
+	// positions were changed under the relay) one aggregate builds it;
+	// otherwise (an InitPlan, run only then) a join with the lanes' numbers
+	// leaves a lane without its row NULL.
+	byLane := func(expr string) string {
+		return "CASE WHEN count(*) = @lanes::int AND min(c.lane) = 0 AND max(c.lane) = @lanes::int - 1 THEN array_agg(" + expr + " ORDER BY c.lane)" +
+			" ELSE ARRAY(SELECT " + expr + " FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) END"
 	}
 	// states are the lanes' rows as arrays (see read), with, of the closed
 	// lanes, the transactions running at their done snapshots (xips), the
 	// lowest xmax of those snapshots and the highest base.
 	states := "WITH c AS MATERIALIZED (" + state + ")," +
-		" k AS MATERIALIZED (SELECT coalesce((SELECT min(start) FROM c), 0) AS start," +
-		" ARRAY(SELECT c.done FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS dones," +
-		" ARRAY(SELECT c.upto IS NULL FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS closed," +
-		" ARRAY(SELECT c.start FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS starts," +
-		" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
+		" k AS MATERIALIZED (SELECT coalesce(min(c.start), 0) AS start, " + byLane("c.done") + " AS dones, " + byLane("c.upto IS NULL") + " AS closed," +
+		" " + byLane("c.start") + " AS starts, " + byLane("c.base") + " AS bases," +
 		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
 		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.upto IS NULL), '{}') AS xips," +
-		" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE upto IS NULL) AS xmax, (SELECT max(base) FROM c WHERE upto IS NULL) AS base)"
+		" min(pg_snapshot_xmax(c.done)) FILTER (WHERE c.upto IS NULL) AS xmax, max(c.base) FILTER (WHERE c.upto IS NULL) AS base FROM c)"
 	// late: a closed lane's rows at or below its base that its next window
 	// holds (txid from the (txid, id) index, the other conditions per row).
 	// "e.id + 0" keeps the planner off the id indexes: an id range at or
@@ -308,6 +315,20 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" AND pg_visible_in_snapshot(e.txid, c.done))) LIMIT $2 FOR UPDATE SKIP LOCKED)",
 	}
 	return q
+}
+
+// ReadArrays returns Read's arguments @dones, @uptos and @starts for the
+// lanes' positions: arrays of length lanes, NULL where a lane is not read.
+func ReadArrays(lanes int, pos map[int32]Lane) (dones, uptos []*string, starts []*int64) {
+	dones, uptos, starts = make([]*string, lanes), make([]*string, lanes), make([]*int64, lanes)
+	for id, l := range pos {
+		if id < 0 || int(id) >= lanes {
+			continue
+		}
+		d, u, st := l.Done, l.Upto, l.Start()
+		dones[id], uptos[id], starts[id] = &d, &u, &st
+	}
+	return dones, uptos, starts
 }
 
 // literal quotes s as an SQL string literal.
