@@ -507,7 +507,10 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 //
 // Under ExactlyOnce a row parked in this batch is not resolved yet: the
 // position must be the one the batch's Kafka transaction recorded (see
-// cursorAdvance), and the next batch's read skips the parked row.
+// eoSettle), and the next batch's read no longer finds the row, which
+// moved to the parked table in this transaction. (If the transaction does
+// not commit, the row stays, unparked, and the recorded position stops
+// before it.)
 func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
 	resolved := make(map[int64]bool, len(sent))
 	if r.eo == nil {

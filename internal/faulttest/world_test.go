@@ -242,9 +242,9 @@ func (tw testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-//
-// Under cursor progress a parked event moved to the parked table: a where
-// on parked_at (with topic, attempts and last_error) counts its rows too.
+// count counts the table's rows where where holds. Under cursor progress a
+// parked event moved to the parked table: a where on parked_at (with
+// topic, attempts and last_error) counts its rows too.
 func (w *world) count(t *testing.T, where string) int {
 	t.Helper()
 	sql := "SELECT count(*) FROM " + w.table.Ident() + " WHERE " + where
