@@ -409,3 +409,89 @@ func TestCursorAdoptsRowsParkedInPlace(t *testing.T) {
 		t.Errorf("ListParked: %+v, %v", list, err)
 	}
 }
+
+// Exactly once with cursor progress and poison events among the others
+// (invalid topic names, parked at once without a send), on 3 replicas, one
+// killed and replaced midway: every poison event moved to the parked table,
+// and a read_committed consumer gets every other event once, each key in
+// order. A parked row counts as passed only in the batch after it moved,
+// so the positions recorded in Kafka never skip a row that is still there.
+func TestCursorExactlyOnceParksPoison(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.ConsumeCommitted(t, brokers, topic)
+	start := func() (*relay.Relay, *relay.SaramaPublisher) {
+		pub, err := relay.NewSaramaPublisher(brokers, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := s.relay(t, pub, relay.Config{Progress: relay.ProgressCursor, Delivery: relay.ExactlyOnce, BatchSize: 20, PollInterval: 20 * time.Millisecond})
+		if err := r.Start(s.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r, pub
+	}
+	type rep struct {
+		r   *relay.Relay
+		pub *relay.SaramaPublisher
+	}
+	var reps []rep
+	for range 3 {
+		r, pub := start()
+		reps = append(reps, rep{r, pub})
+	}
+	defer func() {
+		for _, x := range reps {
+			_ = x.r.Stop(s.ctx)
+			_ = x.pub.Close()
+		}
+	}()
+	var poison []uuid.UUID
+	good := 0
+	for i := range 400 {
+		key := fmt.Sprintf("k%d", i%25)
+		if i%37 == 5 {
+			poison = append(poison, s.insertRaw(t, "not a topic!", key, []byte(fmt.Sprintf(`{"seq":%d}`, i))))
+			continue
+		}
+		s.addEvent(t, key, topic, i)
+		good++
+		if i == 200 {
+			// Kill one replica (no grace), start another.
+			dead, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = reps[0].r.Stop(dead)
+			_ = reps[0].pub.Close()
+			r, pub := start()
+			reps[0] = rep{r, pub}
+		}
+	}
+	cons.WaitForDistinct(good, 60*time.Second)
+	waitUntil(t, 60*time.Second, "every poison event parked", func() bool {
+		for _, id := range poison {
+			if _, ok := s.parked(t, id); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(500 * time.Millisecond)
+	if distinct, dups := checkOrder(t, cons.Messages()); distinct != good || dups != 0 {
+		t.Errorf("read_committed: %d distinct events and %d duplicates; want %d and 0", distinct, dups, good)
+	}
+	for _, id := range poison {
+		if _, ok := s.inTable(t, id); ok {
+			t.Errorf("poison event %s parked, yet still in the table", id)
+		}
+	}
+	st, err := admin.ReadStatus(s.ctx, s.pool, s.table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Backlog != 0 || st.Parked != int64(len(poison)) {
+		t.Errorf("status: backlog %d, parked %d; want 0 and %d", st.Backlog, st.Parked, len(poison))
+	}
+}

@@ -151,6 +151,11 @@
 //     found, and only those are charged), or its topic does not exist;
 //   - after MaxAttempts paced attempts for the other permanent failures.
 //
+// A parked event keeps its row (parked_at set) under ProgressMarks; under
+// ProgressCursor it moves to the table <name>_parked (a copy with its
+// reason, attempts, first and last try and last error; the row is
+// deleted) in the transaction that moves its lane past it.
+//
 // Under [outbox.Hold] nothing is parked: the event is charged and retried, paced,
 // forever, its key waiting. Parked or held events never make [Relay.Health]
 // fail (a held one shows in the backlog's age). last_error says what was
