@@ -96,7 +96,10 @@ func (f Filter) validate() error {
 
 // where returns the filter's conditions, each preceded by " AND ", and
 // sets their arguments.
-func (f Filter) where(args pgx.NamedArgs) string {
+func (f Filter) where(args pgx.NamedArgs) string { return f.whereErr(args, "last_error") }
+
+// whereErr is where with errExpr the text that Filter.Error searches.
+func (f Filter) whereErr(args pgx.NamedArgs, errExpr string) string {
 	var b strings.Builder
 	add := func(cond, name string, v any) {
 		b.WriteString(" AND " + cond)
@@ -121,7 +124,7 @@ func (f Filter) where(args pgx.NamedArgs) string {
 		add("created_at < @f_until", "f_until", f.Until)
 	}
 	if f.Error != "" {
-		add("strpos(lower(last_error), lower(@f_error)) > 0", "f_error", f.Error)
+		add("strpos(lower("+errExpr+"), lower(@f_error)) > 0", "f_error", f.Error)
 	}
 	if f.FromID != 0 {
 		add("id >= @f_from", "f_from", f.FromID)
@@ -165,17 +168,37 @@ const (
 	published state = "published_at IS NOT NULL"
 )
 
-// count returns how many rows in state match f (at most f.Limit, when
-// set).
-func count(ctx context.Context, db Querier, table outbox.Table, st state, f Filter) (int, error) {
-	if err := table.Validate(); err != nil {
+// rel is the rows an operation works on: those of table in state, whose
+// Filter.Error searches errExpr.
+type rel struct {
+	table   outbox.Table
+	st      state
+	errExpr string
+}
+
+// in is the rows of table in state st.
+func in(table outbox.Table, st state) rel { return rel{table: table, st: st, errExpr: "last_error"} }
+
+// parkedRel is the parked events of a table, where they are (in their rows,
+// or in cursor mode in the parked table: see tablesql.ParkedIn).
+func parkedRel(p tablesql.ParkedRows) rel {
+	r := rel{table: p.Table, st: state(p.Where), errExpr: p.LastError}
+	if p.Moved {
+		r.errExpr = "coalesce(reason, '') || ' ' || coalesce(last_error, '')"
+	}
+	return r
+}
+
+// count returns how many rows of r match f (at most f.Limit, when set).
+func count(ctx context.Context, db Querier, r rel, f Filter) (int, error) {
+	if err := r.table.Validate(); err != nil {
 		return 0, err
 	}
 	if err := f.validate(); err != nil {
 		return 0, err
 	}
 	args := pgx.NamedArgs{"after": f.After}
-	sql := "SELECT id FROM " + table.Ident() + " WHERE " + string(st) + " AND id > @after" + f.where(args)
+	sql := "SELECT id FROM " + r.table.Ident() + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr)
 	if f.Limit > 0 {
 		sql += " LIMIT @limit"
 		args["limit"] = f.Limit
@@ -192,9 +215,9 @@ func count(ctx context.Context, db Querier, table outbox.Table, st state, f Filt
 // published means delivered (its lane's done snapshot holds it).
 //
 // On such a table a row behind the lanes' positions is never read again:
-// Requeue and Replay give it the operation's own transaction id (txid =
-// pg_current_xact_id()), so that the next window of its lane takes it, in
-// id order.
+// Replay gives it the operation's own transaction id (txid =
+// pg_current_xact_id()), and Requeue writes it back into the table with a
+// new id (and that txid), so that the next window of its lane takes it.
 func cursorState(table outbox.Table, st state) state {
 	if st == published {
 		return state(tablesql.Delivered(table))
@@ -202,11 +225,24 @@ func cursorState(table outbox.Table, st state) state {
 	return st
 }
 
-// bulk changes the rows in state that match f, ChunkSize at a time in id
-// order, with change: the SET clause of an UPDATE, or "" to delete. It
-// returns how many rows it changed; on an error, those changed before it.
-func bulk(ctx context.Context, db Querier, table outbox.Table, st state, change string, f Filter, opts *BulkOptions) (int, error) {
-	if err := table.Validate(); err != nil {
+// updateRows is bulk's change of the chunk's rows (c, ids only) of r by
+// the SET clause change; "" deletes them. The statement re-checks the state
+// on each row it changes, so a row that changed state meanwhile (requeued
+// and published, say) is left alone.
+func updateRows(r rel, change string) string {
+	if change == "" {
+		return "u AS (DELETE FROM " + r.table.Ident() + " e USING c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
+	}
+	return "u AS (UPDATE " + r.table.Ident() + " e SET " + change + " FROM c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
+}
+
+// bulk changes the rows of r that match f, ChunkSize at a time in id
+// order, with change, the statements (CTEs, the last one named u) that
+// change a chunk: the chunk's ids are in c, and u returns a row per row
+// changed (see updateRows). It returns how many rows it changed; on an error,
+// those changed before it.
+func bulk(ctx context.Context, db Querier, r rel, change string, f Filter, opts *BulkOptions) (int, error) {
+	if err := r.table.Validate(); err != nil {
 		return 0, err
 	}
 	if err := f.validate(); err != nil {
@@ -220,19 +256,10 @@ func bulk(ctx context.Context, db Querier, table outbox.Table, st state, change 
 		return 0, err
 	}
 	args := pgx.NamedArgs{}
-	// c picks the next chunk; the statement re-checks the state on each
-	// row it changes, so a row that changed state meanwhile (requeued and
-	// published, say) is left alone; c's last id moves the cursor on.
-	pick := "WITH c AS (SELECT id FROM " + table.Ident() + " WHERE " + string(st) + " AND id > @after" + f.where(args) +
-		" ORDER BY id LIMIT @chunk), "
-	// The state's columns are the row's (c has only id).
-	var sql string
-	if change == "" {
-		sql = pick + "u AS (DELETE FROM " + table.Ident() + " e USING c WHERE e.id = c.id AND " + string(st) + " RETURNING 1)"
-	} else {
-		sql = pick + "u AS (UPDATE " + table.Ident() + " e SET " + change + " FROM c WHERE e.id = c.id AND " + string(st) + " RETURNING 1)"
-	}
-	sql += " SELECT (SELECT max(id) FROM c), (SELECT count(*) FROM u)::int"
+	// c picks the next chunk; c's last id moves the cursor on.
+	sql := "WITH c AS (SELECT id FROM " + r.table.Ident() + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr) +
+		" ORDER BY id LIMIT @chunk), " + change +
+		" SELECT (SELECT max(id) FROM c), (SELECT count(*) FROM u)::int"
 	done := 0
 	after := f.After
 	for f.Limit == 0 || done < f.Limit {

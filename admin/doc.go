@@ -7,7 +7,9 @@
 // oldest event, the write and publish rates, the parked events grouped by
 // topic and reason, the lanes relays hold right now and the relay sessions
 // seen. [ListParked], [GetParked], [Requeue] and [Delete] operate parked
-// events; [Replay] publishes already published events again. Bulk operations
+// events: in their rows, or for a table in cursor mode (relay.ProgressCursor)
+// in its parked table <table>_parked, from which Requeue moves them back;
+// [Replay] publishes already published events again. Bulk operations
 // run in short statements of BulkOptions.ChunkSize rows, each committed on
 // its own when db is a pool (or all in the caller's transaction when db is a
 // pgx.Tx), and report their progress.
@@ -16,7 +18,8 @@
 // pgx.Tx) and the outbox.Table. The role it connects as needs what the
 // relay's role has (migrations/roles.example.sql): SELECT on the table,
 // UPDATE of published_at, parked_at and attempts (Requeue, Replay) and
-// DELETE (Delete). [ReadStatus] sees every lane holder (pg_locks), but
+// DELETE (Delete); in cursor mode what migrations/cursor/roles.example.sql
+// adds (the parked table, and INSERT of a requeued event). [ReadStatus] sees every lane holder (pg_locks), but
 // pg_stat_activity shows the client, state, times and last statement of
 // another role's sessions only to members of pg_read_all_stats: without it,
 // relays connecting as other roles show without those, and their LISTEN

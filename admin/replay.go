@@ -44,7 +44,8 @@ func Replay(ctx context.Context, db Querier, table outbox.Table, f Filter, opts 
 	} else if cursor {
 		st, change = cursorState(table, published), change+", txid = pg_current_xact_id()"
 	}
-	n, err := bulk(ctx, db, table, st, change, f, opts)
+	r := in(table, st)
+	n, err := bulk(ctx, db, r, updateRows(r, change), f, opts)
 	if err != nil {
 		return n, fmt.Errorf("admin: replay published events in %s (%d reset): %w", table, n, err)
 	}
@@ -64,7 +65,7 @@ func CountPublished(ctx context.Context, db Querier, table outbox.Table, f Filte
 	} else if cursor {
 		st = cursorState(table, published)
 	}
-	n, err := count(ctx, db, table, st, f)
+	n, err := count(ctx, db, in(table, st), f)
 	if err != nil {
 		return 0, fmt.Errorf("admin: count published events in %s: %w", table, err)
 	}

@@ -167,9 +167,10 @@ type Session struct {
 	StatsReporter bool `json:"stats_reporter"`
 }
 
-// ReadStatus reads the table's status: counts from the partial indexes,
-// rates from the BRIN index on created_at, parked groups from the parked
-// index, and the relays' lanes and sessions from pg_locks and
+// ReadStatus reads the table's status: counts from the partial indexes
+// (in cursor mode, from the lanes' positions), rates from the BRIN index on
+// created_at, parked groups from the parked index (in cursor mode, the
+// parked table), and the relays' lanes and sessions from pg_locks and
 // pg_stat_activity. Each statement stands alone; the numbers are close in
 // time, not one snapshot.
 func ReadStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
@@ -222,6 +223,10 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 	st.PublishedPerSecond = float64(pub) / o.RateWindow.Seconds()
 
 	if st.Parked > 0 && o.ParkedGroups > 0 {
+		p, err := tablesql.ParkedIn(ctx, db, table)
+		if err != nil {
+			return st, err
+		}
 		// Grouped by the reason with its numbers replaced by N, which also
 		// groups reasons stored with numbers in them (by older versions, or
 		// by hand); a group of one text shows it as stored. The rows are
@@ -233,9 +238,9 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 			" CASE WHEN min(mn) = max(mx) THEN left(min(mn), 200) ELSE reason END,"+
 			" min(mn), sum(n)::int8, min(f), max(l) FROM ("+
 			"SELECT topic, last_error, regexp_replace(last_error, '[0-9]+', 'N', 'g') AS reason, mn, mx, n, f, l FROM ("+
-			"SELECT topic, left(coalesce(last_error, ''), 200) AS last_error, min(coalesce(last_error, '')) AS mn, max(coalesce(last_error, '')) AS mx,"+
+			"SELECT coalesce(topic, '') AS topic, left(coalesce("+p.Reason+", ''), 200) AS last_error, min(coalesce("+p.Reason+", '')) AS mn, max(coalesce("+p.Reason+", '')) AS mx,"+
 			" count(*) AS n, min(parked_at) AS f, max(parked_at) AS l"+
-			" FROM "+t+" WHERE parked_at IS NOT NULL GROUP BY 1, 2) d) p GROUP BY topic, 2, reason ORDER BY sum(n) DESC, topic, reason LIMIT @groups",
+			" FROM "+p.Table.Ident()+" WHERE "+p.Where+" GROUP BY 1, 2) d) p GROUP BY topic, 2, reason ORDER BY sum(n) DESC, topic, reason LIMIT @groups",
 			pgx.NamedArgs{"groups": o.ParkedGroups})
 		if err != nil {
 			return st, err

@@ -152,6 +152,10 @@ func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (adm
 	if err != nil {
 		return st, chart, err
 	}
+	parked, err := tablesql.ParkedIn(ctx, db, t)
+	if err != nil {
+		return st, chart, err
+	}
 	backlog := func() error {
 		return db.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+ti+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT $1) b",
 			tablesql.BacklogCap).Scan(&st.Backlog)
@@ -178,7 +182,7 @@ func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (adm
 		backlog,
 		oldest,
 		func() error {
-			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ti+" WHERE parked_at IS NOT NULL),"+
+			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+parked.Table.Ident()+" WHERE "+parked.Where+"),"+
 				" (SELECT count(*) FROM "+ti+" WHERE created_at >= now() - interval '1 minute')").Scan(&st.Parked, &written)
 		},
 		func() (err error) {
@@ -186,7 +190,7 @@ func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (adm
 			return err
 		},
 		func() (err error) {
-			chart, err = readChart(ctx, db, t)
+			chart, err = readChart(ctx, db, t, parked)
 			return err
 		})
 	if err != nil {
@@ -208,8 +212,8 @@ const chartHorizon = 70 * time.Minute
 
 // readChart counts published events per minute among those written within
 // chartHorizon, and parked events per minute from the partial index on
-// parked rows.
-func readChart(ctx context.Context, db querier, t outbox.Table) (Chart, error) {
+// parked rows (in cursor mode, from the parked table, p).
+func readChart(ctx context.Context, db querier, t outbox.Table, p tablesql.ParkedRows) (Chart, error) {
 	c := Chart{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
 	// Two statements side by side: each reads rows the other does not
 	// (recent block ranges; the parked rows).
@@ -231,8 +235,8 @@ func readChart(ctx context.Context, db querier, t outbox.Table) (Chart, error) {
 	return c, parallel(
 		series(c.Published, "SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+t.Ident()+
 			" WHERE created_at >= now() - $1::float8 * interval '1 second' AND published_at >= now() - interval '1 hour' GROUP BY 1", chartHorizon.Seconds()),
-		series(c.Parked, "SELECT floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+t.Ident()+
-			" WHERE parked_at IS NOT NULL AND parked_at >= now() - interval '1 hour' GROUP BY 1"))
+		series(c.Parked, "SELECT floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+p.Table.Ident()+
+			" WHERE "+p.Where+" AND parked_at >= now() - interval '1 hour' GROUP BY 1"))
 }
 
 // Filter is what the parked pages filter on: the query parameters topic,
@@ -288,15 +292,24 @@ const maxGroups = 50
 
 // parkedGroups groups the parked events that match f by topic and reason
 // (the first 200 bytes of the last error: the relay stores one text per
-// cause), largest first.
+// cause), largest first. In cursor mode they are the parked table's rows,
+// grouped by their reason.
 func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filter, limit int) ([]ParkedGroupRow, error) {
+	p, err := tablesql.ParkedIn(ctx, db, t)
+	if err != nil {
+		return nil, err
+	}
 	args := pgx.NamedArgs{"limit": limit}
-	where := filterSQL(f, args)
+	errExpr := p.LastError
+	if p.Moved {
+		errExpr = "coalesce(reason, '') || ' ' || coalesce(last_error, '')"
+	}
+	where := filterSQL(f, args, errExpr)
 	// Grouped by text first: the error type's regular expression then runs
 	// once per group, not once per row (5x faster at 100,000 rows).
 	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", last_error, n, f, l FROM ("+
-		"SELECT topic, left(coalesce(last_error, ''), 200) AS last_error, count(*) AS n, min(parked_at) AS f, max(parked_at) AS l FROM "+
-		t.Ident()+" WHERE parked_at IS NOT NULL"+where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT @limit) g ORDER BY n DESC, topic, last_error", args)
+		"SELECT coalesce(topic, '') AS topic, left(coalesce("+p.Reason+", ''), 200) AS last_error, count(*) AS n, min(parked_at) AS f, max(parked_at) AS l FROM "+
+		p.Table.Ident()+" WHERE "+p.Where+where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT @limit) g ORDER BY n DESC, topic, last_error", args)
 	if err != nil {
 		return nil, err
 	}
@@ -307,8 +320,9 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 	})
 }
 
-// filterSQL is admin.Filter's conditions for the fields the UI sets.
-func filterSQL(f admin.Filter, args pgx.NamedArgs) string {
+// filterSQL is admin.Filter's conditions for the fields the UI sets, with
+// errExpr the text that the reason filter searches.
+func filterSQL(f admin.Filter, args pgx.NamedArgs, errExpr string) string {
 	var b strings.Builder
 	add := func(cond, name string, v any) {
 		b.WriteString(" AND " + cond)
@@ -327,7 +341,7 @@ func filterSQL(f admin.Filter, args pgx.NamedArgs) string {
 		add("partition_key = @f_key", "f_key", f.Key)
 	}
 	if f.Error != "" {
-		add("strpos(lower(last_error), lower(@f_error)) > 0", "f_error", f.Error)
+		add("strpos(lower("+errExpr+"), lower(@f_error)) > 0", "f_error", f.Error)
 	}
 	return b.String()
 }
@@ -369,7 +383,18 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 		return e, err
 	}
 	if n.RowsAffected() == 0 {
-		return e, admin.ErrNotFound
+		// In cursor mode a parked event moved to the parked table.
+		p, err := admin.GetParked(ctx, db, t, id)
+		switch {
+		case errors.Is(err, admin.ErrNotParked):
+			return e, admin.ErrNotFound // it came back meanwhile (requeued)
+		case err != nil:
+			return e, err
+		}
+		e.ParkedEvent, e.State = p, "parked"
+		e.Headers = p.Headers
+		setTraceID(&e)
+		return e, nil
 	}
 	if lastError != nil {
 		e.LastError = *lastError
@@ -387,12 +412,17 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 			e.Headers = map[string]string{"(headers)": string(headers)}
 		}
 	}
+	setTraceID(&e)
+	return e, nil
+}
+
+// setTraceID sets e's TraceID from its traceparent header.
+func setTraceID(e *Event) {
 	if tp := e.Headers["traceparent"]; tp != "" {
 		if p := strings.Split(tp, "-"); len(p) == 4 && len(p[1]) == 32 {
 			e.TraceID = p[1]
 		}
 	}
-	return e, nil
 }
 
 // prettyJSON indents a JSON document; anything else comes back as text.

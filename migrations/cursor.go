@@ -14,11 +14,12 @@ import (
 	"github.com/fxoutbox/outbox"
 )
 
-// CursorFS holds the migration that cursor progress (relay.ProgressCursor)
-// needs, in the folder cursor/ (cursor/000001_outbox_event_cursor.up.sql and
-// .down.sql), for the default table: the writing transaction's id on each
-// row (txid, with its index) and the lanes' positions
-// (outbox_event_cursor). Point golang-migrate at that folder with a version
+// CursorFS holds the migrations that cursor progress (relay.ProgressCursor)
+// needs, in the folder cursor/ (000001_outbox_event_cursor and
+// 000002_outbox_event_parked, .up.sql and .down.sql), for the default table:
+// the writing transaction's id on each row (txid, with its index), the
+// lanes' positions (outbox_event_cursor) and the parked events
+// (outbox_event_parked). Point golang-migrate at that folder with a version
 // table of its own (e.g. x-migrations-table=outbox_event_cursor_migrations),
 // or call [UpCursor].
 //
@@ -52,10 +53,18 @@ func CursorTable(table outbox.Table) outbox.Table {
 	return outbox.Table{Schema: table.Schema, Name: table.Name + "_cursor"}
 }
 
+// ParkedTable names the table that holds the parked events of a table in
+// cursor mode: <name>_parked, in the table's schema. (A table in marks mode
+// parks its events in their rows.)
+func ParkedTable(table outbox.Table) outbox.Table {
+	table = table.WithDefaults()
+	return outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"}
+}
+
 // RenderCursor rewrites SQL written for the default table outbox_event so
-// that it names table instead: outbox_event and outbox_event_cursor
-// (tables) schema-qualified and quoted, other objects named
-// outbox_event_<suffix> (indexes) as <name>_<suffix>, quoted.
+// that it names table instead: outbox_event, outbox_event_cursor and
+// outbox_event_parked (tables) schema-qualified and quoted, other objects
+// named outbox_event_<suffix> (indexes) as <name>_<suffix>, quoted.
 func RenderCursor(sql string, table outbox.Table) string {
 	return cursorNameRE.ReplaceAllStringFunc(sql, func(s string) string {
 		suffix, ok := strings.CutPrefix(s, outbox.DefaultTableName+"_")
@@ -64,14 +73,18 @@ func RenderCursor(sql string, table outbox.Table) string {
 			return table.Ident()
 		case suffix == "cursor":
 			return CursorTable(table).Ident()
+		case suffix == "parked":
+			return ParkedTable(table).Ident()
 		}
 		return table.Derived(suffix)
 	})
 }
 
 // UpCursor makes table ready for cursor progress: it adds the txid column
-// (no rewrite: the rows already there keep it NULL) and its index, and
-// creates the lanes' positions table <name>_cursor. It is idempotent; the
+// (no rewrite: the rows already there keep it NULL) and its index, creates
+// the lanes' positions table <name>_cursor and the parked events' table
+// <name>_parked (and the column first_failed_at, which a failed event's row
+// keeps while it is retried). It is idempotent; the
 // table must exist (run [Up] first). It takes the same advisory lock as
 // [Up]. Building the index locks writes for as long as it takes: on a large
 // table, create it first with CREATE INDEX CONCURRENTLY <name>_txid_idx ON
@@ -100,9 +113,11 @@ func UpCursor(ctx context.Context, db DB, table outbox.Table) error {
 	})
 }
 
-// DownCursor reverts [UpCursor]: it drops the positions table and the txid
-// column. Read the down file's comment first: events the cursor delivered
-// are not marked published.
+// DownCursor reverts [UpCursor]: it moves the parked events back into the
+// table (parked in their rows, as marks mode keeps them), drops the parked
+// and the positions tables and the columns txid and first_failed_at. Read
+// the down files' comments first: events the cursor delivered are not
+// marked published.
 func DownCursor(ctx context.Context, db DB, table outbox.Table) error {
 	table = table.WithDefaults()
 	all, err := cursorSet.all(table)

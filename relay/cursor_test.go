@@ -230,8 +230,8 @@ func TestCursorPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
 	progressScenario(t, relay.ProgressCursor, relay.PerKey, relay.Poll, relay.AtLeastOnce, 8, 500*time.Millisecond, 0, 150)
 }
 
-// An event whose topic does not exist is parked in its row at once, and
-// the lane goes on past it.
+// An event whose topic does not exist is parked at once (it moves to the
+// parked table), and the lane goes on past it.
 func TestCursorParksPoisonAndGoesOn(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
@@ -277,12 +277,13 @@ func TestCursorParksPoisonAndGoesOn(t *testing.T) {
 		}
 	}
 	cons.WaitForDistinct(9, 30*time.Second)
-	var parked int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL AND topic = 'missing'").Scan(&parked); err != nil {
+	var parked, inTable int
+	if err := s.pool.QueryRow(s.ctx, "SELECT (SELECT count(*) FROM "+migrations.ParkedTable(s.table).Ident()+" WHERE topic = 'missing'),"+
+		" (SELECT count(*) FROM "+s.table.Ident()+" WHERE topic = 'missing')").Scan(&parked, &inTable); err != nil {
 		t.Fatal(err)
 	}
-	if parked != 1 {
-		t.Errorf("%d events parked, want 1", parked)
+	if parked != 1 || inTable != 0 {
+		t.Errorf("%d events parked, %d left in the table; want 1 and 0", parked, inTable)
 	}
 }
 
@@ -455,19 +456,41 @@ func TestCursorUnreadableRowIsParked(t *testing.T) {
 	defer func() { _ = r.Stop(s.ctx) }()
 	cons.WaitForDistinct(41, 60*time.Second)
 	waitUntil(t, 60*time.Second, "the unreadable row parked", func() bool {
-		_, parked, _, _ := s.row(t, bad)
+		_, parked := s.parked(t, bad)
 		return parked
 	})
-	_, _, attempts, lastErr := s.row(t, bad)
-	if attempts != 1 || !strings.Contains(lastErr, "SQLSTATE 54000") {
-		t.Errorf("unreadable row: attempts %d, last_error %q; want parked once, naming SQLSTATE 54000", attempts, lastErr)
+	p, _ := s.parked(t, bad)
+	if p.attempts != 1 || !strings.Contains(p.reason, "SQLSTATE 54000") || p.key != "kbad" || p.evType != "a.raw" {
+		t.Errorf("unreadable row: parked %+v; want it once, its reason naming SQLSTATE 54000, its columns copied", p)
 	}
-	got := map[string]bool{}
+	if _, ok := s.inTable(t, bad); ok {
+		t.Errorf("the unreadable row was parked, yet is still in the table")
+	}
+	// Its copy keeps the payload as stored (copied by the server, never
+	// printed): fixed there, a requeue sends it.
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+migrations.ParkedTable(s.table).Ident()+" SET payload = '{\"fixed\":true}' WHERE event_id = $1 AND payload IS NOT NULL", bad); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{bad}}, nil); err != nil || n != 1 {
+		t.Fatalf("Requeue of the fixed row: %d, %v", n, err)
+	}
+	waitUntil(t, 60*time.Second, "the fixed row delivered", func() bool {
+		for _, m := range cons.Messages() {
+			if testenv.Header(m, outbox.HeaderEventID) == bad.String() {
+				return true
+			}
+		}
+		return false
+	})
+	got := map[string]int{}
 	for _, m := range cons.Messages() {
-		got[testenv.Header(m, outbox.HeaderEventID)] = true
+		got[testenv.Header(m, outbox.HeaderEventID)]++
+		if testenv.Header(m, outbox.HeaderEventID) == bad.String() && string(m.Value) != `{"fixed": true}` {
+			t.Errorf("the unreadable row reached Kafka as %q, not as fixed", m.Value)
+		}
 	}
-	if got[bad.String()] || !got[after.String()] {
-		t.Errorf("the unreadable row reached Kafka: %v; its key's later event did: %v", got[bad.String()], got[after.String()])
+	if got[bad.String()] != 1 || got[after.String()] == 0 {
+		t.Errorf("the fixed row reached Kafka %d times (want once, after its requeue); its key's later event %d times", got[bad.String()], got[after.String()])
 	}
 }
 

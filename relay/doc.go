@@ -46,8 +46,12 @@
 // retried with paced backoff while every other key flows. Events the relay
 // cannot read or send, that the broker refuses sent alone, or whose topic
 // does not exist are parked ([outbox.Park]) at once; other permanent
-// failures after MaxAttempts (5); under [outbox.Hold] nothing is parked. Package admin and the outboxctl
-// command list, requeue and delete parked events. Each batch runs under
+// failures after MaxAttempts (5); under [outbox.Hold] nothing is parked. A
+// parked event keeps its row (parked_at set) under ProgressMarks; under
+// ProgressCursor it moves to the table <name>_parked, with its reason,
+// attempts, first and last try, in the transaction that moves its lane past
+// it. Package admin and the outboxctl command list, requeue and delete
+// parked events. Each batch runs under
 // BatchTimeout (30s); published rows are deleted after Retention (72h).
 //
 // # Observability

@@ -19,7 +19,8 @@ import (
 // FuzzStoredRow writes a row by hand with any values its columns accept
 // (as a buggy writer or a hand-written INSERT could), then a good event of
 // the same key, and runs a cursor relay on the table: it may not stall. The good event must be delivered, and the odd row
-// delivered or parked with a reason; no batch may fail for it. `go test`
+// delivered or parked with a reason (moved to the parked table); no batch
+// may fail for it. `go test`
 // runs the seed corpus below; `go test -fuzz FuzzStoredRow ./relay/` looks
 // for more.
 func FuzzStoredRow(f *testing.F) {
@@ -81,11 +82,10 @@ func FuzzStoredRow(f *testing.F) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		var parked bool
-		var reason string
-		if err := s.pool.QueryRow(s.ctx, "SELECT parked_at IS NOT NULL, coalesce(last_error, '') FROM "+s.table.Ident()+" WHERE event_id = $1", odd).Scan(&parked, &reason); err != nil {
-			t.Fatal(err)
-		}
+		// Parked, it moved to the parked table with a reason; delivered, it
+		// stays in the table.
+		p, parked := s.parked(t, odd)
+		_, inTable := s.inTable(t, odd)
 		// Its key's next event went: the odd row is resolved, parked or
 		// delivered (maybe to a topic of its own), and nothing waits.
 		st, err := admin.ReadStatus(s.ctx, s.pool, s.table, nil)
@@ -93,10 +93,14 @@ func FuzzStoredRow(f *testing.F) {
 			t.Fatal(err)
 		}
 		switch {
-		case parked && reason == "":
-			t.Errorf("the odd row was parked without a reason")
+		case parked && inTable:
+			t.Errorf("the odd row was parked, yet is still in the table")
+		case !parked && !inTable:
+			t.Errorf("the odd row is neither in the table nor parked")
+		case parked && (p.reason == "" || p.attempts < 1 || p.lastTry == nil):
+			t.Errorf("the odd row was parked without a reason, an attempt or its try: %+v", p)
 		case st.Backlog != 0:
-			t.Errorf("the key's next event went, yet %d events wait (the odd row: parked %v, last_error %q)", st.Backlog, parked, reason)
+			t.Errorf("the key's next event went, yet %d events wait (the odd row: parked %v, reason %q)", st.Backlog, parked, p.reason)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -227,14 +228,32 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		key     string
 		parked  bool
 	}
-	rs, err := tx.Query(ctx, r.q.unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park})
 	var res []charged
-	if err == nil {
+	collect := func(rs pgx.Rows) (err error) {
 		res, err = pgx.CollectRows(rs, func(row pgx.CollectableRow) (charged, error) {
 			var c charged
 			err := row.Scan(&c.id, &c.eventID, &c.topic, &c.key, &c.parked)
 			return c, err
 		})
+		return err
+	}
+	var err error
+	if r.cur != nil {
+		// Cursor progress: parking moves the rows to the parked table,
+		// copied by the server (which never prints them).
+		details := make([]string, len(bad))
+		for i, b := range bad {
+			details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+unreadableDetail(b.err)), lastErrorMax)
+		}
+		b := &pgx.Batch{}
+		b.Queue(r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "details": details, "park": park}).Query(collect)
+		b.Queue(r.cur.q.Unpark, ids)
+		err = tx.SendBatch(ctx, b).Close()
+	} else {
+		var rs pgx.Rows
+		if rs, err = tx.Query(ctx, r.q.unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park}); err == nil {
+			err = collect(rs)
+		}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay: park %d unreadable rows: %w", len(bad), err)
@@ -297,7 +316,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 	switch {
 	case cur != nil:
 		// Cursor progress: no marks; the lanes' positions follow the
-		// attempts (which say what was parked).
+		// attempts (which say what was parked, and moved).
 	case marked:
 		var back []int64
 		for i, err := range errs {
@@ -330,7 +349,18 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 				limits[j] = int32(r.cfg.MaxAttempts)
 			}
 		}
-		b.Queue(r.q.attempt, fids, reasons, limits).Query(func(rows pgx.Rows) error {
+		attempt, args := r.q.attempt, []any{fids, reasons, limits}
+		if cur != nil {
+			// Cursor progress: a row out of tries moves to the parked
+			// table (Charge copies it, Unpark deletes it), with its last
+			// error in full beside the reason.
+			texts := make([]string, len(failed))
+			for j, i := range failed {
+				texts[j] = textcut.Cut(errs[i].Error(), lastErrorMax)
+			}
+			attempt, args = r.cur.q.Charge, append(args, texts)
+		}
+		b.Queue(attempt, args...).Query(func(rows pgx.Rows) error {
 			var id int64
 			var p bool
 			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
@@ -341,6 +371,9 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 			})
 			return err
 		})
+		if cur != nil {
+			b.Queue(r.cur.q.Unpark, fids)
+		}
 	}
 	if cur != nil && len(failed) == 0 {
 		r.cursorSave(ctx, b, cur, rows, errs, parked)
@@ -359,6 +392,10 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 	}
 	return parked, nil
 }
+
+// lastErrorMax is how much of a parked event's last error (beside its
+// reason) the parked table keeps.
+const lastErrorMax = 4000
 
 // refusedForGood reports an error with which a broker (or the producer)
 // refuses one record for what it is: too large for the topic or the

@@ -32,9 +32,10 @@ const (
 	// transaction holds back only its own events. It needs the cursor
 	// migration (migrations.UpCursor), Mode Poll and Ordering PerKey; under
 	// ExactlyOnce each lane's position also travels in the progress record
-	// of its Kafka transaction. A parked event stays in its row
-	// (parked_at); a requeue gives it a new txid, which the next window
-	// takes.
+	// of its Kafka transaction. A parked event moves to the parked table
+	// (<name>_parked) in the transaction that moves its lane past it; a
+	// requeue writes it back into the table with a new id and txid, which
+	// the next window takes.
 	ProgressCursor
 )
 
@@ -84,6 +85,13 @@ const cursorCols = "e.id, e.event_id, e.event_type, e.topic, e.partition_key, e.
 func cursorTable(t outbox.Table) outbox.Table {
 	t = t.WithDefaults()
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_cursor"}
+}
+
+// parkedTable is the parked events' table of t in cursor mode
+// (migrations.ParkedTable).
+func parkedTable(t outbox.Table) outbox.Table {
+	t = t.WithDefaults()
+	return outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}
 }
 
 // cursorState is a relay's cursor progress: its statements, and whether
@@ -179,7 +187,7 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
 		}
 		if !ok {
-			return fmt.Errorf("%w: %s or its positions table %s does not exist: apply the cursor migration (migrations.UpCursor, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table))
+			return fmt.Errorf("%w: %s, its positions table %s or its parked table %s does not exist: apply the cursor migrations (migrations.UpCursor, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table), parkedTable(r.cfg.Table))
 		}
 		var lanes []int32
 		var behind bool
@@ -205,6 +213,15 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 		}
 		if _, err := tx.Exec(ctx, cs.q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
 			return fmt.Errorf("relay: cursor progress of %s: create the lanes' positions: %w", r.cfg.Table, err)
+		}
+		// Events parked in their rows (in marks mode, or by an older
+		// relay) move to the parked table, where admin and outboxctl look
+		// for them in cursor mode.
+		b := &pgx.Batch{}
+		b.Queue(cs.q.Adopt)
+		b.Queue(cs.q.AdoptUnpark)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("relay: cursor progress of %s: move the events parked in their rows to %s: %w", r.cfg.Table, parkedTable(r.cfg.Table), err)
 		}
 		cs.ready, cs.checked = true, time.Now()
 		return nil
@@ -492,7 +509,10 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 //
 // Under ExactlyOnce a row parked in this batch is not resolved yet: the
 // position must be the one the batch's Kafka transaction recorded (see
-// cursorAdvance), and the next batch's read skips the parked row.
+// eoSettle), and the next batch's read no longer finds the row, which
+// moved to the parked table in this transaction. (If the transaction does
+// not commit, the row stays, unparked, and the recorded position stops
+// before it.)
 func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
 	resolved := make(map[int64]bool, len(sent))
 	if r.eo == nil {

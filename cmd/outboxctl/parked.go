@@ -59,10 +59,10 @@ func cmdList(ctx context.Context, args []string, e env) int {
 		}
 	} else if len(evs) > 0 {
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tEVENT ID\tTYPE\tTOPIC\tKEY\tATTEMPTS\tPARKED\tLAST ERROR")
+		fmt.Fprintln(tw, "ID\tEVENT ID\tTYPE\tTOPIC\tKEY\tATTEMPTS\tPARKED\tREASON")
 		for _, p := range evs {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.ID, p.EventID, printable(p.EventType, 40), printable(p.Topic, 40),
-				printable(p.Key, 30), p.Attempts, stamp(p.ParkedAt), printable(p.LastError, 60))
+				printable(p.Key, 30), p.Attempts, stamp(p.ParkedAt), printable(p.Reason, 60))
 		}
 		_ = tw.Flush()
 	}
@@ -113,7 +113,7 @@ func cmdShow(ctx context.Context, args []string, e env) int {
 		return exitOK
 	}
 	w := e.stdout
-	writeRecord(w, [][2]string{
+	fields := [][2]string{
 		{"Event ID", p.EventID.String()},
 		{"Row ID", fmt.Sprint(p.ID)},
 		{"Type", printable(p.EventType, 200)},
@@ -121,9 +121,17 @@ func cmdShow(ctx context.Context, args []string, e env) int {
 		{"Topic", printable(p.Topic, 300)},
 		{"Key", printable(p.Key, 300)},
 		{"Written", stamp(p.CreatedAt)},
-		{"Parked", stamp(p.ParkedAt) + " after " + fmt.Sprint(p.Attempts) + " attempts"},
-		{"Last error", printable(p.LastError, 2000)},
-	}, p.Headers, "Payload", p.Payload)
+	}
+	if p.FirstTryAt != nil {
+		fields = append(fields, [2]string{"First try", stamp(*p.FirstTryAt)})
+	}
+	fields = append(fields, [2]string{"Parked", stamp(p.ParkedAt) + " after " + fmt.Sprint(p.Attempts) + " attempts"})
+	if p.Reason != p.LastError {
+		// Cursor mode: the stable reason, and the last try's error in full.
+		fields = append(fields, [2]string{"Reason", printable(p.Reason, 2000)})
+	}
+	fields = append(fields, [2]string{"Last error", printable(p.LastError, 2000)})
+	writeRecord(w, fields, p.Headers, "Payload", p.Payload)
 	fmt.Fprintf(w, "\nOnce the cause is fixed: outboxctl parked requeue %s\nTo drop it for good:     outboxctl parked delete %s\n", p.EventID, p.EventID)
 	return exitOK
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -241,10 +242,18 @@ func (tw testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// count counts the table's rows where where holds. Under cursor progress a
+// parked event moved to the parked table: a where on parked_at (with
+// topic, attempts and last_error) counts its rows too.
 func (w *world) count(t *testing.T, where string) int {
 	t.Helper()
+	sql := "SELECT count(*) FROM " + w.table.Ident() + " WHERE " + where
+	if w.progress == relay.ProgressCursor && strings.Contains(where, "parked_at") {
+		sql = "SELECT count(*) FROM (SELECT topic, attempts, parked_at, last_error FROM " + w.table.Ident() +
+			" UNION ALL SELECT topic, attempts, parked_at, reason FROM " + migrations.ParkedTable(w.table).Ident() + ") e WHERE " + where
+	}
 	var n int
-	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+w.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+	if err := w.pool.QueryRow(w.ctx, sql).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -266,8 +275,8 @@ func (w *world) unpublished(t *testing.T) int {
 }
 
 // published is the number of rows delivered: published_at IS NOT NULL, or
-// under cursor progress the rows less the backlog and the parked rows, in
-// one snapshot.
+// under cursor progress the rows less the backlog, in one snapshot (a
+// parked event left the table for the parked table).
 func (w *world) published(t *testing.T) int {
 	t.Helper()
 	n, err := w.publishedCount()
@@ -283,7 +292,7 @@ func (w *world) publishedCount() (int, error) {
 		return countRows(w, "published_at IS NOT NULL")
 	}
 	n, c, err := cursorCounts(w.ctx, w.pool, w.table)
-	return int(n - c.Backlog - c.Parked), err
+	return int(n - c.Backlog), err
 }
 
 // delivered and waiting are deliveredSQL and waitingSQL of the world's
@@ -491,8 +500,10 @@ func (w *world) checkCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Parked events left the table (for the parked table): nothing in it
+	// waits.
 	waiting := w.count(t, w.waiting())
-	if c.Backlog != 0 || int64(waiting) != c.Parked {
+	if c.Backlog != 0 || waiting != 0 {
 		t.Errorf("cursor progress: admin backlog %d (parked %d), rows waiting by the lanes' positions %d, once everything was delivered", c.Backlog, c.Parked, waiting)
 	}
 	t.Logf("cursor progress: %d rows, none marked; %d held by their lanes' done snapshots (tablesql.Delivered), %d by open windows; backlog %d",

@@ -19,8 +19,9 @@ import (
 // A cursor relay connected as the relay role, with
 // migrations/roles.example.sql then migrations/cursor/roles.example.sql
 // applied: it creates the lanes' positions, delivers the writer's events,
-// requeues a parked one and deletes delivered rows past Retention, and
-// still cannot delete a row that waits.
+// moves a poison one to the parked table and requeues it, deletes delivered
+// rows past Retention, and still cannot delete a row that waits nor insert
+// an event that was not parked.
 func TestCursorRolesScript(t *testing.T) {
 	t.Parallel()
 	r := newRoles(t)
@@ -88,17 +89,36 @@ func TestCursorRolesScript(t *testing.T) {
 		}
 		return n
 	}
+	parked := func() int {
+		t.Helper()
+		var n int
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+migrations.ParkedTable(tbl).Ident()+" WHERE event_id = $1", poison).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The poison event moves to the parked table (a copy, then a delete of
+	// its row, which the relay's policy allows for a row with its copy).
 	deadline := time.Now().Add(30 * time.Second)
-	for count("parked_at IS NULL") > 0 || count("parked_at IS NOT NULL") != 1 {
+	for count("true") > 0 || parked() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("as the relay role: %d rows left unparked, %d parked; want the delivered ones deleted and the poison parked",
-				count("parked_at IS NULL"), count("parked_at IS NOT NULL"))
+			t.Fatalf("as the relay role: %d rows left in the table, %d parked; want the delivered ones deleted and the poison moved to the parked table",
+				count("true"), parked())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// Requeued as the relay role (as outboxctl connects): a new txid.
+	// Requeued as the relay role (as outboxctl connects): written back
+	// into the table (its policy lets the relay insert a parked event).
 	if n, err := admin.Requeue(ctx, relayDB, tbl, admin.Filter{EventIDs: []uuid.UUID{poison}}, nil); err != nil || n != 1 {
 		t.Fatalf("Requeue as the relay role: %d, %v", n, err)
+	}
+	if count("event_id = '"+poison.String()+"'") != 1 || parked() != 0 {
+		t.Errorf("after the requeue as the relay role: %d rows of the event in the table, %d parked; want 1 and 0", count("event_id = '"+poison.String()+"'"), parked())
+	}
+	// Nor may it insert an event that is not parked.
+	if _, err := relayDB.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		" VALUES ($1, 'order', 'o-1', 'order.placed.v1', '{}', 'x', 'o-1')", uuid.Must(uuid.NewV7())); err == nil {
+		t.Errorf("the relay role inserted an event that was not parked")
 	}
 	// A waiting row is not the relay's to delete.
 	_ = rl.Stop(ctx)

@@ -56,7 +56,8 @@ type Counts struct {
 // ReadCounts reads a table's Counts in one statement that reads only the
 // partial indexes on unpublished and on parked rows, or, for a table in
 // cursor mode (see InCursorMode), the rows the lanes' positions say are
-// waiting, through the (txid, id) index. The relay's Stats and
+// waiting, through the (txid, id) index, and the parked table (see
+// ParkedIn). The relay's Stats and
 // backlog gauges use it, as does admin.ReadStatus.
 func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
 	if err := table.Validate(); err != nil {
@@ -106,6 +107,11 @@ func (c *Counts) finish(ageSec float64) {
 // "[<error.type>] <message>", or _OTHER.
 const ErrorTypeSQL = "coalesce(substring(last_error FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "')"
 
+// ErrorTypeOf is ErrorTypeSQL on the column col (a parked table's reason).
+func ErrorTypeOf(col string) string {
+	return "coalesce(substring(" + col + " FROM '^\\[([a-z0-9_.]{1,64})\\] '), '" + ErrorTypeOther + "')"
+}
+
 // ErrorTypeOther is the error type of parked events whose error was
 // recorded without one (by older versions, or by hand).
 const ErrorTypeOther = "_OTHER"
@@ -119,13 +125,18 @@ type ParkedCount struct {
 
 // CountParkedByType counts a table's parked events by topic and error type,
 // largest first, at most limit groups, reading only the partial index on
-// parked rows. The relay's parked gauge uses it.
+// parked rows, or in cursor mode the parked table (see ParkedIn). The
+// relay's parked gauge uses it.
 func CountParkedByType(ctx context.Context, db Querier, table outbox.Table, limit int) ([]ParkedCount, error) {
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, "SELECT topic, "+ErrorTypeSQL+", count(*) FROM "+table.Ident()+
-		" WHERE parked_at IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1", limit)
+	p, err := ParkedIn(ctx, db, table)
+	if err != nil {
+		return nil, fmt.Errorf("count parked events of %s: %w", table, err)
+	}
+	rows, err := db.Query(ctx, "SELECT coalesce(topic, ''), "+ErrorTypeOf(p.Reason)+", count(*) FROM "+p.Table.Ident()+
+		" WHERE "+p.Where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1", limit)
 	if err != nil {
 		return nil, fmt.Errorf("count parked events of %s: %w", table, err)
 	}

@@ -34,6 +34,43 @@ func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, er
 	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
 }
 
+// ParkedRows says where a table's parked events are, for the statements
+// that read or change them: in cursor mode, once the parked table exists
+// (migrations.ParkedTable), each is a row of that table; otherwise a row of
+// the table itself with parked_at set.
+type ParkedRows struct {
+	// Table is the table that holds them.
+	Table outbox.Table
+	// Where is the condition that selects them in Table.
+	Where string
+	// Reason is the column of their stable reason ("[<error.type>] ..."),
+	// and LastError the column of their last error (in place, the same).
+	Reason, LastError string
+	// Moved says they are in the parked table (cursor mode).
+	Moved bool
+}
+
+// ParkedIn returns where table's parked events are (see ParkedRows).
+func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, error) {
+	inPlace := ParkedRows{Table: table, Where: "parked_at IS NOT NULL", Reason: "last_error", LastError: "last_error"}
+	cursor, err := InCursorMode(ctx, db, table)
+	if err != nil || !cursor {
+		return inPlace, err
+	}
+	p := migrations.ParkedTable(table)
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", p.Ident())
+	if err != nil {
+		return inPlace, err
+	}
+	exists, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil || !exists {
+		// The cursor migration's parked table is missing: relays of an
+		// older version park in place.
+		return inPlace, err
+	}
+	return ParkedRows{Table: p, Where: "true", Reason: "reason", LastError: "last_error", Moved: true}, nil
+}
+
 // Delivered is the condition, on a row of table (unqualified columns), that
 // its lane's done snapshot holds it, or that it is marked published. It
 // errs on the side of "not yet": a row delivered in its lane's open window
@@ -75,10 +112,14 @@ func cursorWaiting(table outbox.Table) string {
 func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, error) {
 	var c Counts
 	var ageSec float64
+	p, err := ParkedIn(ctx, db, table)
+	if err != nil {
+		return c, err
+	}
 	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED (SELECT DISTINCT id, created_at FROM ("+cursorWaiting(table)+") u)"+
 		" SELECT (SELECT count(*) FROM (SELECT 1 FROM w LIMIT @cap) b),"+
 		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
-		" (SELECT count(*) FROM "+table.Ident()+" WHERE parked_at IS NOT NULL)"+
+		" (SELECT count(*) FROM "+p.Table.Ident()+" WHERE "+p.Where+")"+
 		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM w ORDER BY id LIMIT 1) o ON true",
 		pgx.NamedArgs{"cap": BacklogCap})
 	if err != nil {

@@ -177,12 +177,60 @@ type Queries struct {
 	// Cleanup deletes rows older than $1 that every lane delivered, at
 	// most $2 of them.
 	Cleanup string
+
+	// Parking moves an event out of the table: a copy goes to the parked
+	// table and the row is deleted, in the transaction that moves the
+	// lane's position past it (the position never waits on a parked row,
+	// and the table's rows are only inserted and deleted).
+	//
+	// Charge counts a try on each failed row ($1 ids, $2 reasons, $3
+	// limits, $4 errors): a row whose tries reach its limit (> 0) is copied
+	// to the parked table, the others get the try in their row (attempts,
+	// last_error, first_failed_at). It returns each row's id and whether it
+	// was parked; Unpark then deletes the parked ones.
+	Charge string
+	// ChargeUnreadable is Charge for rows that cannot be read (@ids,
+	// @errs the reasons, @details, @park: park them, or count the try):
+	// the copy is made by the server, which never prints the values. It
+	// returns id, event_id, topic, partition_key and whether parked.
+	ChargeUnreadable string
+	// Unpark deletes the rows of $1 that have their copy in the parked
+	// table: a statement after the copy's, so that it sees it (and so may
+	// a row-level security policy that lets the relay delete such rows).
+	Unpark string
+	// Adopt moves the rows parked in place (by a relay of an older
+	// version, or in marks mode before the table moved to cursor mode)
+	// to the parked table; Unpark's statement for them is AdoptUnpark.
+	Adopt, AdoptUnpark string
 }
 
-// NewQueries returns the statements for table and its positions table
-// cursor, reading cols (the relay's columns, for alias e) in Read.
-func NewQueries(table, cursor outbox.Table, cols string) Queries {
-	t, c := table.Ident(), cursor.Ident()
+// parkCols are the columns of an event that the parked table keeps, as
+// the table has them.
+const parkCols = "id, event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, created_at"
+
+// parkedCopy returns the INSERT into the parked table p of table t's rows
+// e joined with f (id, reason, err) where cond holds, with attempts n (an
+// expression), returning rets of the parked row. A parked copy of the same
+// event (a writer wrote its event again after it was parked) is replaced:
+// the newer one is the one to requeue.
+func parkedCopy(t, p, cond, n, rets string) string {
+	set := []string{}
+	for _, c := range strings.Split(parkCols+", reason, last_error, attempts, first_try_at, last_try_at, parked_at", ", ") {
+		if c != "event_id" {
+			set = append(set, c+" = EXCLUDED."+c)
+		}
+	}
+	return "INSERT INTO " + p + " (" + parkCols + ", reason, last_error, attempts, first_try_at, last_try_at, parked_at)" +
+		" SELECT e." + strings.ReplaceAll(parkCols, ", ", ", e.") + ", f.reason, f.err, " + n + ", coalesce(e.first_failed_at, now()), now(), now()" +
+		" FROM " + t + " e JOIN f ON e.id = f.id WHERE " + cond +
+		" ON CONFLICT (event_id) DO UPDATE SET " + strings.Join(set, ", ") + " RETURNING " + rets
+}
+
+// NewQueries returns the statements for table, its positions table cursor
+// and its parked table parked, reading cols (the relay's columns, for
+// alias e) in Read.
+func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
+	t, c, p := table.Ident(), cursor.Ident(), parked.Ident()
 	const waiting = " AND e.published_at IS NULL AND e.parked_at IS NULL"
 	// waitingLate is waiting in a form the planner does not match to the
 	// unpublished partial index: in cursor mode that index holds every row,
@@ -256,7 +304,7 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" AND pg_visible_in_snapshot(e.txid, (SELECT now FROM s))" + waitingLate + " ORDER BY e.txid)"
 	}
 	q := Queries{
-		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL",
+		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL AND to_regclass(" + literal(p) + ") IS NOT NULL",
 		Init: "INSERT INTO " + c + " (lane, lanes, done, base) SELECT g, @lanes, s.done, s.base FROM generate_series(0, @lanes - 1) g," +
 			" (SELECT CASE WHEN f.txid IS NULL THEN pg_current_snapshot()" +
 			" ELSE (least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':' || least(f.txid, pg_snapshot_xmin(pg_current_snapshot()))::text || ':')::pg_snapshot END AS done," +
@@ -314,6 +362,25 @@ func NewQueries(table, cursor outbox.Table, cols string) Queries {
 			" AND (e.published_at < $1 OR EXISTS (SELECT FROM " + c + " c WHERE c.lane = ((hashtext(e.partition_key) & 2147483647) % c.lanes)" +
 			" AND pg_visible_in_snapshot(e.txid, c.done))) LIMIT $2 FOR UPDATE SKIP LOCKED)",
 	}
+	// A negative attempts (written by hand) counts as 0.
+	const tries = "greatest(e.attempts, 0) + 1"
+	const full = "f.lim > 0 AND " + tries + " >= f.lim"
+	q.Charge = "WITH f AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[]) AS f(id, reason, lim, err))," +
+		" p AS (" + parkedCopy(t, p, full, tries, "id") + ")," +
+		" u AS (UPDATE " + t + " e SET attempts = " + tries + ", last_error = f.reason, first_failed_at = coalesce(e.first_failed_at, now())" +
+		" FROM f WHERE e.id = f.id AND NOT (" + full + ") RETURNING e.id)" +
+		" SELECT id, true FROM p UNION ALL SELECT id, false FROM u"
+	const unread = "e.published_at IS NULL AND e.parked_at IS NULL"
+	q.ChargeUnreadable = "WITH f AS (SELECT * FROM unnest(@ids::bigint[], @errs::text[], @details::text[]) AS f(id, reason, err))," +
+		" p AS (" + parkedCopy(t, p, "@park::bool AND "+unread, tries, "id, event_id, topic, partition_key") + ")," +
+		" u AS (UPDATE " + t + " e SET attempts = " + tries + ", last_error = f.reason, first_failed_at = coalesce(e.first_failed_at, now())" +
+		" FROM f WHERE e.id = f.id AND NOT @park::bool AND " + unread + " RETURNING e.id, e.event_id, e.topic, e.partition_key)" +
+		" SELECT id, event_id, topic, partition_key, true FROM p UNION ALL SELECT id, event_id, topic, partition_key, false FROM u"
+	q.Unpark = "DELETE FROM " + t + " e USING " + p + " x WHERE e.id = ANY($1::bigint[]) AND x.id = e.id AND x.event_id = e.event_id"
+	q.Adopt = "INSERT INTO " + p + " (" + parkCols + ", reason, last_error, attempts, first_try_at, last_try_at, parked_at)" +
+		" SELECT e." + strings.ReplaceAll(parkCols, ", ", ", e.") + ", coalesce(e.last_error, ''), e.last_error, e.attempts, e.first_failed_at, e.parked_at, e.parked_at" +
+		" FROM " + t + " e WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL ON CONFLICT DO NOTHING"
+	q.AdoptUnpark = "DELETE FROM " + t + " e USING " + p + " x WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL AND x.id = e.id AND x.event_id = e.event_id"
 	return q
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/migrations"
 )
 
 // The parked gauge counts parked events by topic and by the error.type the
@@ -45,6 +46,41 @@ func TestParkedGaugeGroupsByTopicAndReason(t *testing.T) {
 	}
 	if n != 50 || len(st.Parked) != 7 {
 		t.Errorf("parked groups %+v: %d events in %d groups, want 50 in 7 (one per topic)", st.Parked, n, len(st.Parked))
+	}
+}
+
+// In cursor mode the parked events are the parked table's rows, grouped by
+// the error type of their reason; the backlog comes from the lanes'
+// positions.
+func TestParkedGaugeInCursorMode(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	tbl := testenv.Table(t, pool)
+	ctx := context.Background()
+	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO " + migrations.CursorTable(tbl).Ident() + " (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g",
+		"INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES (gen_random_uuid(), 'a', 'k', 'a.b', '{}', 't', 'k')",
+		"INSERT INTO " + migrations.ParkedTable(tbl).Ident() + " (id, event_id, topic, reason, last_error, attempts, last_try_at)" +
+			" SELECT g, gen_random_uuid(), 't' || (g % 3), CASE WHEN g % 2 = 0 THEN '[kafka.message_too_large] x' ELSE 'no type' END, 'the error', 1, now()" +
+			" FROM generate_series(1, 12) g",
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := New(Config{DB: pool, Table: tbl}).query(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, g := range st.Parked {
+		got[g.Topic+"/"+g.Reason] += g.N
+	}
+	if st.Backlog != 1 || len(got) != 6 || got["t0/kafka.message_too_large"] != 2 || got["t1/_OTHER"] != 2 {
+		t.Errorf("backlog %d, parked groups %v; want 1, and 6 groups of 2 by topic and error type", st.Backlog, got)
 	}
 }
 
