@@ -14,7 +14,11 @@ import (
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/google/uuid"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -71,12 +75,26 @@ type Latency struct {
 	Replicas3P50Vs1 float64 `json:"replicas3_p50_vs_1,omitempty"`
 	Replicas3P99Vs1 float64 `json:"replicas3_p99_vs_1,omitempty"`
 	// fxoutbox wake with cursor progress (relay.ProgressCursor) at 1k/s.
-	CursorP50  float64          `json:"cursor_p50_ms,omitempty"`
-	CursorP99  float64          `json:"cursor_p99_ms,omitempty"`
-	CursorP999 float64          `json:"cursor_p999_ms,omitempty"`
-	Note       string           `json:"note"`
-	Series     []*LatencySeries `json:"series"`
+	CursorP50  float64 `json:"cursor_p50_ms,omitempty"`
+	CursorP99  float64 `json:"cursor_p99_ms,omitempty"`
+	CursorP999 float64 `json:"cursor_p999_ms,omitempty"`
+	// The same at 1k/s while a transaction that wrote events stays open
+	// for the whole run (60 s), beside the run without it, cursor and
+	// marks; OpenTxHeldLost counts the runs whose held events were not
+	// all delivered within 30 s of its commit (the goal is 0).
+	CursorOpenTxP50   float64          `json:"cursor_open_tx_p50_ms,omitempty"`
+	CursorOpenTxP99   float64          `json:"cursor_open_tx_p99_ms,omitempty"`
+	CursorOpenTxP99Vs float64          `json:"cursor_open_tx_p99_vs_without,omitempty"`
+	MarksOpenTxP99    float64          `json:"marks_open_tx_p99_ms,omitempty"`
+	MarksOpenTxP99Vs  float64          `json:"marks_open_tx_p99_vs_without,omitempty"`
+	OpenTxHeldLost    int64            `json:"open_tx_held_lost"`
+	Note              string           `json:"note"`
+	Series            []*LatencySeries `json:"series"`
 }
+
+// heldLost counts the open-transaction runs whose held events were not
+// delivered after its commit.
+var heldLost atomic.Int64
 
 type latContender struct {
 	name, desc string
@@ -87,6 +105,8 @@ type latContender struct {
 	// committed: the consumer reads committed (exactly-once contenders:
 	// an event counts when its transaction committed).
 	committed bool
+	// long: the run lasts 60 s (the default run's length when quick).
+	long bool
 }
 
 func runLatency(ctx context.Context, e *env) (*Latency, error) {
@@ -96,7 +116,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		return nil, err
 	}
 	defer e.dropTopic(warm)
-	fxStartP := func(wake, listen bool, batch int, delivery relay.Delivery, progress relay.Progress) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
+	fxStartP := func(wake, listen bool, batch int, delivery relay.Delivery, progress relay.Progress, openTx bool) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 			table := e.table
 			if progress == relay.ProgressCursor {
@@ -148,6 +168,22 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 					return nil, nil, err
 				}
 			}
+			var long pgx.Tx
+			if openTx {
+				// A transaction that wrote its events and stays open while
+				// the others write: under cursor progress it is in every
+				// lane's done snapshot until it commits.
+				if long, err = e.pool.Begin(ctx); err != nil {
+					return nil, nil, err
+				}
+				for i := range 3 {
+					if err := uow.AddTx(ctx, long, outbox.Event{AggregateType: aggregateType, AggregateID: "held", Type: eventType,
+						Topic: warm, Payload: json.RawMessage(payload(0, i))}); err != nil {
+						_ = long.Rollback(ctx)
+						return nil, nil, err
+					}
+				}
+			}
 			write := func(ctx context.Context, id uuid.UUID, key, seq int) error {
 				return uow.Do(ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 					return tx.Add(ctx, outbox.Event{ID: id, AggregateType: aggregateType, AggregateID: orderID(key), Type: eventType,
@@ -157,6 +193,16 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			stop := func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
+				if long != nil {
+					// The held events are delivered once it commits.
+					if err := long.Commit(sctx); err != nil {
+						log.Printf("latency: the open transaction's commit: %v", err)
+						heldLost.Add(1)
+					} else if err := waitDelivered(sctx, e.pool, table); err != nil {
+						log.Printf("latency: LOST: the open transaction's events: %v", err)
+						heldLost.Add(1)
+					}
+				}
 				_ = r.Stop(sctx)
 				_ = sp.Close()
 				if notifier != nil {
@@ -209,7 +255,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		}
 	}
 	fxStart := func(wake, listen bool, batch int, delivery relay.Delivery) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
-		return fxStartP(wake, listen, batch, delivery, relay.ProgressMarks)
+		return fxStartP(wake, listen, batch, delivery, relay.ProgressMarks, false)
 	}
 	wmStart := func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		if err := e.resetWatermill(ctx); err != nil {
@@ -236,7 +282,9 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 	}
 	cs := []latContender{
 		{name: "fxoutbox wake", desc: "defaults, woken in-process after each commit (fxoutbox.Module)", start: fxStart(true, false, 0, relay.AtLeastOnce)},
-		{name: "fxoutbox wake cursor", desc: "defaults + Progress ProgressCursor (on a table with the cursor migration), woken in-process after each commit", start: fxStartP(true, false, 0, relay.AtLeastOnce, relay.ProgressCursor), rates: map[int]bool{1000: true}},
+		{name: "fxoutbox wake cursor", desc: "defaults + Progress ProgressCursor (on a table with the cursor migration), woken in-process after each commit", start: fxStartP(true, false, 0, relay.AtLeastOnce, relay.ProgressCursor, false), rates: map[int]bool{1000: true}},
+		{name: "fxoutbox wake cursor open-tx", desc: "as fxoutbox wake cursor, while a transaction that wrote 3 events stays open for the whole run (60 s; quick: the run's length); it commits at the end and its events must be delivered within 30 s", start: fxStartP(true, false, 0, relay.AtLeastOnce, relay.ProgressCursor, true), rates: map[int]bool{1000: true}, long: true},
+		{name: "fxoutbox wake open-tx", desc: "as fxoutbox wake (marks), while a transaction that wrote 3 events stays open for the whole run (60 s; quick: the run's length)", start: fxStartP(true, false, 0, relay.AtLeastOnce, relay.ProgressMarks, true), rates: map[int]bool{1000: true}, long: true},
 		{name: "fxoutbox wake exactly-once", desc: "defaults + Delivery ExactlyOnce, woken in-process after each commit; the consumer reads committed", start: fxStart(true, false, 0, relay.ExactlyOnce), committed: true},
 		{name: "fxoutbox listen", desc: "defaults + Listen, writers use unitofwork.Notifier (relay in another process)", start: fxStart(false, true, 0, relay.AtLeastOnce)},
 		{name: "fxoutbox ticker", desc: "defaults, no wake-up: 500 ms ticker only", start: fxStart(false, false, 0, relay.AtLeastOnce)},
@@ -322,10 +370,23 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		if s.Contender == "fxoutbox wake cursor" && s.Rate == 1000 {
 			l.CursorP50, l.CursorP99, l.CursorP999 = s.P50, s.P99, s.P999
 		}
+		switch {
+		case s.Contender == "fxoutbox wake cursor open-tx" && s.Rate == 1000:
+			l.CursorOpenTxP50, l.CursorOpenTxP99 = s.P50, s.P99
+		case s.Contender == "fxoutbox wake open-tx" && s.Rate == 1000:
+			l.MarksOpenTxP99 = s.P99
+		}
 		if s.Rate == 5000 {
 			l.At5k[s.Contender] = map[string]float64{"p50_ms": s.P50, "p99_ms": s.P99, "p999_ms": s.P999}
 		}
 	}
+	if l.CursorOpenTxP99 > 0 && l.CursorP99 > 0 {
+		l.CursorOpenTxP99Vs = round2(l.CursorOpenTxP99 / l.CursorP99)
+	}
+	if l.MarksOpenTxP99 > 0 && l.P99 > 0 {
+		l.MarksOpenTxP99Vs = round2(l.MarksOpenTxP99 / l.P99)
+	}
+	l.OpenTxHeldLost = heldLost.Load()
 	for _, s := range order {
 		if s.Contender == "fxoutbox listen x3 procs" && s.Rate == 1000 {
 			for _, one := range order {
@@ -426,7 +487,11 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		}
 	}()
 
-	total := int(float64(rate) * p.latDuration().Seconds())
+	d := p.latDuration()
+	if c.long && !p.Quick {
+		d = 60 * time.Second
+	}
+	total := int(float64(rate) * d.Seconds())
 	tokens := make(chan int, total)
 	type commit struct {
 		id string
@@ -524,6 +589,25 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 }
 
 // waitPublished waits until the table has no unpublished row.
+// waitDelivered waits until table has no backlog (marks or cursor
+// positions, as admin reads it).
+func waitDelivered(ctx context.Context, pool *pgxpool.Pool, table outbox.Table) error {
+	for {
+		st, err := admin.ReadStatus(ctx, pool, table, nil)
+		if err != nil {
+			return err
+		}
+		if st.Backlog == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d events not delivered: %w", st.Backlog, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func (e *env) waitPublished(ctx context.Context, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {

@@ -110,6 +110,12 @@ func evaluateTargets(r *results) []Target {
 		atMost("latency: cursor p50 at 1k/s (wake)", "<= 5 ms", l.CursorP50, 5, "ms")
 		atMost("latency: cursor p99 at 1k/s (wake)", "<= 25 ms", l.CursorP99, 25, "ms")
 	}
+	if l := r.Latency; l != nil && l.CursorOpenTxP99Vs > 0 {
+		// "Unchanged" within the noise of one run on a shared machine.
+		atMost("latency: cursor p99 with a transaction open, vs without", "<= 1.25x (unchanged; 1k/s, 60 s)", l.CursorOpenTxP99Vs, 1.25, "x")
+		ts = append(ts, Target{Name: "latency: the open transaction's events delivered after its commit", Goal: "all, every run",
+			Value: float64(l.OpenTxHeldLost), Unit: "runs lost", Met: l.OpenTxHeldLost == 0})
+	}
 	if x := r.Soak; x != nil && x.TableGrowth > 0 {
 		atMost("soak: table growth (10 min at 2k/s, Retention 1 min)", "<= 2.0x the size at minute 2", x.TableGrowth, 2, "x")
 		ts = append(ts, Target{Name: "soak: rows the relay deleted", Goal: "0 (retention without DELETE)", Value: float64(x.RelayDeletes), Unit: "rows", Met: x.RelayDeletes == 0})
