@@ -43,6 +43,18 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		return c, d, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if r.cur != nil {
+		// The relay's copy of the positions takes what the batch
+		// committed, or is read again after a failure.
+		defer func() {
+			switch {
+			case err != nil:
+				r.cur.forget()
+			case c.cur != nil:
+				r.cur.remember(c.cur.saved...)
+			}
+		}()
+	}
 
 	c, err = find(ctx, tx, false)
 	if errors.Is(err, errIsolate) {

@@ -106,6 +106,70 @@ type cursorState struct {
 	// idleAt (unix nanoseconds): when a claim next takes the idle lanes
 	// along (see cursorClaim).
 	idleAt atomic.Int64
+
+	// known is the relay's copy of the lanes' positions, which Find takes
+	// as arguments instead of reading every lane's row per claim: read
+	// whole once a second (knownAt), and lane by lane from what this
+	// relay's batches read and committed. It may be behind the table
+	// (other relays' progress, up to a second), which only makes Find
+	// look at rows already delivered; it is never ahead, but for a moment
+	// after a batch that failed (then it is read again).
+	kmu     sync.Mutex
+	known   map[int32]cursor.Lane
+	knownAt time.Time
+}
+
+// knownEvery is how often a relay reads every lane's position.
+const knownEvery = time.Second
+
+// findArgs returns Find's arguments from the positions known, reading
+// them all when the copy is older than knownEvery.
+func (r *Relay) findArgs(ctx context.Context, tx pgx.Tx) (map[string]any, error) {
+	c := r.cur
+	c.kmu.Lock()
+	stale := c.known == nil || time.Since(c.knownAt) >= knownEvery
+	c.kmu.Unlock()
+	if stale {
+		rows, err := tx.Query(ctx, c.q.Positions)
+		if err != nil {
+			return nil, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
+		}
+		all := map[int32]cursor.Lane{}
+		var l cursor.Lane
+		if _, err = pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &l.Floor, &l.Top, &l.Skip}, func() error {
+			all[l.Lane] = l
+			l = cursor.Lane{}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
+		}
+		c.kmu.Lock()
+		c.known, c.knownAt = all, time.Now()
+		c.kmu.Unlock()
+	}
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	return cursor.FindArgs(r.cfg.Lanes, c.known), nil
+}
+
+// remember records lanes' positions read from the table or committed.
+func (c *cursorState) remember(lanes ...cursor.Lane) {
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	if c.known == nil {
+		return
+	}
+	for _, l := range lanes {
+		c.known[l.Lane] = l
+	}
+}
+
+// forget drops the copy of the positions (a batch failed after it may
+// have recorded positions that did not commit): the next claim reads them.
+func (c *cursorState) forget() {
+	c.kmu.Lock()
+	c.known = nil
+	c.kmu.Unlock()
 }
 
 // idleEvery is the longest a lane without events lags behind: a claim
@@ -124,6 +188,7 @@ type cursorBatch struct {
 	parked []int64         // unreadable rows the pipeline parked
 	full   bool            // the read stopped at its limit
 	last   int64           // the last id read
+	saved  []cursor.Lane   // the positions cursorSave wrote
 }
 
 // ErrCursorNotReady wraps the reasons a table cannot be relayed with
@@ -269,8 +334,12 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32)
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
 		}
-		args := pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": n, "ns": r.q.ns, "owned": owned}
-		err = r.query(ctx, tx, pre, preArgs, r.cur.q.Find, args, func(rows pgx.Rows) error {
+		args, err := r.findArgs(ctx, tx)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		args["window"], args["lanes"], args["n"], args["ns"], args["owned"] = window, r.cfg.Lanes, n, r.q.ns, owned
+		err = r.query(ctx, tx, pre, preArgs, r.cur.q.Find, pgx.NamedArgs(args), func(rows pgx.Rows) error {
 			var lane int32
 			var cnt int
 			var got *bool
@@ -334,6 +403,7 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 		return nil
 	}
 	r.cur.idleAt.Store(now.Add(max(idleEvery, r.cfg.PollInterval)).UnixNano())
+	var saved []cursor.Lane
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		var idle []int32
 		err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Idle, pgx.NamedArgs{"locked": []int32{}, "ns": r.q.ns}, func(rows pgx.Rows) error {
@@ -353,8 +423,14 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 		if b.Len() == 0 {
 			return nil
 		}
+		saved = c.cur.saved
 		return tx.SendBatch(ctx, b).Close()
 	})
+	if err == nil {
+		r.cur.remember(saved...)
+	} else {
+		r.cur.forget()
+	}
 	if err != nil {
 		return fmt.Errorf("relay: move on the idle lanes of %s: %w", r.cfg.Table, err)
 	}
@@ -387,6 +463,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 		}
 		cb.lanes[l.Lane] = l
 		cb.order = append(cb.order, l.Lane)
+		r.cur.remember(l)
 		l = cursor.Lane{}
 		return nil
 	})
@@ -535,6 +612,7 @@ func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, s
 	if len(changed) > 0 {
 		r.cursorSaveLanes(b, changed)
 	}
+	cb.saved = changed
 }
 
 // advance returns the position of each of the batch's lanes after it, with

@@ -157,8 +157,12 @@ type Queries struct {
 	// Find groups the first @window rows waiting in any lane by lane, in
 	// order of each lane's first row (the lanes in @owned first: an
 	// exactly-once worker's own), and try-locks the lanes that cover the
-	// first @n of them (as the marks claim's window does).
+	// first @n of them (as the marks claim's window does). The lanes'
+	// states are its arguments (FindArgs): positions behind the table's
+	// only make it find rows that were delivered, never miss one.
 	Find string
+	// Positions reads every lane's position (the relay's copy for Find).
+	Positions string
 	// Idle try-locks the closed lanes outside @locked that transactions
 	// went past since their done snapshot: a lane without events keeps up
 	// that way, so that the late rows of the others are looked for over a
@@ -240,7 +244,6 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 	// inWindow: row e belongs to lane state c's window (upto NULL: the
 	// window the next claim opens, ending now).
 	const inWindow = " NOT pg_visible_in_snapshot(e.txid, c.done) AND (c.upto IS NULL OR pg_visible_in_snapshot(e.txid, c.upto))"
-	state := "SELECT lane, done, upto, base, pos, floor, top, skip, CASE WHEN upto IS NULL THEN base ELSE greatest(pos, floor - 1) END AS start FROM " + c
 	// The lanes' states are arrays indexed by lane + 1 (NULL for a lane
 	// not in the statement), read once per statement: a row's lane picks
 	// its state by subscript, so the scan stays an index scan in id order
@@ -258,24 +261,13 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" AND e.id <> ALL(@skip::bigint[])" + waiting +
 			" ORDER BY e.id LIMIT @n"
 	}
-	// byLane is expr of the lanes' rows c as an array indexed by lane + 1.
-	// When every lane has its row (as it does but for a moment after the
-	// positions were changed under the relay) one aggregate builds it;
-	// otherwise (an InitPlan, run only then) a join with the lanes' numbers
-	// leaves a lane without its row NULL.
-	byLane := func(expr string) string {
-		return "CASE WHEN count(*) = @lanes::int AND min(c.lane) = 0 AND max(c.lane) = @lanes::int - 1 THEN array_agg(" + expr + " ORDER BY c.lane)" +
-			" ELSE ARRAY(SELECT " + expr + " FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) END"
-	}
-	// states are the lanes' rows as arrays (see read), with, of the closed
-	// lanes, the transactions running at their done snapshots (xips), the
-	// lowest xmax of those snapshots and the highest base.
-	states := "WITH c AS MATERIALIZED (" + state + ")," +
-		" k AS MATERIALIZED (SELECT coalesce(min(c.start), 0) AS start, " + byLane("c.done") + " AS dones, " + byLane("c.upto IS NULL") + " AS closed," +
-		" " + byLane("c.start") + " AS starts, " + byLane("c.base") + " AS bases," +
-		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
-		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.upto IS NULL), '{}') AS xips," +
-		" min(pg_snapshot_xmax(c.done)) FILTER (WHERE c.upto IS NULL) AS xmax, max(c.base) FILTER (WHERE c.upto IS NULL) AS base FROM c)"
+	// given: the lanes' states for Find, from its arguments (see
+	// FindArgs): the relay keeps the positions it last read and wrote, so
+	// that a claim does not read every lane's row (a long transaction
+	// elsewhere keeps their old versions, and the table grows).
+	given := "WITH k AS MATERIALIZED (SELECT @start::bigint AS start, @dones::text[]::pg_snapshot[] AS dones, @closed::bool[] AS closed," +
+		" @starts::bigint[] AS starts, @bases::bigint[] AS bases, @skips::bigint[] AS skips, @xips::text[]::xid8[] AS xips," +
+		" @xmax::text::xid8 AS xmax, @base::bigint AS base)"
 	// late: a closed lane's rows at or below its base that its next window
 	// holds (txid from the (txid, id) index, the other conditions per row).
 	// "e.id + 0" keeps the planner off the id indexes: an id range at or
@@ -320,7 +312,7 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		// late rows at or below their base: rows of the transactions in
 		// done's xip list, or past its xmax (a row whose id was drawn
 		// before its transaction's id).
-		Find: states + "," +
+		Find: given + "," +
 			" w AS ((SELECT e.id, " + ln + " - 1 AS lane FROM " + t + " e" +
 			" WHERE e.id > (SELECT start FROM k) AND e.id > ((SELECT starts FROM k))[" + ln + "]" +
 			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "]) AND e.id <> ALL((SELECT skips FROM k)::bigint[])" + waiting +
@@ -349,6 +341,7 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
 			" CASE WHEN c.opening THEN (SELECT top FROM s) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
+		Positions: "SELECT lane, done::text, coalesce(upto::text, ''), base, coalesce(pos, 0), coalesce(floor, base + 1), coalesce(top, 0), coalesce(skip, '{}') FROM " + c,
 		Read:    read(cols + ", " + ln + " - 1"),
 		ReadIDs: read("e.id, " + ln + " - 1"),
 		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
@@ -382,6 +375,70 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		" FROM " + t + " e WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL ON CONFLICT DO NOTHING"
 	q.AdoptUnpark = "DELETE FROM " + t + " e USING " + p + " x WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL AND x.id = e.id AND x.event_id = e.event_id"
 	return q
+}
+
+// FindArgs returns Find's arguments for the lanes' positions pos (a lane
+// without one is NULL: none of its rows is found).
+func FindArgs(lanes int, pos map[int32]Lane) map[string]any {
+	dones, starts, bases := make([]*string, lanes), make([]*int64, lanes), make([]*int64, lanes)
+	closed := make([]*bool, lanes)
+	skips, xips := []int64{}, []string{}
+	var start, base *int64
+	var xmax *uint64
+	seen := map[string]bool{}
+	for id, l := range pos {
+		if id < 0 || int(id) >= lanes {
+			continue
+		}
+		d, st, b, c := l.Done, l.Start(), l.Base, !l.Open()
+		dones[id], starts[id], bases[id], closed[id] = &d, &st, &b, &c
+		skips = append(skips, l.Skip...)
+		if start == nil || st < *start {
+			start = &st
+		}
+		if !c {
+			continue
+		}
+		if base == nil || b > *base {
+			base = &b
+		}
+		x, xip := snapshotParts(l.Done)
+		if xmax == nil || x < *xmax {
+			xmax = &x
+		}
+		for _, v := range xip {
+			if !seen[v] {
+				seen[v] = true
+				xips = append(xips, v)
+			}
+		}
+	}
+	if start == nil {
+		zero := int64(0)
+		start = &zero
+	}
+	var xmaxText *string
+	if xmax != nil {
+		t := strconv.FormatUint(*xmax, 10)
+		xmaxText = &t
+	}
+	return map[string]any{"start": *start, "dones": dones, "closed": closed, "starts": starts, "bases": bases,
+		"skips": skips, "xips": xips, "xmax": xmaxText, "base": base}
+}
+
+// snapshotParts returns a pg_snapshot's xmax and its xip list, from its
+// text form "xmin:xmax:xip,...". A malformed one gives 0 (every
+// transaction counts as past it: the lane's rows are looked for widely).
+func snapshotParts(s string) (xmax uint64, xip []string) {
+	parts := strings.SplitN(s, ":", 3)
+	if len(parts) != 3 {
+		return 0, nil
+	}
+	xmax, _ = strconv.ParseUint(parts[1], 10, 64)
+	if parts[2] != "" {
+		xip = strings.Split(parts[2], ",")
+	}
+	return xmax, xip
 }
 
 // ReadArrays returns Read's arguments @dones, @uptos and @starts for the
