@@ -38,10 +38,10 @@ func Retire(ctx context.Context, db DB, e Env, now time.Time) (dropped []string,
 		}
 		reason := ""
 		switch {
-		case older != "":
-			reason = fmt.Sprintf("%s: the older partition %s stays, and partitions go oldest first", ReasonOlder, older)
 		case p.Hi.Add(e.Retention).After(now):
 			reason = fmt.Sprintf("%s: Retention (%s) has not passed since its upper bound; it goes after %s", ReasonRetention, e.Retention, p.Hi.Add(e.Retention).Format(time.RFC3339))
+		case older != "":
+			reason = fmt.Sprintf("%s: the older partition %s stays, and partitions go oldest first", ReasonOlder, older)
 		default:
 			err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
 				reason, err = e.blocker(ctx, tx, l.Ident(p.Name))

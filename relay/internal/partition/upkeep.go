@@ -109,7 +109,7 @@ func Extend(ctx context.Context, db DB, e Env, now time.Time) (made []string, ke
 	target := Floor(now, interval).Add((Ahead + 1) * interval)
 	var maxID *string
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, "SELECT max(event_id)::text FROM "+l.Ident(tail.Name)).Scan(&maxID)
+		return tx.QueryRow(ctx, "SELECT (SELECT event_id::text FROM "+l.Ident(tail.Name)+" ORDER BY event_id DESC LIMIT 1)").Scan(&maxID)
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("partitions of %s: read the tail: %w", e.Table, err)
