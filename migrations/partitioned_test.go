@@ -74,7 +74,7 @@ func TestUpPartitioned(t *testing.T) {
 		t.Fatalf("partitions %v (%v)", names, rows.Err())
 	}
 	now := time.Now().UTC()
-	cur := "PaymentOutbox_p" + now.Truncate(time.Hour).Format("20060102T1504")
+	cur := "PaymentOutbox_p" + now.Truncate(time.Hour).Format("20060102_1504")
 	if !slices.Contains(names, cur) || !slices.Contains(names, "PaymentOutbox_head") || !slices.Contains(names, "PaymentOutbox_tail") {
 		t.Fatalf("partitions %v: want %s, head and tail", names, cur)
 	}

@@ -15,7 +15,7 @@
 -- Partitions: <name>_head holds every id below the oldest partition (old
 -- events inserted again), <name>_tail every id above the newest one (writes
 -- while no relay made partitions ahead), and between them one partition per
--- interval, named <name>_p<lower bound, UTC, YYYYMMDDTHHMI>. This creates
+-- interval, named <name>_p<lower bound, UTC, YYYYMMDD_HHMI>. This creates
 -- the previous interval, the current one and 7 ahead; the relay keeps 7
 -- ahead, and derives the interval from the partitions' bounds. There is no
 -- DEFAULT partition. To choose another interval, change the step below (or
@@ -75,7 +75,7 @@ BEGIN
         FOR i IN 0 .. ahead + 1 LOOP
             hi := (SELECT format('%s-%s-0000-0000-000000000000', substr(h, 1, 8), substr(h, 9, 4)) FROM lpad(to_hex(lo + ms), 12, '0') h);
             EXECUTE format('CREATE TABLE %I.%I PARTITION OF "outbox_event" FOR VALUES FROM (%L) TO (%L)', schem,
-                left(base, 48) || '_p' || to_char(to_timestamp(lo / 1000.0) AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MI'), bound, hi);
+                left(base, 48) || '_p' || to_char(to_timestamp(lo / 1000.0) AT TIME ZONE 'UTC', 'YYYYMMDD_HH24MI'), bound, hi);
             lo := lo + ms;
             bound := hi;
         END LOOP;

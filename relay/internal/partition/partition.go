@@ -183,9 +183,9 @@ func IDAt(t time.Time) string {
 }
 
 // Name is the name of the partition of base starting at lo, as the
-// migration names them: <base, cut to 48 bytes>_pYYYYMMDDTHHMI (UTC).
+// migration names them: <base, cut to 48 bytes>_pYYYYMMDD_HHMI (UTC).
 func Name(base string, lo time.Time) string {
-	return base[:min(len(base), 48)] + "_p" + lo.UTC().Format("20060102T1504")
+	return base[:min(len(base), 48)] + "_p" + lo.UTC().Format("20060102_1504")
 }
 
 // HeadName and TailName name the open-ended partitions.

@@ -90,13 +90,13 @@ func (e Env) begin(ctx context.Context, db DB) (pgx.Tx, error) {
 }
 
 // Extend keeps partitions Ahead intervals past now: when the tail starts
-// before that, it is split. An empty tail is dropped and made again past
-// the new partitions, in one transaction; a tail that took writes (no
-// relay made partitions in time) is re-bounded to [its start, X), X a
-// bound past its rows and Ahead intervals past now, with a CHECK
-// constraint validated first so that ATTACH does not scan it, and a new
-// tail from X. It returns the partitions it made, and the tail as Kept
-// when its ids are too far ahead to bound it.
+// before that, it is split: the empty tail is dropped and made again past
+// the new partitions, in one transaction. A tail that took writes (no relay
+// made partitions in time, or writers' clocks run ahead) is re-bounded to
+// [its start, X), X the interval bound Ahead+1 intervals past the later of
+// its highest id and now, and a new tail made from X (see reboundTail). It
+// returns the partitions it made, and the tail as Kept when its ids are
+// too far ahead (FarAhead intervals) to bound it.
 func Extend(ctx context.Context, db DB, e Env, now time.Time) (made []string, kept []Kept, err error) {
 	l, err := loadTx(ctx, db, e.Table)
 	if err != nil || !l.Partitioned {
@@ -198,11 +198,21 @@ func splitEmptyTail(ctx context.Context, db DB, e Env, tail Part, interval time.
 }
 
 // reboundTail makes the tail, which holds rows, the partition [its start,
-// x) and a new tail from x. The CHECK constraint that lets ATTACH skip the
-// scan is added NOT VALID and validated while the tail stays attached
-// (writers go on; only an id past x, more than Ahead intervals ahead, would
-// be refused meanwhile), then one transaction detaches it, attaches it
-// bounded, renames it and makes the new tail.
+// x) and a new tail from x. ATTACH PARTITION proves the new bound from a
+// valid CHECK constraint equal to it instead of scanning the rows under the
+// table's lock; the constraint is added NOT VALID (a short lock on the tail
+// only) and validated (a scan that blocks no writer) while the tail stays
+// attached, then one transaction detaches the tail, attaches it bounded,
+// renames it and makes the new tail: the table's lock is held for catalog
+// changes only.
+//
+// Between the first step and the last, the constraint refuses an id past
+// x: more than Ahead+1 intervals ahead of the clock, which no writer with a
+// sane clock makes. Taking the tail's lock for the whole change instead
+// would deadlock with writers (they hold the table's lock, then want the
+// tail's), and scanning under the table's lock would stop every writer
+// for the length of the scan. A constraint left by a change that did not
+// finish is removed at the next round (dropStaleBound).
 func reboundTail(ctx context.Context, db DB, e Env, tail Part, x time.Time) ([]string, error) {
 	l := Layout{}
 	step := func(f func(tx pgx.Tx) error) error {
