@@ -118,7 +118,7 @@ func Load(ctx context.Context, q Querier, table outbox.Table) (Layout, error) {
 	err := q.QueryRow(ctx, "SELECT c.relkind = 'p', n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
 		table.Ident()).Scan(&l.Partitioned, &l.Schema, &l.Base)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return l, fmt.Errorf("partitions of %s: the table does not exist", table)
+		return l, nil // no table: not partitioned (what uses it says it is missing)
 	}
 	if err != nil || !l.Partitioned {
 		return l, err
