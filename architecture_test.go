@@ -14,8 +14,9 @@ import (
 var mayImport = map[string][]string{
 	".":                            {"internal/textcut"},
 	"unitofwork":                   {".", "internal/record"},
-	"relay":                        {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
+	"relay":                        {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
 	"relay/internal/cursor":        {"."},
+	"relay/internal/partition":     {"."},
 	"relay/internal/kafkaproducer": nil,
 	"relay/internal/pgoutput":      {"."},
 	"relay/internal/tablestats":    {".", "internal/tablesql"},

@@ -102,6 +102,18 @@ type Status struct {
 	// channel (relays with Listen, one each). A relay that neither listens
 	// nor has a batch in flight is not seen.
 	Sessions []Session `json:"sessions"`
+	// PartitionsKept are, for a partitioned table (migrations.
+	// UpPartitioned), the partitions past their upper bound that the
+	// relays keep, with why: the reason starts with its class (retention,
+	// undelivered, parked, older, lock_timeout, ahead, detach_pending) and
+	// a colon. It is the relays' last word (every CleanupInterval).
+	PartitionsKept []PartitionKept `json:"partitions_kept"`
+}
+
+// PartitionKept is a partition that stays, and why.
+type PartitionKept struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // MarshalJSON writes durations in seconds: oldest_age_seconds,
@@ -185,7 +197,7 @@ func ReadStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 // part of Status, one after another, so that it reads top to bottom as
 // the status prints.
 func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
-	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}}
+	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}, PartitionsKept: []PartitionKept{}}
 	if err := table.Validate(); err != nil {
 		return st, err
 	}
@@ -201,6 +213,10 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		return st, err
 	}
 	st.Backlog, st.BacklogCapped, st.OldestCreatedAt, st.OldestAge, st.Parked = c.Backlog, c.BacklogCapped, c.OldestCreatedAt, c.OldestAge, c.Parked
+	st.PartitionsKept = []PartitionKept{}
+	for _, p := range c.PartitionsKept {
+		st.PartitionsKept = append(st.PartitionsKept, PartitionKept(p))
+	}
 
 	st.RateHorizon = o.RateHorizon
 	if st.RateHorizon == 0 {

@@ -31,6 +31,7 @@ func TestToolLayouts(t *testing.T) {
 		{"goose", migrations.Goose, 3}, {"tern", migrations.Tern, 3},
 		{filepath.Join("stream", "goose"), migrations.GooseStream, 1}, {filepath.Join("stream", "tern"), migrations.TernStream, 1},
 		{filepath.Join("cursor", "goose"), migrations.GooseCursor, 2}, {filepath.Join("cursor", "tern"), migrations.TernCursor, 2},
+		{filepath.Join("partitioned", "goose"), migrations.GoosePartitioned, 1}, {filepath.Join("partitioned", "tern"), migrations.TernPartitioned, 1},
 	} {
 		dir, render := tc.dir, tc.render
 		fsys, _, err := render(outbox.Table{})

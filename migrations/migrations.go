@@ -186,6 +186,11 @@ func (k set) up(ctx context.Context, db DB, table outbox.Table) error {
 		if err != nil {
 			return err
 		}
+		if k.dir == outboxSet.dir {
+			if done, err := adoptPartitioned(ctx, tx, table, all, applied); err != nil || done {
+				return err
+			}
+		}
 		for _, m := range all {
 			if applied[m.Version] {
 				continue

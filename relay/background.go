@@ -96,7 +96,16 @@ func (r *Relay) clean(ctx context.Context) {
 // returns how many it deleted. Started relays call it every CleanupInterval;
 // call it yourself to clean on your own schedule (with Retention < 0 it
 // deletes nothing).
+//
+// On a partitioned table (migrations.UpPartitioned) it deletes no row: it
+// runs MaintainPartitions, which drops whole partitions, and returns 0.
 func (r *Relay) Cleanup(ctx context.Context) (int, error) {
+	if yes, err := r.isPartitioned(ctx); err != nil {
+		return 0, err
+	} else if yes {
+		_, err := r.MaintainPartitions(ctx)
+		return 0, err
+	}
 	if r.cfg.Retention < 0 {
 		return 0, nil
 	}

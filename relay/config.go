@@ -122,7 +122,10 @@ type Config struct {
 	Listen bool
 	// Retention is how long published rows are kept before the relay
 	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
-	// Default 72h; a negative value disables the deletion.
+	// Default 72h; a negative value disables the deletion. On a partitioned
+	// table (migrations.UpPartitioned) the relay deletes no row: it drops a
+	// partition once Retention has passed since its upper bound and every
+	// lane delivered it (docs/partitions.md).
 	Retention time.Duration
 	// CleanupInterval is the period of the deletion of old published rows.
 	// Default 1m.

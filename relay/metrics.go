@@ -65,6 +65,12 @@ import (
 //	    lanes changing owner: outbox.fence.side = fencing (this relay's worker took lanes
 //	    over, fencing their owner) | fenced (this relay's worker found it was fenced)
 //
+// Per relay with Progress ProgressCursor, on a partitioned table (after its first upkeep round):
+//
+//	outbox.partitions.kept   gauge     [{partition}] -> outbox_partitions_kept
+//	    partitions past their upper bound that the last upkeep kept, by
+//	    outbox.partition.reason = retention | undelivered | parked | older | lock_timeout | ahead
+//
 // Per relay in Stream mode:
 //
 //	outbox.stream.lag        gauge     [By]        -> outbox_stream_lag_bytes
@@ -130,6 +136,7 @@ const (
 	MetricTransactions      = "outbox.transactions"
 	MetricTxnDuration       = "outbox.transaction.duration"
 	MetricFences            = "outbox.fences"
+	MetricPartitionsKept    = "outbox.partitions.kept"
 )
 
 // The steps of outbox.step.duration and outbox.errors (attribute outbox.step).
@@ -152,6 +159,9 @@ const (
 	AttrTxnOutcome = attribute.Key("outbox.transaction.outcome")
 	// AttrFenceSide is fencing or fenced (outbox.fences).
 	AttrFenceSide = attribute.Key("outbox.fence.side")
+	// AttrPartitionReason is why partitions stay (outbox.partitions.kept):
+	// retention, undelivered, parked, older, lock_timeout or ahead.
+	AttrPartitionReason = attribute.Key("outbox.partition.reason")
 )
 
 // durationBuckets are the semantic conventions' boundaries for messaging
@@ -232,6 +242,12 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	parked, err := meter.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"), metric.WithDescription("Parked events by topic and error.type; reported by one relay per table."))
 	add(err)
 	observed := []metric.Observable{lastAge, backlog, age, parked}
+	var partsKept metric.Int64ObservableGauge
+	if r.cfg.Progress == ProgressCursor {
+		partsKept, err = meter.Int64ObservableGauge(MetricPartitionsKept, metric.WithUnit("{partition}"), metric.WithDescription("Partitions of a partitioned table past their upper bound that the relay's last upkeep kept, by outbox.partition.reason."))
+		add(err)
+		observed = append(observed, partsKept)
+	}
 	var lag metric.Int64ObservableGauge
 	var delay metric.Float64ObservableGauge
 	var state metric.Int64ObservableGauge
@@ -274,6 +290,11 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 				o.ObserveFloat64(age, st.Age, table)
 				for _, p := range st.Parked {
 					o.ObserveInt64(parked, p.N, metric.WithAttributes(ms.table, semconv.MessagingDestinationName(p.Topic), semconv.ErrorTypeKey.String(p.Reason)))
+				}
+			}
+			if kept, ok := r.keptByReason(); ok && partsKept != nil {
+				for reason, n := range kept {
+					o.ObserveInt64(partsKept, n, metric.WithAttributes(ms.table, AttrPartitionReason.String(reason)))
 				}
 			}
 			if r.cfg.Mode == Stream {

@@ -626,6 +626,18 @@ func exportAll(t *testing.T) map[string]exported {
 		}
 	}
 
+	// A cursor relay on a partitioned table, after one upkeep round: the
+	// partitions kept.
+	s5 := newPartitionedSetup(t)
+	rp := s5.relay(t, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), relay.Config{Progress: relay.ProgressCursor, MeterProvider: mp})
+	if err := rp.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rp.Stop(s.ctx) }()
+	if _, err := rp.MaintainPartitions(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(s.ctx, &rm); err != nil {
 		t.Fatal(err)
@@ -743,13 +755,13 @@ func TestDocumentedMetricsMatchExports(t *testing.T) {
 	for _, name := range []string{relay.MetricPublished, relay.MetricErrors, relay.MetricStepErrors, relay.MetricStepDuration,
 		relay.MetricBatchSize, relay.MetricLatency, relay.MetricLastPublishAge, relay.MetricSentMessages, relay.MetricOperationDuration,
 		relay.MetricBacklog, relay.MetricOldestAge, relay.MetricParked, relay.MetricPoolConnections, relay.MetricPoolMax, relay.MetricPoolAcquireWait,
-		relay.MetricStreamLag, relay.MetricStreamDelay, relay.MetricStreamState, relay.MetricTransactions, relay.MetricTxnDuration, relay.MetricFences} {
+		relay.MetricStreamLag, relay.MetricStreamDelay, relay.MetricStreamState, relay.MetricTransactions, relay.MetricTxnDuration, relay.MetricFences, relay.MetricPartitionsKept} {
 		if _, ok := got[name]; !ok {
 			t.Errorf("constant %s is not exported", name)
 		}
 	}
-	if len(got) != 21 {
-		t.Errorf("%d metrics exported, the constants list 21: add the new one to the constants, the package doc and docs/operating.md", len(got))
+	if len(got) != 22 {
+		t.Errorf("%d metrics exported, the constants list 22: add the new one to the constants, the package doc and docs/operating.md", len(got))
 	}
 
 	token := regexp.MustCompile(`\b(?:outbox|messaging|db)_[a-z_]+\b`)

@@ -223,6 +223,11 @@ func (r *Relay) checkMarks(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: check the progress of %s: %w", r.cfg.Table, err)
 	}
+	if yes, err := r.isPartitioned(ctx); err != nil {
+		return err
+	} else if yes {
+		return r.partitionedMarks()
+	}
 	if inUse {
 		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, cursorTable(r.cfg.Table))
 	}

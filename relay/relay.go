@@ -58,6 +58,9 @@ type Relay struct {
 	// marksChecked: a check found the table not in cursor mode (see
 	// checkMarks).
 	marksChecked atomic.Bool
+	// parts: whether the table is partitioned, and the last upkeep's word
+	// (partitions.go).
+	parts partitions
 
 	mu       sync.Mutex
 	started  bool

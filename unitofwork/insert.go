@@ -2,6 +2,9 @@ package unitofwork
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,7 +54,8 @@ func (in inserter) exec(ctx context.Context, db execer, recs []record.Record) er
 }
 
 func (in inserter) run(ctx context.Context, db execer, recs []record.Record, xid *int64) error {
-	do := func(one, watched string, args ...any) error {
+	do := func(one, watched string, args ...any) (err error) {
+		defer func() { err = notV7(err, recs) }()
 		if xid == nil {
 			_, err := db.Exec(ctx, one, args...)
 			return err
@@ -90,3 +94,20 @@ func headersArg(h map[string]string) []byte {
 }
 
 var _ execer = pgx.Tx(nil)
+
+// notV7 explains the refusal of an event id that is not a UUIDv7 by a
+// partitioned table (migrations.UpPartitioned, the CHECK constraint
+// <name>_event_id_v7): its partitions are ranges of the time in v7 ids.
+func notV7(err error, recs []record.Record) error {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || pg.Code != "23514" || !strings.HasSuffix(pg.ConstraintName, "_event_id_v7") {
+		return err
+	}
+	for _, r := range recs {
+		if r.ID.Version() != 7 {
+			return fmt.Errorf("%w: event id %s is a version %d UUID, and the outbox table is partitioned by the time in version 7 ids (docs/partitions.md): leave Event.ID zero to get one, or set a UUIDv7 (uuid.NewV7): %w",
+				outbox.ErrInvalidEvent, r.ID, r.ID.Version(), err)
+		}
+	}
+	return err
+}

@@ -85,6 +85,12 @@ func printStatus(e env, st admin.Status) {
 		}
 		fmt.Fprintln(w, "  see them: outboxctl parked list [--topic T] [--error TEXT]")
 	}
+	if len(st.PartitionsKept) > 0 {
+		fmt.Fprintf(w, "Partitions  %d kept past their time (docs/partitions.md)\n", len(st.PartitionsKept))
+		for _, p := range st.PartitionsKept {
+			fmt.Fprintf(w, "  %s  %s\n", printable(p.Name, 63), printable(p.Reason, 300))
+		}
+	}
 	fmt.Fprintf(w, "Lanes     %d of %d held now", len(st.LanesHeld), st.Lanes)
 	if len(st.LanesHeld) == 0 {
 		fmt.Fprint(w, " (a relay holds its lanes only while a batch is in flight)")

@@ -20,3 +20,9 @@ func Namespace(table string) int32 {
 // its table-wide gauges (backlog, oldest age, parked). Lanes are never
 // negative, so it never meets a lane's lock.
 const StatsReporter int32 = -1
+
+// Partitions is the second key of the transaction-scoped advisory lock
+// (Namespace, Partitions) that a relay holds while it changes a
+// partitioned table's partitions (makes, re-bounds or drops one): one relay
+// of the table at a time, the others skip the round.
+const Partitions int32 = -2

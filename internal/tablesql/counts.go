@@ -51,6 +51,9 @@ type Counts struct {
 	OldestInFuture bool `json:"oldest_in_future"`
 	// Parked is the number of parked events.
 	Parked int64 `json:"parked"`
+	// PartitionsKept are, for a partitioned table, the partitions past
+	// their upper bound that the relay keeps, with why.
+	PartitionsKept []PartitionKept `json:"partitions_kept,omitempty"`
 }
 
 // ReadCounts reads a table's Counts in one statement that reads only the
@@ -64,6 +67,9 @@ func ReadCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, er
 		return Counts{}, err
 	}
 	c, err := readCounts(ctx, db, table)
+	if err == nil {
+		c.PartitionsKept, err = readPartitionsKept(ctx, db, table)
+	}
 	if err != nil {
 		return c, fmt.Errorf("counts of %s: %w", table, err)
 	}
