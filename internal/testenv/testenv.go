@@ -2,6 +2,10 @@
 // Kafka-protocol broker over TCP, taken from DATABASE_URL and KAFKA_BROKERS
 // (make test starts both). Without them a test is skipped, unless
 // OUTBOX_TEST_REQUIRE=1 (set by make test and CI), where it fails.
+//
+// Tests wait for what happens in the background with Eventually, which
+// polls a condition that says how far things got, and never assert how long
+// something took: the machines running them are loaded.
 package testenv
 
 import (
