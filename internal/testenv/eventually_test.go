@@ -93,7 +93,7 @@ func TestEventuallyStopsBeforeTheTestDeadline(t *testing.T) {
 	// in time for the reason to be seen instead of the binary's panic.
 	f := deadlineT{fakeT: &fakeT{}, deadline: time.Now().Add(deadlineGrace + 100*time.Millisecond)}
 	c := &counter{}
-	Eventually(f, 2*time.Minute, c.cond)
+	Eventually(f, 20*time.Second, c.cond)
 	if len(f.fatal) != 1 || !strings.Contains(f.fatal[0], "deadline") || !strings.Contains(f.fatal[0], fmt.Sprintf("check %d not done", c.calls)) {
 		t.Errorf("failures %q; want one naming the test's deadline and the last reason", f.fatal)
 	}
@@ -101,7 +101,7 @@ func TestEventuallyStopsBeforeTheTestDeadline(t *testing.T) {
 	// Already past: one check, then the failure.
 	f = deadlineT{fakeT: &fakeT{}, deadline: time.Now().Add(-time.Second)}
 	c = &counter{}
-	Eventually(f, 2*time.Minute, c.cond)
+	Eventually(f, 20*time.Second, c.cond)
 	if c.calls != 1 || len(f.fatal) != 1 || !strings.Contains(f.fatal[0], "deadline") {
 		t.Errorf("past the deadline: %d checks, failures %q; want one check and a failure naming the deadline", c.calls, f.fatal)
 	}
@@ -121,7 +121,7 @@ func TestEventuallyCtxStopsWhenTheContextEnds(t *testing.T) {
 	cancel(broker)
 	f := &fakeT{}
 	c := &counter{}
-	EventuallyCtx(ctx, f, time.Minute, c.cond)
+	EventuallyCtx(ctx, f, 20*time.Second, c.cond)
 	if c.calls != 1 || len(f.fatal) != 1 || !strings.Contains(f.fatal[0], broker.Error()) || !strings.Contains(f.fatal[0], "check 1 not done") {
 		t.Errorf("ended context: %d checks, failures %q; want one check and a failure with the cause and the reason", c.calls, f.fatal)
 	}
@@ -135,7 +135,7 @@ func TestEventuallyCtxStopsWhenTheContextEnds(t *testing.T) {
 			cancel(broker)
 		}
 	}}
-	EventuallyCtx(ctx, f, time.Minute, c.cond)
+	EventuallyCtx(ctx, f, 20*time.Second, c.cond)
 	if c.calls != 3 || len(f.fatal) != 1 || !strings.Contains(f.fatal[0], broker.Error()) {
 		t.Errorf("context ended at check 3: %d checks, failures %q; want 3 and a failure with the cause", c.calls, f.fatal)
 	}
