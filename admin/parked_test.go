@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
 // parkedMix seeds 3000 parked events over topics, types, keys, errors and
@@ -237,19 +238,13 @@ func TestDeleteSkipsAnEventRequeuedMeanwhile(t *testing.T) {
 		done <- res{n, err}
 	}()
 	// Wait until the delete waits for the requeue's row lock.
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		var waiting int
 		if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM '||$1||'%'", s.table.Ident()).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the delete never waited for the row lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return waiting > 0, "the delete does not wait for the row lock"
+	})
 	if err := tx.Commit(s.ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -195,16 +197,12 @@ func TestStatusShowsLanesAndSessionsOfARealRelay(t *testing.T) {
 	// The listening session and the gauges' reporter may connect a moment
 	// after the first batch: three sessions, one each.
 	var st admin.Status
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		st, err = admin.ReadStatus(s.ctx, s.pool, s.table, nil)
-		if err != nil {
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		if st, err = admin.ReadStatus(s.ctx, s.pool, s.table, nil); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Sessions) == 3 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(st.Sessions) == 3, fmt.Sprintf("%d sessions, want 3 (holder, listener, reporter): %+v", len(st.Sessions), st.Sessions)
+	})
 	if len(st.LanesHeld) != 1 || st.LanesHeld[0].Lane != lane || st.LanesHeld[0].Since == nil {
 		t.Fatalf("lanes held %+v, want lane %d of key o-42", st.LanesHeld, lane)
 	}

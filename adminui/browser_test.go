@@ -2,6 +2,7 @@ package adminui_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
 // chromePath finds a headless Chromium: OUTBOX_CHROME, Debian's
@@ -104,19 +107,12 @@ func eval[T any](t *testing.T, ctx context.Context, js string) T {
 // waitJS waits until the expression is true.
 func waitJS(t *testing.T, ctx context.Context, cond string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.EventuallyCtx(ctx, t, 20*time.Second, func() (bool, string) {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ok, err := chromedp.Run(c, chromedp.Evaluate[bool](cond))
 		cancel()
-		if err == nil && ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s (%v)", cond, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && ok, fmt.Sprintf("still not %s (%v)", cond, err)
+	})
 }
 
 // screenshot writes docs/images/adminui-<name>.png when UPDATE_SCREENSHOTS=1.

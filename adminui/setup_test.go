@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -184,12 +185,10 @@ func (s *setup) csrf(t *testing.T, token string) string {
 // wait polls a job until it ends and returns it.
 func (s *setup) wait(t *testing.T, token string, job adminui.Job) adminui.Job {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for job.State == "running" {
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s still running: %+v", job.ID, job)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		if job.State != "running" {
+			return true, ""
 		}
-		time.Sleep(20 * time.Millisecond)
 		code, b, _ := s.do(t, "GET", "api/jobs/"+job.ID, token, nil)
 		if code != 200 {
 			t.Fatalf("api/jobs: %d %s", code, b)
@@ -197,6 +196,7 @@ func (s *setup) wait(t *testing.T, token string, job adminui.Job) adminui.Job {
 		if err := json.Unmarshal(b, &job); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return job.State != "running", fmt.Sprintf("job %s still running: %+v", job.ID, job)
+	})
 	return job
 }

@@ -3,6 +3,7 @@ package fxoutbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -66,10 +67,10 @@ func TestInboxModule(t *testing.T) {
 	produce(t, brokers, topic, ids[1], "order.shipped.v1")
 	produce(t, brokers, topic, ids[0], "order.confirmed.v1") // redelivered
 	produce(t, brokers, topic, ids[2], "order.shipped.v1")   // same key: applied after the redelivery
-	waitFor(t, func() bool {
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var n int
-		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()).Scan(&n)
-		return n == 3
+		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()).Scan(&n)
+		return err == nil && n == 3, fmt.Sprintf("%d inbox rows, want 3 (%v)", n, err)
 	})
 	app.RequireStop()
 
@@ -108,15 +109,4 @@ func produce(t *testing.T, brokers []string, topic, id, typ string) {
 	t.Helper()
 	testenv.Produce(t, brokers, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder("o-1"), Value: sarama.StringEncoder(`{}`),
 		Headers: []sarama.RecordHeader{{Key: []byte(outbox.HeaderEventID), Value: []byte(id)}, {Key: []byte(outbox.HeaderEventType), Value: []byte(typ)}}})
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met after 60s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

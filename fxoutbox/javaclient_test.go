@@ -50,13 +50,15 @@ func publishOrders(t *testing.T, pool *pgxpool.Pool, brokers []string, cfg fxout
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for unpublished(t, pool, cfg.Table) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events unpublished after 60s; logs:\n%s", unpublished(t, pool, cfg.Table), orderKeys, l.String())
+	defer func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", l.String())
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	}()
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
+		n := unpublished(t, pool, cfg.Table)
+		return n == 0, fmt.Sprintf("%d of %d events unpublished", n, orderKeys)
+	})
 	ids := map[string]string{}
 	rows, err := pool.Query(ctx, "SELECT partition_key, event_id::text FROM "+cfg.Table.Ident())
 	if err != nil {

@@ -133,14 +133,10 @@ func TestNamedInstancesSideBySide(t *testing.T) {
 	// Each relay marks its own table (after the broker's ack, so a moment
 	// after the consumer may have the record).
 	for _, tbl := range []outbox.Table{payTbl, auditTbl, mainTbl} {
-		deadline := time.Now().Add(20 * time.Second)
-		n := unpublished(t, pool, tbl)
-		for ; n != 0 && time.Now().Before(deadline); n = unpublished(t, pool, tbl) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if n != 0 {
-			t.Errorf("%s: %d rows unpublished", tbl, n)
-		}
+		testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+			n := unpublished(t, pool, tbl)
+			return n == 0, fmt.Sprintf("%s: %d rows unpublished", tbl, n)
+		})
 	}
 	app.RequireStop()
 }
@@ -217,28 +213,27 @@ func TestConcreteSDKProvidersAreUsed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(spans.Ended()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return len(spans.Ended()) > 0, "no span ended yet: want the relay's publish span on the supplied *sdktrace.TracerProvider"
+	})
+	if s := spans.Ended(); s[0].Name() != "publish "+topic {
+		t.Fatalf("span %q, want the relay's publish span on the supplied *sdktrace.TracerProvider", s[0].Name())
 	}
-	if s := spans.Ended(); len(s) == 0 || s[0].Name() != "publish "+topic {
-		t.Fatalf("spans = %d, want the relay's publish span on the supplied *sdktrace.TracerProvider", len(s))
-	}
-	found := false // the counter follows the mark, a moment after the span
-	for ; !found && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	// The counter follows the mark, a moment after the span.
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		var rm metricdata.ResourceMetrics
 		if err := reader.Collect(ctx, &rm); err != nil {
 			t.Fatal(err)
 		}
 		for _, sm := range rm.ScopeMetrics {
 			for _, m := range sm.Metrics {
-				found = found || m.Name == relay.MetricPublished
+				if m.Name == relay.MetricPublished {
+					return true, ""
+				}
 			}
 		}
-	}
-	if !found {
-		t.Errorf("no %s on the supplied *sdkmetric.MeterProvider", relay.MetricPublished)
-	}
+		return false, "no " + relay.MetricPublished + " on the supplied *sdkmetric.MeterProvider"
+	})
 	if s := l.String(); !strings.Contains(s, `tracer="fx *sdktrace.TracerProvider"`) || !strings.Contains(s, `meter="fx *sdkmetric.MeterProvider"`) {
 		t.Errorf("start-up line does not say where the providers come from:\n%s", s)
 	}

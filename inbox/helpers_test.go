@@ -209,24 +209,20 @@ func (e *env) count() int {
 	return n
 }
 
+// eventually waits for cond (testenv.Eventually), what naming what it
+// waits for.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, testenv.Cond(what, cond))
 }
 
 // waitEffects waits until n events have an effect.
 func (e *env) waitEffects(n int) {
 	e.t.Helper()
-	eventually(e.t, 90*time.Second, fmt.Sprintf("want %d events applied", n), func() bool {
+	testenv.Eventually(e.t, 90*time.Second, func() (bool, string) {
 		var got int
-		_ = e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT event_id) FROM `+e.effects).Scan(&got)
-		return got >= n
+		err := e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT event_id) FROM `+e.effects).Scan(&got)
+		return err == nil && got >= n, fmt.Sprintf("%d of %d events applied (%v)", got, n, err)
 	})
 }
 
@@ -234,12 +230,12 @@ func (e *env) waitEffects(n int) {
 // of partitions partitions add up to n records.
 func (e *env) waitCommitted(group string, partitions int32, n int, timeout time.Duration) {
 	e.t.Helper()
-	eventually(e.t, timeout, fmt.Sprintf("group %s commits all %d records", group, n), func() bool {
+	testenv.Eventually(e.t, timeout, func() (bool, string) {
 		var total int64
 		for _, o := range e.committed(group, partitions) {
 			total += o
 		}
-		return total == int64(n)
+		return total == int64(n), fmt.Sprintf("group %s committed offsets add up to %d, want all %d records", group, total, n)
 	})
 }
 
@@ -318,13 +314,10 @@ func (e *env) committed(group string, partitions int32) map[int32]int64 {
 	// moved, or just after the broker started), and sarama's admin does not
 	// retry that code; ask again for up to 30s.
 	var resp *sarama.OffsetFetchResponse
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testenv.Eventually(e.t, 30*time.Second, func() (bool, string) {
 		resp, err = admin.ListConsumerGroupOffsets(group, map[string][]int32{e.topic: ps})
-		if !errors.Is(err, sarama.ErrOffsetsLoadInProgress) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return !errors.Is(err, sarama.ErrOffsetsLoadInProgress), fmt.Sprintf("committed offsets of group %s: %v", group, err)
+	})
 	if errors.Is(err, sarama.ErrGroupIDNotFound) {
 		return out // nothing committed yet
 	}

@@ -30,10 +30,14 @@ func TestTwoOwnersAtOnceApplyOnce(t *testing.T) {
 			return nil
 		}
 	}
-	e.start(e.config(group(), slow("x")))
-	e.start(e.config(group(), slow("y")))
+	gx, gy := group(), group()
+	e.start(e.config(gx, slow("x")))
+	e.start(e.config(gy, slow("y")))
 	e.waitEffects(len(all))
-	time.Sleep(time.Second) // let the slower owner finish whatever it holds
+	// Both owners are through every record (a second effect would be
+	// committed by now) once each group committed all offsets.
+	e.waitCommitted(gx, 2, len(all), 90*time.Second)
+	e.waitCommitted(gy, 2, len(all), 90*time.Second)
 	e.checkOnce(all)
 }
 

@@ -115,16 +115,15 @@ func failingTopics(pub relay.Publisher, real string, fixed *atomic.Bool) relay.P
 // runUntil runs r's batches until cond holds.
 func runUntil(t *testing.T, r *relay.Relay, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 30s of batches", what)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		if cond() {
+			return true, ""
 		}
 		if _, err := r.RunOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false, what + ": not yet, after another batch"
+	})
 }
 
 // Under cursor progress a poison event moves: its row leaves the table and

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -61,13 +62,11 @@ func TestHungBrokerIsBoundedByBatchTimeout(t *testing.T) {
 	}
 	defer pub.Close()
 	r := s.relay(t, pub, relay.Config{BatchTimeout: time.Second})
-	start := time.Now()
+	// Ended by BatchTimeout, not by the client's own timeouts: the batch's
+	// context ran out (how long that took depends on the machine's load).
 	n, err := r.RunOnce(s.ctx)
-	if took := time.Since(start); took > 3*time.Second {
-		t.Errorf("RunOnce took %v with BatchTimeout 1s", took)
-	}
-	if err == nil || n != 0 {
-		t.Fatalf("RunOnce = %d, %v; want an error and nothing published", n, err)
+	if !errors.Is(err, context.DeadlineExceeded) || n != 0 {
+		t.Fatalf("RunOnce = %d, %v; want nothing published and the batch ended by BatchTimeout (context.DeadlineExceeded)", n, err)
 	}
 	if u := s.unpublished(t); u != 10 {
 		t.Fatalf("%d unpublished, want 10", u)

@@ -397,16 +397,11 @@ func TestStreamStandbyTakesOver(t *testing.T) {
 
 	takeover := func(what string, stop func(), standby *started) {
 		t.Helper()
-		start := time.Now()
 		stop()
-		deadline := start.Add(10 * time.Second)
-		for standby.r.StreamStatus().State != relay.Streaming {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the standby is %v 10s later, want streaming", what, standby.r.StreamStatus().State)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		took := time.Since(start)
+		took := testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			st := standby.r.StreamStatus().State
+			return st == relay.Streaming, fmt.Sprintf("%s: the standby is %v, want streaming", what, st)
+		})
 		before := standby.published.Load()
 		waitUntil(t, 10*time.Second, "the new streamer to publish", func() bool { return standby.published.Load() > before+50 })
 		t.Logf("%s: the standby streamed %v after the stop", what, took.Round(time.Millisecond))
@@ -478,17 +473,11 @@ func TestStreamHealthLag(t *testing.T) {
 			s.write(t, "h.topic", 3, 3)
 			var he *relay.HealthError
 			var last error
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 				last = r.Health(s.ctx, 0)
-				if errors.As(last, &he) && he.Check == "stream" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("Health = %v 10s after events began to wait (stream status %+v), want a failed stream check", last, r.StreamStatus())
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return errors.As(last, &he) && he.Check == "stream",
+					fmt.Sprintf("Health = %v after events began to wait (stream status %+v), want a failed stream check", last, r.StreamStatus())
+			})
 			if !strings.Contains(he.Error(), bound) {
 				t.Errorf("Health = %v, want it to name %s", he, bound)
 			}

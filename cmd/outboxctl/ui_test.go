@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
 type lockedBuffer struct {
@@ -59,16 +60,12 @@ func (w *world) startUI(vars map[string]string, args ...string) (string, *locked
 		}
 	})
 	re := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/)`)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if m := re.FindStringSubmatch(errb.String()); m != nil {
-			return m[1], &errb
-		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("outboxctl ui did not start: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var m []string
+	testenv.Eventually(w.t, 20*time.Second, func() (bool, string) {
+		m = re.FindStringSubmatch(errb.String())
+		return m != nil, "outboxctl ui did not start: " + errb.String()
+	})
+	return m[1], &errb
 }
 
 func get(t *testing.T, url, token string) int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -337,26 +338,19 @@ func freezeInTransaction(t *testing.T, child *proc, client sarama.Client, topic 
 // and returns how long that took.
 func waitStable(t *testing.T, client sarama.Client, topic string, pinned map[int32]int64, timeout time.Duration) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		if _, lso, err := offsets(context.Background(), client, topic); err == nil {
-			done := true
-			for p, hw := range pinned {
-				if lso[p] < hw {
-					done = false
-				}
-			}
-			if done {
-				return time.Since(start)
-			}
-		} else {
+	return testenv.Eventually(t, timeout, func() (bool, string) {
+		_, lso, err := offsets(context.Background(), client, topic)
+		if err != nil {
 			_ = client.RefreshMetadata(topic)
+			return false, fmt.Sprintf("offsets of %s: %v", topic, err)
 		}
-		if time.Since(start) > timeout {
-			t.Fatalf("read_committed consumers of %s still held back after %v", topic, timeout)
+		for p, hw := range pinned {
+			if lso[p] < hw {
+				return false, fmt.Sprintf("read_committed consumers of %s still held back: partition %d's last stable offset %d, below %d", topic, p, lso[p], hw)
+			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true, ""
+	})
 }
 
 // javaCheck reads w's topic read_committed with Apache Kafka's console

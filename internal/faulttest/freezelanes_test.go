@@ -43,10 +43,14 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	bound := helperBatchTimeout + 5*time.Second
 
 	var held, busy []int32
-	if err := pool.QueryRow(w.ctx, `SELECT coalesce(array_agg(l.objid::int ORDER BY l.objid), '{}')
+	var pid int32
+	if err := pool.QueryRow(w.ctx, `SELECT coalesce(array_agg(l.objid::int ORDER BY l.objid), '{}'), coalesce(min(a.pid), 0)
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1`, app).Scan(&held); err != nil {
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1`, app).Scan(&held, &pid); err != nil {
 		t.Fatal(err)
+	}
+	if len(held) == 0 {
+		t.Fatal("the frozen relay holds no lane locks")
 	}
 	// Lanes with events waiting (the relay's lane function, 64 lanes).
 	if err := pool.QueryRow(w.ctx, "SELECT coalesce(array_agg(DISTINCT (hashtext(partition_key) & 2147483647) % 64), '{}') FROM "+
@@ -88,9 +92,12 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	})
 	t.Logf("the probe event was published %v after its commit, %v after the freeze (the frozen relay's bound: %v)",
 		time.Since(sent).Round(time.Millisecond), time.Since(frozen).Round(time.Millisecond), bound)
-	if since := time.Since(frozen); since > bound-2*time.Second {
-		t.Errorf("an event of a lane that had no waiting event waited %v after the freeze, for the frozen relay's bound (%v): "+
-			"the frozen relay held %d lanes without a waiting event (%v)", since.Round(time.Millisecond), bound, len(idle), idle)
+	// Published while the frozen relay still holds its lanes (read after
+	// the probe's row), not when its transaction ended: an order of events,
+	// not a duration.
+	if laneLocks(t, w, pid) == 0 {
+		t.Errorf("an event of a lane that had no waiting event was published only after the frozen relay's transaction ended (its bound: %v): "+
+			"the frozen relay held %d lanes without a waiting event (%v)", bound, len(idle), idle)
 	}
 
 	child.signal(syscall.SIGCONT)

@@ -163,11 +163,12 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("orders service exited %v after SIGTERM with %v", stopped.Round(time.Millisecond), st)
+	// Exit status 0 says fx's Stop returned no error, so every stop hook
+	// ended within the stop timeout (fx fails Stop when its context ends
+	// first, and the service then exits 1): that, not the wall time to the
+	// exit, which a loaded machine stretches, is the bound.
 	if !st.Exited() || st.ExitCode() != 0 {
-		t.Errorf("orders service ended with %v after SIGTERM, want exit status 0\n%s", st, svc.stderr)
-	}
-	if stopped > ordersStopTimeout {
-		t.Errorf("orders service took %v to stop, over its stop timeout %v", stopped, ordersStopTimeout)
+		t.Errorf("orders service ended with %v after SIGTERM, want exit status 0 (1: Stop failed or overran its stop timeout %v)\n%s", st, ordersStopTimeout, svc.stderr)
 	}
 
 	// What the database holds.

@@ -311,17 +311,11 @@ func (w *world) noCursor(t *testing.T, delivery relay.Delivery, mode relay.Mode)
 	}
 }
 
-// waitFor polls cond every 50ms until it holds, or fails the test.
+// waitFor waits until cond holds (testenv.Eventually), or fails the test
+// naming what it waited for, and returns how long that took (for the logs).
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testenv.Eventually(t, timeout, testenv.Cond(what, cond))
 }
 
 // committed is one row of the outbox table.

@@ -181,8 +181,7 @@ func requireConsumed(t *testing.T, cons *testenv.Consumer, payload []byte) {
 
 func requirePublished(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var published, parked int
 		err := pool.QueryRow(context.Background(), "SELECT count(published_at), count(parked_at) FROM "+tbl.Ident()).Scan(&published, &parked)
 		if err != nil {
@@ -193,12 +192,6 @@ func requirePublished(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) {
 			_ = pool.QueryRow(context.Background(), "SELECT last_error FROM "+tbl.Ident()+" WHERE parked_at IS NOT NULL").Scan(&reason)
 			t.Fatalf("the relay parked the event: %s", reason)
 		}
-		if published == 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the event was not marked published within 60s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return published == 1, "the event is not marked published"
+	})
 }

@@ -80,10 +80,10 @@ func TestBesideTheNestJSRelay(t *testing.T) {
 					_, _ = nestjs.RelayBatch(ctx, nest, producer, true)
 				}
 			}()
-			waitUntil(t, "the backlog is drained", func() bool {
+			testenv.Eventually(t, time.Minute, func() (bool, string) {
 				var left int
-				_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&left)
-				return left == 0
+				err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&left)
+				return err == nil && left == 0, fmt.Sprintf("%d rows unpublished (%v)", left, err)
 			})
 			close(stop)
 			wg.Wait()

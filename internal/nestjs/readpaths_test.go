@@ -2,6 +2,7 @@ package nestjs_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -144,7 +145,10 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sr.Stop(context.Background()) })
-	waitUntil(t, "the relay streams", func() bool { return sr.StreamStatus().State == relay.Streaming })
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
+		st := sr.StreamStatus()
+		return st.State == relay.Streaming, fmt.Sprintf("stream status %+v, want streaming", st)
+	})
 	rec.take() // the start's sweep has nothing to publish: the parked row stays
 	for i := range 6 {
 		if _, err := nestjs.Write(ctx, nest, nestjs.NewEvent(100+i, "order-"+string(rune('a'+i%3)), topic)); err != nil {
@@ -152,24 +156,13 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 		}
 	}
 	var got []relay.Message
-	waitUntil(t, "the streamed rows are published", func() bool {
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		got = append(got, rec.take()...)
-		return len(got) >= 6
+		return len(got) >= 6, fmt.Sprintf("%d of 6 streamed rows published", len(got))
 	})
 	check("stream", got, 6)
 	var left int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL AND parked_at IS NULL").Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d rows unpublished (%v)", left, err)
-	}
-}
-
-func waitUntil(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

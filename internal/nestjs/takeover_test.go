@@ -105,20 +105,13 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 		t.Fatal(err)
 	default:
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var left int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&left); err != nil {
 			t.Fatal(err)
 		}
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows still unpublished after 60s", left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return left == 0, fmt.Sprintf("%d rows unpublished", left)
+	})
 	app.RequireStop()
 
 	// What the table holds: every event the NestJS application wrote.

@@ -2,6 +2,7 @@ package rolestest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -99,14 +100,10 @@ func TestCursorRolesScript(t *testing.T) {
 	}
 	// The poison event moves to the parked table (a copy, then a delete of
 	// its row, which the relay's policy allows for a row with its copy).
-	deadline := time.Now().Add(30 * time.Second)
-	for count("true") > 0 || parked() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("as the relay role: %d rows left in the table, %d parked; want the delivered ones deleted and the poison moved to the parked table",
-				count("true"), parked())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		left, moved := count("true"), parked()
+		return left == 0 && moved == 1, fmt.Sprintf("as the relay role: %d rows left in the table, %d parked; want the delivered ones deleted and the poison moved to the parked table", left, moved)
+	})
 	// Requeued as the relay role (as outboxctl connects): written back
 	// into the table (its policy lets the relay insert a parked event).
 	if n, err := admin.Requeue(ctx, relayDB, tbl, admin.Filter{EventIDs: []uuid.UUID{poison}}, nil); err != nil || n != 1 {

@@ -3,6 +3,7 @@ package rolestest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -97,32 +98,26 @@ func TestInboxRolesScript(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatalf("Start as the consumer role: %v", err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		parked, err := c.List(ctx, inbox.ListOptions{})
-		if err != nil {
+	var parked []inbox.Parked
+	testenv.Eventually(t, time.Minute, func() (bool, string) {
+		var err error
+		if parked, err = c.List(ctx, inbox.ListOptions{}); err != nil {
 			t.Fatalf("List as the consumer role: %v", err)
 		}
-		if len(parked) == 2 {
-			if parked[0].EventID == "" { // the bad record first, the one without id second
-				parked[0], parked[1] = parked[1], parked[0]
-			}
-			if err := c.Retry(ctx, parked[0].ID); err == nil {
-				t.Fatal("Retry of the bad record succeeded before the handler accepts it")
-			}
-			fixed.Store(true)
-			if err := c.Retry(ctx, parked[0].ID); err != nil {
-				t.Fatalf("Retry as the consumer role: %v", err)
-			}
-			if err := c.Delete(ctx, parked[1].ID); err != nil {
-				t.Fatalf("Delete as the consumer role: %v", err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("parked %d records after 60s, want 2 (%+v)", len(parked), parked)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return len(parked) == 2, fmt.Sprintf("parked %d records, want 2 (%+v)", len(parked), parked)
+	})
+	if parked[0].EventID == "" { // the bad record first, the one without id second
+		parked[0], parked[1] = parked[1], parked[0]
+	}
+	if err := c.Retry(ctx, parked[0].ID); err == nil {
+		t.Fatal("Retry of the bad record succeeded before the handler accepts it")
+	}
+	fixed.Store(true)
+	if err := c.Retry(ctx, parked[0].ID); err != nil {
+		t.Fatalf("Retry as the consumer role: %v", err)
+	}
+	if err := c.Delete(ctx, parked[1].ID); err != nil {
+		t.Fatalf("Delete as the consumer role: %v", err)
 	}
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

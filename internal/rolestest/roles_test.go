@@ -555,11 +555,15 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 			}
 			return true
 		}
-		for deadline := time.Now().Add(10 * time.Second); !parkedBoth() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			if parkedBoth() {
+				return true, ""
+			}
 			if _, err := rl.RunOnce(ctx); err != nil {
 				t.Fatalf("RunOnce with permanent failures: %v", err)
 			}
-		}
+			return false, "the two failing events not yet parked"
+		})
 		for _, id := range bad {
 			if pub, parked, attempts := state(id); pub || !parked || attempts != 2 {
 				t.Errorf("failing event %s: published %v, parked %v, attempts %d; want parked after 2", id, pub, parked, attempts)
@@ -637,29 +641,18 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		waitFor(t, "the relay's LISTEN", func() bool {
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 			var n int
-			_ = r.admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND state = 'idle' AND query LIKE 'LISTEN %'", r.relay).Scan(&n)
-			return n == 1
+			err := r.admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND state = 'idle' AND query LIKE 'LISTEN %'", r.relay).Scan(&n)
+			return err == nil && n == 1, fmt.Sprintf("%d idle sessions of the relay role after LISTEN, want 1 (%v)", n, err)
 		})
 		time.Sleep(200 * time.Millisecond) // the wake-up after LISTEN has run
 		ids := order("o-listen", 1)
-		waitFor(t, "the event published after NOTIFY", func() bool { return ok.seen(ids[0]) })
+		testenv.Eventually(t, 10*time.Second, testenv.Cond("the event published after NOTIFY", func() bool { return ok.seen(ids[0]) }))
 		if w := logs.all(); len(w) > 0 {
 			t.Errorf("relay warned: %q", w)
 		}
 	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // Each REVOKE in the script is load-bearing, and no GRANT is wider than the

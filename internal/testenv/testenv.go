@@ -2,6 +2,10 @@
 // Kafka-protocol broker over TCP, taken from DATABASE_URL and KAFKA_BROKERS
 // (make test starts both). Without them a test is skipped, unless
 // OUTBOX_TEST_REQUIRE=1 (set by make test and CI), where it fails.
+//
+// Tests wait for what happens in the background with Eventually, which
+// polls a condition that says how far things got, and never assert how long
+// something took: the machines running them are loaded.
 package testenv
 
 import (
@@ -205,17 +209,10 @@ func CreateTopicDetail(t testing.TB, brokers []string, name string, detail *sara
 	if err := admin.CreateTopic(name, detail, false); err != nil {
 		t.Fatalf("create topic %s: %v", name, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	Eventually(t, 30*time.Second, func() (bool, string) {
 		err := topicReady(client, name, partitions)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("topic %s not ready after 30s: %v", name, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprintf("topic %s not ready: %v", name, err)
+	})
 }
 
 // topicReady reports why topic is not yet usable: its metadata must list
@@ -386,41 +383,32 @@ func (c *Consumer) Messages() []*sarama.ConsumerMessage {
 	return slices.Clone(c.msgs)
 }
 
-// WaitFor waits until at least n messages arrived, failing the test after timeout.
+// WaitFor waits until at least n messages arrived, failing the test after
+// timeout (Eventually), and returns what was consumed.
 func (c *Consumer) WaitFor(n int, timeout time.Duration) []*sarama.ConsumerMessage {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msgs := c.Messages()
-		if len(msgs) >= n {
-			return msgs
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("consumed %d messages, want %d within %v", len(msgs), n, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var msgs []*sarama.ConsumerMessage
+	Eventually(c.t, timeout, func() (bool, string) {
+		msgs = c.Messages()
+		return len(msgs) >= n, fmt.Sprintf("consumed %d messages, want %d", len(msgs), n)
+	})
+	return msgs
 }
 
 // WaitForDistinct waits until messages with at least n distinct event ids
 // (outbox.HeaderEventID) arrived, failing the test after timeout.
 func (c *Consumer) WaitForDistinct(n int, timeout time.Duration) []*sarama.ConsumerMessage {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msgs := c.Messages()
+	var msgs []*sarama.ConsumerMessage
+	Eventually(c.t, timeout, func() (bool, string) {
+		msgs = c.Messages()
 		seen := make(map[string]bool, len(msgs))
 		for _, m := range msgs {
 			seen[Header(m, outbox.HeaderEventID)] = true
 		}
-		if len(seen) >= n {
-			return msgs
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("consumed %d distinct events (%d messages), want %d within %v", len(seen), len(msgs), n, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(seen) >= n, fmt.Sprintf("consumed %d distinct events (%d messages), want %d", len(seen), len(msgs), n)
+	})
+	return msgs
 }
 
 // RecordCount returns how many records the partitions of topic hold from

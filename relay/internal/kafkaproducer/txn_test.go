@@ -100,18 +100,16 @@ func TestTxnCommitAbortFence(t *testing.T) {
 	// Commit returns once the coordinator decided; it writes the commit
 	// marker to the partition after that, so for a moment the record is
 	// still undecided (pending), never anything else.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		l := lastOf()
 		if string(l.Value) == "new owner" && len(l.Pending) == 0 {
-			break
+			return true, ""
 		}
 		if string(l.Value) != "committed" || len(l.Pending) != 1 || string(l.Pending[0]) != "new owner" {
 			t.Fatalf("after the new owner's commit (another transaction still open): last committed %q, pending %q; want the new owner's, or committed and [new owner] until the marker is written", l.Value, l.Pending)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new owner's record is still undecided 10 s after its commit")
-		}
-	}
+		return false, "the new owner's record is still undecided after its commit"
+	})
 	if err := other.Abort(ctx); err != nil {
 		t.Fatal(err)
 	}

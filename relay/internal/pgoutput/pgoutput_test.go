@@ -3,6 +3,7 @@ package pgoutput_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -107,22 +108,15 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 	if got := progress.Confirmed(); got < first.End {
 		t.Fatalf("Confirmed() = %v after Confirm(%v)", got, first.End)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var flushed pglogrepl.LSN
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		var s string
 		if err := pool.QueryRow(ctx, "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
-		if flushed, err = pglogrepl.ParseLSN(s); err != nil {
+		flushed, err := pglogrepl.ParseLSN(s)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if flushed >= first.End {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the slot's confirmed_flush_lsn is %v, want at least the confirmed %v", flushed, first.End)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return flushed >= first.End, fmt.Sprintf("the slot's confirmed_flush_lsn is %v, want at least the confirmed %v", flushed, first.End)
+	})
 }
