@@ -454,8 +454,8 @@ func TestCursorUnreadableRowIsParked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Stop(s.ctx) }()
-	cons.WaitForDistinct(41, 60*time.Second)
-	waitUntil(t, 60*time.Second, "the unreadable row parked", func() bool {
+	cons.WaitForDistinct(41, unreadableWait)
+	waitUntil(t, unreadableWait, "the unreadable row parked", func() bool {
 		_, parked := s.parked(t, bad)
 		return parked
 	})

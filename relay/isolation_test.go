@@ -22,6 +22,12 @@ import (
 // "out of memory" (SQLSTATE 54000). Reading it costs the server seconds.
 const unprintable = `('['||repeat('1e131071,',8199)||'1e131071]')::jsonb`
 
+// unreadableWait bounds the waits of the tests with unreadable rows: each
+// read of one costs the server seconds of CPU and 1 GB, so on a loaded
+// machine a claim can take most of a BatchTimeout. A hang guard, not a
+// measure of speed.
+const unreadableWait = 4 * time.Minute
+
 // insertUnreadable writes, by hand, a row whose payload cannot be read.
 func (s *setup) insertUnreadable(t *testing.T, topic, key string) uuid.UUID {
 	t.Helper()
@@ -69,11 +75,11 @@ func TestUnreadableRowIsParkedAndOthersFlow(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = r.Stop(s.ctx) }()
-			msgs := cons.WaitFor(41, 60*time.Second)
+			msgs := cons.WaitFor(41, unreadableWait)
 			t.Logf("%d good events published %v after the start", len(msgs), time.Since(start).Round(time.Millisecond))
 			// 41 records can include a repeat (at-least-once) before the
 			// row is parked and its key's later event sent: wait for both.
-			waitUntil(t, 60*time.Second, "the unreadable row parked and its key's later event published", func() bool {
+			waitUntil(t, unreadableWait, "the unreadable row parked and its key's later event published", func() bool {
 				_, parked, _, _ := s.row(t, bad)
 				p, _, _, _ := s.row(t, after)
 				return parked && p
