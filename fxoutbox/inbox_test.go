@@ -17,6 +17,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -68,7 +69,7 @@ func TestInboxModule(t *testing.T) {
 	produce(t, brokers, topic, ids[2], "order.shipped.v1")   // same key: applied after the redelivery
 	waitFor(t, func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()).Scan(&n)
+		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+sqlname.Ident(tbl)).Scan(&n)
 		return n == 3
 	})
 	app.RequireStop()

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -389,7 +390,7 @@ func TestDatabaseErrorsAreCounted(t *testing.T) {
 	// The table renamed away (migrations missing): database.schema.
 	reader2, mp2 := newReader(t)
 	r2 := s.relay(t, pub, relay.Config{MeterProvider: mp2})
-	if _, err := s.pool.Exec(s.ctx, "ALTER TABLE "+s.table.Ident()+" RENAME TO gone"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "ALTER TABLE "+sqlname.Ident(s.table)+" RENAME TO gone"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r2.RunOnce(s.ctx); relay.ErrorType(err) != "database.schema" {
@@ -456,7 +457,7 @@ func TestOldestAgeNeverNegative(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	s.insertRaw(t, "future.topic", "k", []byte(`{}`))
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+s.table.Ident()+" SET created_at = now() + interval '1 hour'"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET created_at = now() + interval '1 hour'"); err != nil {
 		t.Fatal(err)
 	}
 	reader, mp := newReader(t)
@@ -487,7 +488,7 @@ func TestParkedGaugeByTopicAndReason(t *testing.T) {
 	s := newSetup(t)
 	big := s.insertRaw(t, "big.topic", "k1", []byte(`{"blob":"`+strings.Repeat("x", 2000)+`"}`))
 	s.insertRaw(t, "old.topic", "k2", []byte(`{}`))
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+s.table.Ident()+" SET parked_at = now(), last_error = 'permanent: parked by an older relay' WHERE topic = 'old.topic'"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET parked_at = now(), last_error = 'permanent: parked by an older relay' WHERE topic = 'old.topic'"); err != nil {
 		t.Fatal(err)
 	}
 	reader, mp := newReader(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
@@ -214,7 +215,7 @@ func (s *streamer) readMaxID(ctx context.Context) error {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
-	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+r.cfg.Table.Ident()).Scan(&s.maxSeen); err != nil {
+	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+sqlname.Ident(r.cfg.Table)).Scan(&s.maxSeen); err != nil {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	return nil

@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Lane is one lane's position, as stored in the positions table.
@@ -230,7 +231,7 @@ func parkedCopy(t, p, cond, n, rets string) string {
 // and its parked table parked, reading cols (the relay's columns, for
 // alias e) in Read.
 func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
-	t, c, p := table.Ident(), cursor.Ident(), parked.Ident()
+	t, c, p := sqlname.Ident(table), sqlname.Ident(cursor), sqlname.Ident(parked)
 	const waiting = " AND e.published_at IS NULL AND e.parked_at IS NULL"
 	// waitingLate is waiting in a form the planner does not match to the
 	// unpublished partial index: in cursor mode that index holds every row,
