@@ -14,9 +14,10 @@ import (
 var mayImport = map[string][]string{
 	".":                            {"internal/textcut"},
 	"unitofwork":                   {".", "internal/record", "internal/sqlname"},
-	"relay":                        {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname"},
+	"relay":                        {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname"},
 	"relay/internal/cursor":        {".", "internal/sqlname"},
-	"relay/internal/kafkaproducer": nil,
+	"relay/internal/failure":       {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
+	"relay/internal/kafkaproducer": {"relay/internal/failure"},
 	"relay/internal/pgoutput":      {"."},
 	"relay/internal/tablestats":    {".", "internal/tablesql"},
 	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut", "internal/sqlname"},

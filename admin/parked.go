@@ -34,7 +34,7 @@ type ParkedEvent struct {
 	Key           string    `json:"key"`
 	Attempts      int       `json:"attempts"`
 	// Reason is the stable text of the cause ("[<error.type>] <message>",
-	// see relay.Reason), what status groups by. LastError is the last
+	// see docs/operating.md), what status groups by. LastError is the last
 	// try's error: in marks mode the same text; in cursor mode the error
 	// in full, with what the reason leaves out.
 	Reason    string    `json:"reason"`

@@ -122,14 +122,13 @@ type ParkedGroup struct {
 	Topic string `json:"topic"`
 	// ErrorType is the cause the relay recorded with the error (its
 	// error.type, e.g. kafka.message_too_large, invalid_topic), or _OTHER
-	// (relay.ErrorTypeOther) for errors recorded without one (by older
-	// versions, or by hand).
+	// for errors recorded without one (by older versions, or by hand).
 	ErrorType string `json:"error_type"`
 	// Reason is the group's last error, cut to 200 bytes: the relay stores
-	// one text per cause (see relay.Reason), shown as stored. Errors stored
-	// with numbers in them (by older versions, or by hand) are grouped with
-	// their numbers replaced by N, and then show so. Example is one of the
-	// errors as recorded.
+	// one text per cause (see "Error types" in docs/operating.md), shown as
+	// stored. Errors stored with numbers in them (by older versions, or by
+	// hand) are grouped with their numbers replaced by N, and then show so.
+	// Example is one of the errors as recorded.
 	Reason        string    `json:"reason"`
 	Example       string    `json:"example"`
 	Count         int64     `json:"count"`

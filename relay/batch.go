@@ -19,6 +19,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // row is a claimed outbox row.
@@ -68,8 +69,8 @@ type batchInfo struct {
 // up.
 func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
 	n, next, err = r.batch(ctx, size, upto, info)
-	if err != nil && !errors.As(err, new(*dbError)) && dberr.Is(err) {
-		err = &dbError{err}
+	if err != nil && !errors.As(err, new(*failure.DBStep)) && dberr.Is(err) {
+		err = &failure.DBStep{Err: err}
 	}
 	return n, next, err
 }
@@ -258,7 +259,7 @@ func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []M
 			if outbox.IsPermanent(err) { // behind its key's failure: not charged
 				errs[i] = ErrHeld
 			}
-		case outbox.IsPermanent(err) && !topicLevel(err):
+		case outbox.IsPermanent(err) && !failure.TopicLevel(err):
 			failed = append(failed, i)
 			split[k] = 1
 		case errors.Is(err, ErrHeld) && split[k] == 1:
@@ -323,7 +324,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 	for i, x := range rows {
 		stored, err := storedHeaders(x.headers)
 		if err != nil {
-			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, headersError{err}))
+			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", failure.ErrCannotSend, failure.BadHeaders{Err: err}))
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
 		eventID := x.eventID.String()

@@ -26,6 +26,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 func collect(t *testing.T, reader sdkmetric.Reader) map[string]metricdata.Aggregation {
@@ -305,11 +306,11 @@ func TestMessagingMetricsAndSpans(t *testing.T) {
 	s2.write(t, "down.topic", 3, 3)
 	r2 := s2.relay(t, down, relay.Config{MeterProvider: mp2, TracerProvider: tp2})
 	_, err = r2.RunOnce(s.ctx)
-	if got := relay.ErrorType(err); got != relay.ErrorTypeBrokerUnreachable {
+	if got := failure.Type(err); got != failure.BrokerUnreachable {
 		t.Fatalf("RunOnce error %v has error.type %q, want broker_unreachable", err, got)
 	}
 	m = collect(t, reader2)
-	bu := attribute.String("error.type", relay.ErrorTypeBrokerUnreachable)
+	bu := attribute.String("error.type", failure.BrokerUnreachable)
 	if n := counter(m[relay.MetricSentMessages], bu, attribute.String("messaging.destination.name", "down.topic")); n != 3 {
 		t.Errorf("%s{error.type=broker_unreachable} = %d, want 3", relay.MetricSentMessages, n)
 	}
@@ -324,7 +325,7 @@ func TestMessagingMetricsAndSpans(t *testing.T) {
 	}
 	for _, sp := range exp2.GetSpans() {
 		set := attribute.NewSet(sp.Attributes...)
-		if v, _ := set.Value("error.type"); v.AsString() != relay.ErrorTypeBrokerUnreachable || sp.Status.Code != codes.Error {
+		if v, _ := set.Value("error.type"); v.AsString() != failure.BrokerUnreachable || sp.Status.Code != codes.Error {
 			t.Errorf("failed span %s: error.type %q, status %v", sp.Name, v.AsString(), sp.Status)
 		}
 	}
@@ -361,8 +362,8 @@ func TestDatabaseErrorsAreCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.RunOnce(s.ctx); relay.ErrorType(err) != "database.connection" {
-		t.Fatalf("RunOnce against a closed port: %v, error.type %q, want database.connection", err, relay.ErrorType(err))
+	if _, err := r.RunOnce(s.ctx); failure.Type(err) != "database.connection" {
+		t.Fatalf("RunOnce against a closed port: %v, error.type %q, want database.connection", err, failure.Type(err))
 	}
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
@@ -393,8 +394,8 @@ func TestDatabaseErrorsAreCounted(t *testing.T) {
 	if _, err := s.pool.Exec(s.ctx, "ALTER TABLE "+sqlname.Ident(s.table)+" RENAME TO gone"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r2.RunOnce(s.ctx); relay.ErrorType(err) != "database.schema" {
-		t.Errorf("RunOnce without its table: %v, error.type %q, want database.schema", err, relay.ErrorType(err))
+	if _, err := r2.RunOnce(s.ctx); failure.Type(err) != "database.schema" {
+		t.Errorf("RunOnce without its table: %v, error.type %q, want database.schema", err, failure.Type(err))
 	}
 	if n := counter(collect(t, reader2)[relay.MetricStepErrors], attribute.String("error.type", "database.schema"), relay.AttrStep.String(relay.StepClaim)); n != 1 {
 		t.Errorf("%s{step=claim,error.type=database.schema} = %d, want 1", relay.MetricStepErrors, n)
@@ -524,7 +525,7 @@ func TestParkedGaugeByTopicAndReason(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("parked by topic/reason = %v, want %v", got, want)
 	}
-	if n := counter(collect(t, reader)[relay.MetricErrors], attribute.String("error.type", relay.ErrorTypeMessageTooLarge), relay.AttrErrorKind.String("permanent")); n != 1 {
+	if n := counter(collect(t, reader)[relay.MetricErrors], attribute.String("error.type", failure.MessageTooLarge), relay.AttrErrorKind.String("permanent")); n != 1 {
 		t.Errorf("%s{error.type=message_too_large,kind=permanent} = %d, want 1", relay.MetricErrors, n)
 	}
 }
