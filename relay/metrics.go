@@ -447,8 +447,8 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 // when the publisher reported that.
 func spanOutcome(pub Publisher, m Message, err error) []attribute.KeyValue {
 	var attrs []attribute.KeyValue
-	if ci, ok := pub.(ClientIdentifier); ok {
-		if id := ci.ClientID(); id != "" {
+	if ci, ok := pub.(clientIdentifier); ok {
+		if id := ci.clientID(); id != "" {
 			attrs = append(attrs, semconv.MessagingClientID(id))
 		}
 	}
