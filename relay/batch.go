@@ -18,6 +18,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
@@ -342,15 +343,15 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		ce := r.cfg.CloudEvents.Mode == outbox.CloudEventsBinary
 		hs := make([]Header, 0, len(stored)+10)
 		for k, v := range stored {
-			if !outbox.IsReservedHeader(k) && (!ce || !outbox.IsCloudEventsHeader(k)) {
+			if !record.ReservedHeader(k) && (!ce || !record.CloudEventsHeader(k)) {
 				hs = append(hs, Header{Key: k, Value: []byte(v)})
 			}
 		}
 		hs = append(hs,
 			Header{Key: outbox.HeaderEventID, Value: []byte(eventID)},
 			Header{Key: outbox.HeaderEventType, Value: []byte(x.eventType)})
-		if ce {
-			hs = append(hs, r.cloudEventsHeaders(x, eventID)...)
+		for k, v := range record.CloudEventsHeaders(r.cfg.CloudEvents, eventID, x.eventType, record.CloudEventsTime(x.createdAt)) {
+			hs = append(hs, Header{Key: k, Value: []byte(v)})
 		}
 		tc := propagation.MapCarrier{}
 		r.cfg.Propagator.Inject(trace.ContextWithSpan(parent, span), tc)
@@ -360,21 +361,6 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		msgs[i] = Message{EventID: x.eventID, Topic: x.topic, Key: []byte(x.key), Value: x.payload, Headers: hs}
 	}
 	return msgs, spans, encErrs
-}
-
-// cloudEventsHeaders returns the headers of the CloudEvents Kafka protocol
-// binding's binary content mode for row x, whose id is eventID: the
-// required attributes, time, and the payload's content type. Key and value
-// are the record's own.
-func (r *Relay) cloudEventsHeaders(x row, eventID string) []Header {
-	return []Header{
-		{Key: outbox.HeaderCloudEventsSpecVersion, Value: []byte(outbox.CloudEventsSpecVersion)},
-		{Key: outbox.HeaderCloudEventsID, Value: []byte(eventID)},
-		{Key: outbox.HeaderCloudEventsSource, Value: []byte(r.cfg.CloudEvents.Source)},
-		{Key: outbox.HeaderCloudEventsType, Value: []byte(x.eventType)},
-		{Key: outbox.HeaderCloudEventsTime, Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
-		{Key: outbox.HeaderContentType, Value: []byte(outbox.CloudEventsContentType)},
-	}
 }
 
 // storedHeaders decodes a row's headers column: a JSON object of strings,
