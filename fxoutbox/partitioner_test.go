@@ -93,10 +93,10 @@ func TestPartitionerRule(t *testing.T) {
 // next to it is an error, not ignored.
 func TestPartitionerNeedsTheModulesProducer(t *testing.T) {
 	lc := fxtest.NewLifecycle(t)
-	_, err := NewRelay(RelayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{},
+	_, err := newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{},
 		Config: Config{Brokers: []string{"localhost:9092"}, Partitioner: relay.FNV1a}})
 	checkConfigError(t, "Partitioner with a relay.Publisher", err, "OUTBOX_PARTITIONER")
-	if _, err := NewRelay(RelayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{}}); err != nil {
+	if _, err := newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{}}); err != nil {
 		t.Errorf("a relay.Publisher without Partitioner: %v", err)
 	}
 }

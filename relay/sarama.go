@@ -55,9 +55,10 @@ func DefaultSaramaConfig() *sarama.Config {
 	return c
 }
 
-// ValidateSaramaConfig reports a producer setting that would break the
-// outbox's guarantees, or that sarama itself rejects.
-func ValidateSaramaConfig(c *sarama.Config) error {
+// validateSaramaConfig reports a producer setting that would break the
+// outbox's guarantees, or that sarama itself rejects (NewSaramaPublisher's
+// check).
+func validateSaramaConfig(c *sarama.Config) error {
 	bad := func(field, reason string) error {
 		return &outbox.ConfigError{Field: "sarama." + field, Reason: reason}
 	}
@@ -126,7 +127,7 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 		cfg = DefaultSaramaConfig()
 	}
 	c := *cfg
-	if err := ValidateSaramaConfig(&c); err != nil {
+	if err := validateSaramaConfig(&c); err != nil {
 		return nil, err
 	}
 	return &SaramaPublisher{addrs: slices.Clone(addrs), cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
