@@ -106,17 +106,3 @@ func (c CloudEvents) Validate() error {
 	}
 	return nil
 }
-
-// IsCloudEventsHeader reports whether the relay sets the header name itself
-// in CloudEventsBinary mode (compared case-insensitively): an event's own
-// header of that name is then refused at Add, and one stored in a row is
-// replaced by the relay's. Other ce_ headers (ce_subject, extensions) are
-// the event's to set.
-func IsCloudEventsHeader(name string) bool {
-	switch strings.ToLower(name) {
-	case HeaderCloudEventsSpecVersion, HeaderCloudEventsID, HeaderCloudEventsSource, HeaderCloudEventsType,
-		HeaderCloudEventsTime, HeaderContentType:
-		return true
-	}
-	return false
-}

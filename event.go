@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -154,18 +153,6 @@ func (l Limits) Validate() error {
 	}
 	return nil
 }
-
-var reserved = map[string]bool{
-	HeaderEventID:   true,
-	HeaderEventType: true,
-	"traceparent":   true,
-	"tracestate":    true,
-	"baggage":       true,
-}
-
-// IsReservedHeader reports whether name is set by the outbox itself and so
-// cannot be used as an event header (compared case-insensitively).
-func IsReservedHeader(name string) bool { return reserved[strings.ToLower(name)] }
 
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 

@@ -65,12 +65,6 @@ func TestLimitsValidate(t *testing.T) {
 }
 
 func TestTable(t *testing.T) {
-	if got := (outbox.Table{}).Ident(); got != `"outbox_event"` {
-		t.Errorf("default Ident = %s", got)
-	}
-	if got := (outbox.Table{Schema: "app", Name: "events"}).Ident(); got != `"app"."events"` {
-		t.Errorf("Ident = %s", got)
-	}
 	for _, bad := range []outbox.Table{{Name: `x"; DROP TABLE users; --`}, {Schema: "a b"}, {Name: "1abc"}, {Name: strings.Repeat("n", 56)}} {
 		if err := bad.Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)

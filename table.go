@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"regexp"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // DefaultTableName is the table the migrations create when none is configured.
@@ -43,22 +41,6 @@ func (t Table) Validate() error {
 		return &ConfigError{Field: "Table.Name", Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits, _; at most 55 bytes)", t.Name)}
 	}
 	return nil
-}
-
-// Ident returns the quoted, schema-qualified name for use in SQL text, e.g.
-// "public"."outbox_event". Call Validate first.
-func (t Table) Ident() string {
-	t = t.WithDefaults()
-	if t.Schema == "" {
-		return pgx.Identifier{t.Name}.Sanitize()
-	}
-	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
-}
-
-// Derived returns the quoted name of an object that belongs to the table,
-// such as an index: its name followed by "_" and suffix, unqualified.
-func (t Table) Derived(suffix string) string {
-	return pgx.Identifier{t.WithDefaults().Name + "_" + suffix}.Sanitize()
 }
 
 // String returns the name as schema.name, unquoted, for messages.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
@@ -198,7 +199,7 @@ func count(ctx context.Context, db Querier, r rel, f Filter) (int, error) {
 		return 0, err
 	}
 	args := pgx.NamedArgs{"after": f.After}
-	sql := "SELECT id FROM " + r.table.Ident() + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr)
+	sql := "SELECT id FROM " + sqlname.Ident(r.table) + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr)
 	if f.Limit > 0 {
 		sql += " LIMIT @limit"
 		args["limit"] = f.Limit
@@ -231,9 +232,9 @@ func cursorState(table outbox.Table, st state) state {
 // and published, say) is left alone.
 func updateRows(r rel, change string) string {
 	if change == "" {
-		return "u AS (DELETE FROM " + r.table.Ident() + " e USING c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
+		return "u AS (DELETE FROM " + sqlname.Ident(r.table) + " e USING c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
 	}
-	return "u AS (UPDATE " + r.table.Ident() + " e SET " + change + " FROM c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
+	return "u AS (UPDATE " + sqlname.Ident(r.table) + " e SET " + change + " FROM c WHERE e.id = c.id AND " + string(r.st) + " RETURNING 1)"
 }
 
 // bulk changes the rows of r that match f, ChunkSize at a time in id
@@ -257,7 +258,7 @@ func bulk(ctx context.Context, db Querier, r rel, change string, f Filter, opts 
 	}
 	args := pgx.NamedArgs{}
 	// c picks the next chunk; c's last id moves the cursor on.
-	sql := "WITH c AS (SELECT id FROM " + r.table.Ident() + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr) +
+	sql := "WITH c AS (SELECT id FROM " + sqlname.Ident(r.table) + " WHERE " + string(r.st) + " AND id > @after" + f.whereErr(args, r.errExpr) +
 		" ORDER BY id LIMIT @chunk), " + change +
 		" SELECT (SELECT max(id) FROM c), (SELECT count(*) FROM u)::int"
 	done := 0

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -51,7 +52,7 @@ func RebaseCursor(ctx context.Context, db interface {
 		return r, err
 	}
 	table = table.WithDefaults()
-	t, c := table.Ident(), migrations.CursorTable(table).Ident()
+	t, c := sqlname.Ident(table), sqlname.Ident(migrations.CursorTable(table))
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cursor, err := tablesql.InCursorMode(ctx, tx, table)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
@@ -33,7 +34,7 @@ type ParkedEvent struct {
 	Key           string    `json:"key"`
 	Attempts      int       `json:"attempts"`
 	// Reason is the stable text of the cause ("[<error.type>] <message>",
-	// see relay.Reason), what status groups by. LastError is the last
+	// see docs/operating.md), what status groups by. LastError is the last
 	// try's error: in marks mode the same text; in cursor mode the error
 	// in full, with what the reason leaves out.
 	Reason    string    `json:"reason"`
@@ -90,7 +91,7 @@ func ListParked(ctx context.Context, db Querier, table outbox.Table, f Filter) (
 	}
 	r := parkedRel(p)
 	args := pgx.NamedArgs{"after": f.After, "limit": f.Limit}
-	rows, err := db.Query(ctx, "SELECT "+parkedCols(p)+" FROM "+p.Table.Ident()+
+	rows, err := db.Query(ctx, "SELECT "+parkedCols(p)+" FROM "+sqlname.Ident(p.Table)+
 		" WHERE "+string(r.st)+" AND id > @after"+f.whereErr(args, r.errExpr)+" ORDER BY id LIMIT @limit", args)
 	if err != nil {
 		return nil, fmt.Errorf("admin: list parked events in %s: %w", table, err)
@@ -140,7 +141,7 @@ func GetParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid
 		return ev, err
 	}
 	if p.Moved {
-		rows, err := db.Query(ctx, "SELECT "+parkedCols(p)+", payload, headers FROM "+p.Table.Ident()+" WHERE event_id = $1", eventID)
+		rows, err := db.Query(ctx, "SELECT "+parkedCols(p)+", payload, headers FROM "+sqlname.Ident(p.Table)+" WHERE event_id = $1", eventID)
 		if err == nil {
 			ev, err = pgx.CollectExactlyOneRow(rows, read)
 		}
@@ -157,7 +158,7 @@ func GetParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid
 			publishedAt *time.Time
 		)
 		rows, err := db.Query(ctx, "SELECT id, event_id, event_type, aggregate_type, aggregate_id, topic, partition_key, attempts, coalesce(last_error, ''), coalesce(last_error, ''), created_at,"+
-			" parked_at, payload, headers, published_at FROM "+table.Ident()+" WHERE event_id = $1", eventID)
+			" parked_at, payload, headers, published_at FROM "+sqlname.Ident(table)+" WHERE event_id = $1", eventID)
 		if err == nil {
 			ev, err = pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (ParkedEvent, error) {
 				var ev ParkedEvent
@@ -192,7 +193,7 @@ func GetParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid
 func notParked(ctx context.Context, db Querier, table outbox.Table, eventID uuid.UUID) error {
 	var attempts int
 	var delivered, found bool
-	rows, err := db.Query(ctx, "SELECT attempts, "+tablesql.Delivered(table)+" FROM "+table.Ident()+" WHERE event_id = $1", eventID)
+	rows, err := db.Query(ctx, "SELECT attempts, "+tablesql.Delivered(table)+" FROM "+sqlname.Ident(table)+" WHERE event_id = $1", eventID)
 	if err == nil {
 		_, err = pgx.ForEachRow(rows, []any{&attempts, &delivered}, func() error { found = true; return nil })
 	}
@@ -261,10 +262,10 @@ func Requeue(ctx context.Context, db Querier, table outbox.Table, f Filter, opts
 // sends it whatever it remembers of its topic).
 func requeueMoved(table, p outbox.Table) string {
 	const cols = "event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, created_at"
-	return "i AS (INSERT INTO " + table.Ident() + " (" + cols + ", attempts, last_error)" +
-		" SELECT x." + strings.ReplaceAll(cols, ", ", ", x.") + ", 0, x.reason FROM " + p.Ident() + " x JOIN c ON x.id = c.id ORDER BY x.id" +
+	return "i AS (INSERT INTO " + sqlname.Ident(table) + " (" + cols + ", attempts, last_error)" +
+		" SELECT x." + strings.ReplaceAll(cols, ", ", ", x.") + ", 0, x.reason FROM " + sqlname.Ident(p) + " x JOIN c ON x.id = c.id ORDER BY x.id" +
 		" ON CONFLICT DO NOTHING RETURNING event_id)," +
-		" u AS (DELETE FROM " + p.Ident() + " x USING i WHERE x.event_id = i.event_id RETURNING 1)"
+		" u AS (DELETE FROM " + sqlname.Ident(p) + " x USING i WHERE x.event_id = i.event_id RETURNING 1)"
 }
 
 // Delete deletes the parked events that match f, ChunkSize at a time, and

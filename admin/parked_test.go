@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestListParkedFiltersAndPages(t *testing.T) {
 	s := newSetup(t)
 	parkedMix(t, s)
 	var firstID int64
-	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) FROM "+s.table.Ident()).Scan(&firstID); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) FROM "+sqlname.Ident(s.table)).Scan(&firstID); err != nil {
 		t.Fatal(err)
 	}
 	// The parked rows were written (3001 - g) seconds before the seed's
@@ -47,7 +48,7 @@ func TestListParkedFiltersAndPages(t *testing.T) {
 	// measured from there, not from this process's clock, which a loaded
 	// machine lets drift from the seed by more than any margin.
 	var now time.Time
-	if err := s.pool.QueryRow(s.ctx, "SELECT max(created_at) + interval '1 s' FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL").Scan(&now); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT max(created_at) + interval '1 s' FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NOT NULL").Scan(&now); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -125,7 +126,7 @@ func TestGetParked(t *testing.T) {
 	s.seed(t, rows{n: 1, key: "'sent'", published: "now()"})
 	id := func(where string) uuid.UUID {
 		var u uuid.UUID
-		if err := s.pool.QueryRow(s.ctx, "SELECT event_id FROM "+s.table.Ident()+" WHERE "+where).Scan(&u); err != nil {
+		if err := s.pool.QueryRow(s.ctx, "SELECT event_id FROM "+sqlname.Ident(s.table)+" WHERE "+where).Scan(&u); err != nil {
 			t.Fatal(err)
 		}
 		return u
@@ -176,7 +177,7 @@ func TestRequeueAndDeleteInChunks(t *testing.T) {
 	}
 	// By event id.
 	var one uuid.UUID
-	if err := s.pool.QueryRow(s.ctx, "SELECT event_id FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL LIMIT 1").Scan(&one); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT event_id FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NOT NULL LIMIT 1").Scan(&one); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{one, uuid.New()}}, nil); err != nil || n != 1 {
@@ -225,7 +226,7 @@ func TestDeleteSkipsAnEventRequeuedMeanwhile(t *testing.T) {
 	}
 	defer tx.Rollback(s.ctx)
 	var requeued int64
-	if err := tx.QueryRow(s.ctx, "UPDATE "+s.table.Ident()+" SET parked_at = NULL, attempts = 0 WHERE id = (SELECT min(id) FROM "+s.table.Ident()+") RETURNING id").Scan(&requeued); err != nil {
+	if err := tx.QueryRow(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET parked_at = NULL, attempts = 0 WHERE id = (SELECT min(id) FROM "+sqlname.Ident(s.table)+") RETURNING id").Scan(&requeued); err != nil {
 		t.Fatal(err)
 	}
 	type res struct {
@@ -240,7 +241,7 @@ func TestDeleteSkipsAnEventRequeuedMeanwhile(t *testing.T) {
 	// Wait until the delete waits for the requeue's row lock.
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		var waiting int
-		if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM '||$1||'%'", s.table.Ident()).Scan(&waiting); err != nil {
+		if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM '||$1||'%'", sqlname.Ident(s.table)).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		return waiting > 0, "the delete does not wait for the row lock"

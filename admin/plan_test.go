@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
@@ -55,7 +56,7 @@ func (r *recorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 func TestPlansOnALargeTable(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, created_at)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || (g % 500), 'a.b', '{}', 't' || (g % 7), 'k' || (g % 500),"+
 		" CASE WHEN g <= 200000 THEN now() - interval '1 day' + g * interval '400 ms' END, now() - interval '1 day' + g * interval '390 ms'"+
@@ -63,14 +64,14 @@ func TestPlansOnALargeTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+s.table.Ident()+" SET parked_at = now(), attempts = 5, last_error = 'topic does not exist' WHERE id % 10 = 7 AND published_at IS NULL"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET parked_at = now(), attempts = 5, last_error = 'topic does not exist' WHERE id % 10 = 7 AND published_at IS NULL"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.pool.Exec(s.ctx, "VACUUM ANALYZE "+s.table.Ident()); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "VACUUM ANALYZE "+sqlname.Ident(s.table)); err != nil {
 		t.Fatal(err)
 	}
 	var mid int64
-	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) + 150000 FROM "+s.table.Ident()).Scan(&mid); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) + 150000 FROM "+sqlname.Ident(s.table)).Scan(&mid); err != nil {
 		t.Fatal(err)
 	}
 	// Run every operation in a transaction that is rolled back, recording
@@ -127,7 +128,7 @@ func TestPlansOnALargeTable(t *testing.T) {
 			}
 			// Sorting the parked groups (an aggregate's output) or the
 			// relays' sessions is fine; sorting rows of the table is not.
-			if typ == "Sort" && strings.Contains(q.sql, s.table.Ident()) && !strings.Contains(q.sql, "GROUP BY") {
+			if typ == "Sort" && strings.Contains(q.sql, sqlname.Ident(s.table)) && !strings.Contains(q.sql, "GROUP BY") {
 				bad = append(bad, "Sort")
 			}
 		})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -70,7 +71,7 @@ func TestReplayPublishesAgainThroughTheRelay(t *testing.T) {
 	s.seed(t, rows{n: 1, key: "'o-3'", parked: "now()", lastErr: "'x'"})
 
 	var lo, hi int64
-	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) + 100, min(id) + 399 FROM "+s.table.Ident()).Scan(&lo, &hi); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT min(id) + 100, min(id) + 399 FROM "+sqlname.Ident(s.table)).Scan(&lo, &hi); err != nil {
 		t.Fatal(err)
 	}
 	want, err := admin.CountPublished(s.ctx, s.pool, s.table, admin.Filter{Key: "o-3"})

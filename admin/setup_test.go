@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -41,7 +42,7 @@ func (s *setup) seed(t *testing.T, r rows) {
 		}
 		return v
 	}
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, created_at, published_at, parked_at, last_error, attempts)"+
 		" SELECT gen_random_uuid(), 'order', "+def(r.key, "'k' || (g % 50)")+", "+def(r.typ, "'order.created.v1'")+", "+def(r.payload, `jsonb_build_object('n', g)`)+", "+
 		def(r.topic, "'orders'")+", "+def(r.key, "'k' || (g % 50)")+`, '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', now() - `+def(r.createdAgo, "interval '0'")+", "+
@@ -55,7 +56,7 @@ func (s *setup) seed(t *testing.T, r rows) {
 func (s *setup) count(t *testing.T, where string) int {
 	t.Helper()
 	var n int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE "+where).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
@@ -133,14 +134,13 @@ type ParkedGroup struct {
 	Topic string `json:"topic"`
 	// ErrorType is the cause the relay recorded with the error (its
 	// error.type, e.g. kafka.message_too_large, invalid_topic), or _OTHER
-	// (relay.ErrorTypeOther) for errors recorded without one (by older
-	// versions, or by hand).
+	// for errors recorded without one (by older versions, or by hand).
 	ErrorType string `json:"error_type"`
 	// Reason is the group's last error, cut to 200 bytes: the relay stores
-	// one text per cause (see relay.Reason), shown as stored. Errors stored
-	// with numbers in them (by older versions, or by hand) are grouped with
-	// their numbers replaced by N, and then show so. Example is one of the
-	// errors as recorded.
+	// one text per cause (see "Error types" in docs/operating.md), shown as
+	// stored. Errors stored with numbers in them (by older versions, or by
+	// hand) are grouped with their numbers replaced by N, and then show so.
+	// Example is one of the errors as recorded.
 	Reason        string    `json:"reason"`
 	Example       string    `json:"example"`
 	Count         int64     `json:"count"`
@@ -206,7 +206,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		return st, err
 	}
 	st.Lanes, st.RateWindow = o.Lanes, o.RateWindow
-	t := table.Ident()
+	t := sqlname.Ident(table)
 
 	c, err := tablesql.ReadCounts(ctx, db, table)
 	if err != nil {
@@ -256,7 +256,7 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 			"SELECT topic, last_error, regexp_replace(last_error, '[0-9]+', 'N', 'g') AS reason, mn, mx, n, f, l FROM ("+
 			"SELECT coalesce(topic, '') AS topic, left(coalesce("+p.Reason+", ''), 200) AS last_error, min(coalesce("+p.Reason+", '')) AS mn, max(coalesce("+p.Reason+", '')) AS mx,"+
 			" count(*) AS n, min(parked_at) AS f, max(parked_at) AS l"+
-			" FROM "+p.Table.Ident()+" WHERE "+p.Where+" GROUP BY 1, 2) d) p GROUP BY topic, 2, reason ORDER BY sum(n) DESC, topic, reason LIMIT @groups",
+			" FROM "+sqlname.Ident(p.Table)+" WHERE "+p.Where+" GROUP BY 1, 2) d) p GROUP BY topic, 2, reason ORDER BY sum(n) DESC, topic, reason LIMIT @groups",
 			pgx.NamedArgs{"groups": o.ParkedGroups})
 		if err != nil {
 			return st, err

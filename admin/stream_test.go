@@ -16,6 +16,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -64,8 +65,8 @@ func TestCheckStream(t *testing.T) {
 
 	// The publication: missing, then publishing updates and deletes.
 	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckPublication,
-		"the publication "+tbl.Publication()+" does not exist", "migrations.UpStream", "CREATE PUBLICATION "+pub+" FOR TABLE "+tbl.Ident()+" WITH (publish = 'insert')")
-	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+tbl.Ident()+" WITH (publish = 'insert, update, delete')"); err != nil {
+		"the publication "+tbl.Publication()+" does not exist", "migrations.UpStream", "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert')")
+	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert, update, delete')"); err != nil {
 		t.Fatal(err)
 	}
 	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckPublication, "also publishes update, delete", "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // outboxColumns are the columns of an outbox table of this design (the
@@ -66,7 +67,7 @@ func InboxConsumers(ctx context.Context, db Querier, table outbox.Table) ([]stri
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	t := table.Ident()
+	t := sqlname.Ident(table)
 	rows, err := db.Query(ctx, `WITH RECURSIVE c(consumer) AS (
 		    (SELECT consumer FROM `+t+` ORDER BY consumer LIMIT 1)
 		  UNION ALL

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -29,10 +30,10 @@ func TestFindTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	lookAlike := outbox.Table{Schema: main.Schema, Name: "not_an_outbox"}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+lookAlike.Ident()+" (event_id uuid, topic text, partition_key text)"); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+sqlname.Ident(lookAlike)+" (event_id uuid, topic text, partition_key text)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "INSERT INTO "+inbox.Ident()+` (consumer, event_id, topic, "partition", "offset") VALUES ('billing', 'e-1', 't', 0, 1), ('billing', 'e-2', 't', 0, 2), ('audit', 'e-1', 't', 0, 1)`); err != nil {
+	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(inbox)+` (consumer, event_id, topic, "partition", "offset") VALUES ('billing', 'e-1', 't', 0, 1), ('billing', 'e-2', 't', 0, 2), ('audit', 'e-1', 't', 0, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	mine := func(ts []outbox.Table) (out []string) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -49,7 +50,7 @@ func BenchmarkLargeTable(b *testing.B) {
 		if err := migrations.Up(ctx, pool, table); err != nil {
 			b.Fatal(err)
 		}
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)).Scan(&n); err != nil {
 			b.Fatal(err)
 		}
 		if n == 1000000 {
@@ -60,7 +61,7 @@ func BenchmarkLargeTable(b *testing.B) {
 	}
 	start := time.Now()
 	for _, sql := range seed {
-		if _, err := pool.Exec(ctx, strings.ReplaceAll(sql, "$T", table.Ident())); err != nil {
+		if _, err := pool.Exec(ctx, strings.ReplaceAll(sql, "$T", sqlname.Ident(table))); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -134,7 +135,7 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 		b.Fatalf("the orders cause holds %d events", pp.Matching)
 	}
 	var eventID string
-	if err := pool.QueryRow(ctx, "SELECT event_id::text FROM "+table.Ident()+" WHERE parked_at IS NOT NULL ORDER BY id DESC LIMIT 1").Scan(&eventID); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT event_id::text FROM "+sqlname.Ident(table)+" WHERE parked_at IS NOT NULL ORDER BY id DESC LIMIT 1").Scan(&eventID); err != nil {
 		b.Fatal(err)
 	}
 	for _, page := range []struct{ name, path string }{
@@ -195,10 +196,10 @@ func benchUI(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table outbox
 			}
 			took = append(took, time.Since(t0))
 			b.StopTimer()
-			if _, err := pool.Exec(ctx, "UPDATE "+table.Ident()+" SET parked_at = now(), attempts = 5 WHERE topic = 'shop.orders' AND last_error LIKE '[kafka.message_too_large]%' AND parked_at IS NULL AND published_at IS NULL"); err != nil {
+			if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(table)+" SET parked_at = now(), attempts = 5 WHERE topic = 'shop.orders' AND last_error LIKE '[kafka.message_too_large]%' AND parked_at IS NULL AND published_at IS NULL"); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := pool.Exec(ctx, "VACUUM "+table.Ident()); err != nil {
+			if _, err := pool.Exec(ctx, "VACUUM "+sqlname.Ident(table)); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -18,11 +19,11 @@ func TestBrowserCursor(t *testing.T) {
 	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
 	}
-	s.exec(t, "INSERT INTO "+migrations.CursorTable(s.table).Ident()+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
+	s.exec(t, "INSERT INTO "+sqlname.Ident(migrations.CursorTable(s.table))+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
 	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil { // moves the rows parked in place
 		t.Fatal(err)
 	}
-	parked := migrations.ParkedTable(s.table).Ident()
+	parked := sqlname.Ident(migrations.ParkedTable(s.table))
 	countParked := func(where string) int {
 		t.Helper()
 		var n int

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -20,15 +21,15 @@ func TestCursorTable(t *testing.T) {
 	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
 	}
-	cur := migrations.CursorTable(s.table).Ident()
+	cur := sqlname.Ident(migrations.CursorTable(s.table))
 	// Every lane delivered up to now: the rows already there are behind.
 	s.exec(t, "INSERT INTO "+cur+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
 	delivered := uuid.Must(uuid.NewV7())
-	s.exec(t, "INSERT INTO "+s.table.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	s.exec(t, "INSERT INTO "+sqlname.Ident(s.table)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" VALUES ($1, 'order', 'o', 'order.created.v1', '{}', 'orders', 'k')", delivered)
 	s.exec(t, "UPDATE "+cur+" SET done = pg_current_snapshot()")
 	for range 2 { // waiting
-		s.exec(t, "INSERT INTO "+s.table.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		s.exec(t, "INSERT INTO "+sqlname.Ident(s.table)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES (gen_random_uuid(), 'order', 'o', 'order.created.v1', '{}', 'orders', 'k')")
 	}
 	code, b, _ := s.do(t, "GET", "api/overview", operateToken, nil)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
@@ -31,31 +32,31 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Overview is the JSON of /api/overview.
-type Overview struct {
-	Tables  []TableOverview `json:"tables"`
-	Inboxes []InboxOverview `json:"inboxes"`
+// overviewPage is the JSON of /api/overview.
+type overviewPage struct {
+	Tables  []tableOverview `json:"tables"`
+	Inboxes []inboxOverview `json:"inboxes"`
 }
 
-// TableOverview is one outbox table on the overview.
-type TableOverview struct {
+// tableOverview is one outbox table on the overview.
+type tableOverview struct {
 	Table  string       `json:"table"`
 	Status admin.Status `json:"status"`
 	// Chart counts events published and parked per minute over the last
 	// hour, oldest minute first (60 buckets).
-	Chart Chart `json:"chart"`
+	Chart chartData `json:"chart"`
 	// Slot is the streaming relay's replication slot, when it exists.
 	Slot *admin.SlotStatus `json:"slot,omitempty"`
 }
 
-// Chart is per-minute counts over the last hour.
-type Chart struct {
+// chartData is per-minute counts over the last hour.
+type chartData struct {
 	Published []int64 `json:"published"`
 	Parked    []int64 `json:"parked"`
 }
 
-// InboxOverview is one inbox table's parked records.
-type InboxOverview struct {
+// inboxOverview is one inbox table's parked records.
+type inboxOverview struct {
 	Table  string                   `json:"table"`
 	Parked int64                    `json:"parked"`
 	Groups []admin.InboxParkedCount `json:"groups"`
@@ -63,8 +64,8 @@ type InboxOverview struct {
 
 const chartMinutes = 60
 
-func (h *Handler) overview(ctx context.Context) (Overview, error) {
-	ov := Overview{Tables: make([]TableOverview, len(h.cfg.Tables)), Inboxes: make([]InboxOverview, len(h.cfg.Inboxes))}
+func (h *Handler) overview(ctx context.Context) (overviewPage, error) {
+	ov := overviewPage{Tables: make([]tableOverview, len(h.cfg.Tables)), Inboxes: make([]inboxOverview, len(h.cfg.Inboxes))}
 	var database string
 	if err := h.cfg.DB.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
 		return ov, err
@@ -140,14 +141,14 @@ func readSlot(ctx context.Context, db querier, name string) (*admin.SlotStatus, 
 // one. The backlog count and the oldest waiting event each walk the index
 // on unpublished rows past the parked ones, so they run apart too. The
 // rates come from the chart: published/s is its last minute.
-func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (admin.Status, Chart, error) {
+func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (admin.Status, chartData, error) {
 	st := admin.Status{Table: t.String(), ParkedGroups: []admin.ParkedGroup{}, Lanes: lanes, RateWindow: time.Minute, RateHorizon: chartHorizon}
 	var (
-		chart   Chart
+		chart   chartData
 		written int64
 		ageSec  float64
 	)
-	ti := t.Ident()
+	ti := sqlname.Ident(t)
 	cursor, err := tablesql.InCursorMode(ctx, db, t)
 	if err != nil {
 		return st, chart, err
@@ -182,7 +183,7 @@ func readStatus(ctx context.Context, db querier, t outbox.Table, lanes int) (adm
 		backlog,
 		oldest,
 		func() error {
-			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+parked.Table.Ident()+" WHERE "+parked.Where+"),"+
+			return db.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+sqlname.Ident(parked.Table)+" WHERE "+parked.Where+"),"+
 				" (SELECT count(*) FROM "+ti+" WHERE created_at >= now() - interval '1 minute')").Scan(&st.Parked, &written)
 		},
 		func() (err error) {
@@ -213,8 +214,8 @@ const chartHorizon = 70 * time.Minute
 // readChart counts published events per minute among those written within
 // chartHorizon, and parked events per minute from the partial index on
 // parked rows (in cursor mode, from the parked table, p).
-func readChart(ctx context.Context, db querier, t outbox.Table, p tablesql.ParkedRows) (Chart, error) {
-	c := Chart{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
+func readChart(ctx context.Context, db querier, t outbox.Table, p tablesql.ParkedRows) (chartData, error) {
+	c := chartData{Published: make([]int64, chartMinutes), Parked: make([]int64, chartMinutes)}
 	// Two statements side by side: each reads rows the other does not
 	// (recent block ranges; the parked rows).
 	series := func(into []int64, sql string, args ...any) func() error {
@@ -233,15 +234,15 @@ func readChart(ctx context.Context, db querier, t outbox.Table, p tablesql.Parke
 		}
 	}
 	return c, parallel(
-		series(c.Published, "SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+t.Ident()+
+		series(c.Published, "SELECT floor(extract(epoch FROM now() - published_at) / 60)::int, count(*) FROM "+sqlname.Ident(t)+
 			" WHERE created_at >= now() - $1::float8 * interval '1 second' AND published_at >= now() - interval '1 hour' GROUP BY 1", chartHorizon.Seconds()),
-		series(c.Parked, "SELECT floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+p.Table.Ident()+
+		series(c.Parked, "SELECT floor(extract(epoch FROM now() - parked_at) / 60)::int, count(*) FROM "+sqlname.Ident(p.Table)+
 			" WHERE "+p.Where+" AND parked_at >= now() - interval '1 hour' GROUP BY 1"))
 }
 
-// Filter is what the parked pages filter on: the query parameters topic,
+// eventFilter is what the parked pages filter on: the query parameters topic,
 // type, key, event_id and reason (the last error contains it, any case).
-type Filter struct {
+type eventFilter struct {
 	Topic   string `json:"topic,omitempty"`
 	Type    string `json:"type,omitempty"`
 	Key     string `json:"key,omitempty"`
@@ -252,10 +253,10 @@ type Filter struct {
 }
 
 // Empty reports whether f has no condition.
-func (f Filter) Empty() bool { return f == Filter{} }
+func (f eventFilter) Empty() bool { return f == eventFilter{} }
 
 // String is the filter as the audit log shows it.
-func (f Filter) String() string {
+func (f eventFilter) String() string {
 	if f.Empty() {
 		return "everything"
 	}
@@ -265,7 +266,7 @@ func (f Filter) String() string {
 
 var errBadEventID = errors.New("event_id is not a UUID")
 
-func (f Filter) admin() (admin.Filter, error) {
+func (f eventFilter) admin() (admin.Filter, error) {
 	af := admin.Filter{Topic: f.Topic, Type: f.Type, Key: f.Key, Error: f.Reason}
 	if f.EventID != "" {
 		id, err := uuid.Parse(strings.TrimSpace(f.EventID))
@@ -277,8 +278,8 @@ func (f Filter) admin() (admin.Filter, error) {
 	return af, nil
 }
 
-// ParkedGroupRow is a group of parked events of one topic and reason.
-type ParkedGroupRow struct {
+// parkedGroupRow is a group of parked events of one topic and reason.
+type parkedGroupRow struct {
 	Topic         string    `json:"topic"`
 	ErrorType     string    `json:"error_type"`
 	Reason        string    `json:"reason"`
@@ -294,7 +295,7 @@ const maxGroups = 50
 // (the first 200 bytes of the last error: the relay stores one text per
 // cause), largest first. In cursor mode they are the parked table's rows,
 // grouped by their reason.
-func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filter, limit int) ([]ParkedGroupRow, error) {
+func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filter, limit int) ([]parkedGroupRow, error) {
 	p, err := tablesql.ParkedIn(ctx, db, t)
 	if err != nil {
 		return nil, err
@@ -309,12 +310,12 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 	// once per group, not once per row (5x faster at 100,000 rows).
 	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", last_error, n, f, l FROM ("+
 		"SELECT coalesce(topic, '') AS topic, left(coalesce("+p.Reason+", ''), 200) AS last_error, count(*) AS n, min(parked_at) AS f, max(parked_at) AS l FROM "+
-		p.Table.Ident()+" WHERE "+p.Where+where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT @limit) g ORDER BY n DESC, topic, last_error", args)
+		sqlname.Ident(p.Table)+" WHERE "+p.Where+where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT @limit) g ORDER BY n DESC, topic, last_error", args)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedGroupRow, error) {
-		var g ParkedGroupRow
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedGroupRow, error) {
+		var g parkedGroupRow
 		err := r.Scan(&g.Topic, &g.ErrorType, &g.Reason, &g.Count, &g.FirstParkedAt, &g.LastParkedAt)
 		return g, err
 	})
@@ -346,8 +347,8 @@ func filterSQL(f admin.Filter, args pgx.NamedArgs, errExpr string) string {
 	return b.String()
 }
 
-// Event is an event in any state, as the detail page shows it.
-type Event struct {
+// eventRow is an event in any state, as the detail page shows it.
+type eventRow struct {
 	admin.ParkedEvent
 	// State is "pending", "published" or "parked".
 	State       string     `json:"state"`
@@ -356,9 +357,9 @@ type Event struct {
 	TraceID string `json:"trace_id,omitempty"`
 }
 
-func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Event, error) {
+func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (eventRow, error) {
 	var (
-		e         Event
+		e         eventRow
 		parkedAt  *time.Time
 		headers   []byte
 		lastError *string
@@ -373,7 +374,7 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 	}
 	var isDelivered bool
 	rows, err := db.Query(ctx, "SELECT id, event_id, event_type, aggregate_type, aggregate_id, topic, partition_key, attempts, last_error, created_at,"+
-		" parked_at, published_at, payload, headers, "+delivered+" FROM "+t.Ident()+" WHERE event_id = $1", id)
+		" parked_at, published_at, payload, headers, "+delivered+" FROM "+sqlname.Ident(t)+" WHERE event_id = $1", id)
 	if err != nil {
 		return e, err
 	}
@@ -417,7 +418,7 @@ func getEvent(ctx context.Context, db querier, t outbox.Table, id uuid.UUID) (Ev
 }
 
 // setTraceID sets e's TraceID from its traceparent header.
-func setTraceID(e *Event) {
+func setTraceID(e *eventRow) {
 	if tp := e.Headers["traceparent"]; tp != "" {
 		if p := strings.Split(tp, "-"); len(p) == 4 && len(p[1]) == 32 {
 			e.TraceID = p[1]
@@ -447,7 +448,7 @@ func inboxParkedTable(t outbox.Table) outbox.Table {
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}
 }
 
-func (f InboxFilter) sql(args pgx.NamedArgs) string {
+func (f inboxFilter) sql(args pgx.NamedArgs) string {
 	var b strings.Builder
 	add := func(cond, name string, v string) {
 		if v != "" {
@@ -466,9 +467,9 @@ const inboxCols = `id, consumer, coalesce(event_id, ''), coalesce(event_type, ''
 
 // listInboxParked lists an inbox's parked records matching f after the id
 // after, by id (the primary key), without their values.
-func listInboxParked(ctx context.Context, db querier, t outbox.Table, f InboxFilter, after int64, limit int) ([]admin.InboxParked, error) {
+func listInboxParked(ctx context.Context, db querier, t outbox.Table, f inboxFilter, after int64, limit int) ([]admin.InboxParked, error) {
 	args := pgx.NamedArgs{"after": after, "limit": limit}
-	rows, err := db.Query(ctx, "SELECT "+inboxCols+" FROM "+inboxParkedTable(t).Ident()+" WHERE id > @after"+f.sql(args)+" ORDER BY id LIMIT @limit", args)
+	rows, err := db.Query(ctx, "SELECT "+inboxCols+" FROM "+sqlname.Ident(inboxParkedTable(t))+" WHERE id > @after"+f.sql(args)+" ORDER BY id LIMIT @limit", args)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +480,7 @@ func listInboxParked(ctx context.Context, db querier, t outbox.Table, f InboxFil
 	})
 }
 
-func countInboxParked(ctx context.Context, db querier, t outbox.Table, f InboxFilter, ids []int64) (int, error) {
+func countInboxParked(ctx context.Context, db querier, t outbox.Table, f inboxFilter, ids []int64) (int, error) {
 	args := pgx.NamedArgs{}
 	where := f.sql(args)
 	if ids != nil {
@@ -487,20 +488,20 @@ func countInboxParked(ctx context.Context, db querier, t outbox.Table, f InboxFi
 		args["ids"] = ids
 	}
 	var n int
-	err := db.QueryRow(ctx, "SELECT count(*) FROM "+inboxParkedTable(t).Ident()+" WHERE true"+where, args).Scan(&n)
+	err := db.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(inboxParkedTable(t))+" WHERE true"+where, args).Scan(&n)
 	return n, err
 }
 
 // deleteInboxParked deletes the records matching f (and ids, when not
 // nil), chunk rows per statement in id order.
-func deleteInboxParked(ctx context.Context, db querier, t outbox.Table, f InboxFilter, ids []int64, chunk int, progress func(int)) (int, error) {
+func deleteInboxParked(ctx context.Context, db querier, t outbox.Table, f inboxFilter, ids []int64, chunk int, progress func(int)) (int, error) {
 	args := pgx.NamedArgs{"chunk": chunk}
 	where := f.sql(args)
 	if ids != nil {
 		where += " AND id = ANY(@ids)"
 		args["ids"] = ids
 	}
-	tbl := inboxParkedTable(t).Ident()
+	tbl := sqlname.Ident(inboxParkedTable(t))
 	sql := "WITH c AS (SELECT id FROM " + tbl + " WHERE id > @after" + where + " ORDER BY id LIMIT @chunk)," +
 		" d AS (DELETE FROM " + tbl + " p USING c WHERE p.id = c.id RETURNING 1) SELECT (SELECT max(id) FROM c), (SELECT count(*) FROM d)::int"
 	done := 0

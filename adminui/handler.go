@@ -69,7 +69,7 @@ func NewHandler(cfg Config) (*Handler, error) {
 	}
 	h.static = http.FileServer(http.FS(sub))
 	h.ctx, h.cancel = context.WithCancel(context.Background())
-	h.jobs.byID = map[string]*Job{}
+	h.jobs.byID = map[string]*bulkJob{}
 	if c.Authorizer == nil {
 		c.Logger.Warn("adminui: serving WITHOUT AUTHENTICATION (InsecureAllowAnonymous): every request that reaches the handler may "+
 			c.InsecureAllowAnonymous.String(), "role", c.InsecureAllowAnonymous.String())
@@ -362,7 +362,7 @@ func (rq *request) page(code int, name string, data any) {
 }
 
 // audit writes the one log line of an action.
-func (h *Handler) audit(j *Job) {
+func (h *Handler) audit(j *bulkJob) {
 	lvl := slog.LevelInfo
 	attrs := []any{"who", j.Who, "role", j.Role, "action", j.Action, "table", j.Table, "filter", j.Filter, "count", j.Done, "state", j.State}
 	if j.Error != "" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -155,7 +156,7 @@ func TestDeleteSelectionAndReplayOne(t *testing.T) {
 	s := newSetup(t)
 	csrf := s.csrf(t, operateToken)
 	var ids []string
-	rows, err := s.pool.Query(s.ctx, "SELECT event_id::text FROM "+s.table.Ident()+" WHERE topic = 'payments' ORDER BY id LIMIT 3")
+	rows, err := s.pool.Query(s.ctx, "SELECT event_id::text FROM "+sqlname.Ident(s.table)+" WHERE topic = 'payments' ORDER BY id LIMIT 3")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestDeleteSelectionAndReplayOne(t *testing.T) {
 		t.Fatalf("delete selection: %+v", job)
 	}
 	var pub string
-	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+s.table.Ident()+" WHERE published_at IS NOT NULL LIMIT 1").Scan(&pub); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+sqlname.Ident(s.table)+" WHERE published_at IS NOT NULL LIMIT 1").Scan(&pub); err != nil {
 		t.Fatal(err)
 	}
 	job = s.act(t, csrf, adminui.ActionRequest{Action: "replay", EventIDs: []string{pub}})
@@ -208,7 +209,7 @@ func TestInboxRecords(t *testing.T) {
 func TestStoredValuesAreEscaped(t *testing.T) {
 	s := newSetup(t)
 	var id string
-	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+s.table.Ident()+" WHERE topic = 'xss' LIMIT 1").Scan(&id); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+sqlname.Ident(s.table)+" WHERE topic = 'xss' LIMIT 1").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"", "parked?topic=xss", "event?id=" + id, "inbox"} {
@@ -275,7 +276,7 @@ func TestParkedKeysetPages(t *testing.T) {
 func TestTwoTables(t *testing.T) {
 	s := newSetup(t)
 	other := testenv.Table(t, s.pool)
-	s.exec(t, `INSERT INTO `+other.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, attempts, last_error)
+	s.exec(t, `INSERT INTO `+sqlname.Ident(other)+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, attempts, last_error)
 		SELECT gen_random_uuid(), 'a', 'a', 't', '{}', 'orders', 'k', now(), 5, '[invalid_topic] x' FROM generate_series(1, 4)`)
 	h, err := adminui.NewHandler(adminui.Config{DB: s.pool, Tables: []outbox.Table{s.table, other}, InsecureAllowAnonymous: adminui.RoleOperate, Logger: slogTo(io.Discard)})
 	if err != nil {

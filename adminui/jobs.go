@@ -18,10 +18,10 @@ import (
 	"github.com/fxoutbox/outbox/admin"
 )
 
-// ActionRequest is the body of POST api/count and api/actions: an action
+// actionRequest is the body of POST api/count and api/actions: an action
 // on one event, a selection, or everything that matches a filter, chosen
 // on the server (not only the rows a page shows).
-type ActionRequest struct {
+type actionRequest struct {
 	// Action is requeue, delete or replay for an outbox table; delete for
 	// an inbox's parked records (retrying runs the application's handler:
 	// inbox.Consumer.Retry, in the consuming service).
@@ -35,12 +35,12 @@ type ActionRequest struct {
 	EventIDs    []string    `json:"event_ids,omitempty"`
 	IDs         []int64     `json:"ids,omitempty"`
 	Matching    bool        `json:"matching,omitempty"`
-	Filter      Filter      `json:"filter"`
-	InboxFilter InboxFilter `json:"inbox_filter"`
+	Filter      eventFilter `json:"filter"`
+	InboxFilter inboxFilter `json:"inbox_filter"`
 }
 
-// Job is a running or finished action, as api/jobs/{id} reports it.
-type Job struct {
+// bulkJob is a running or finished action, as api/jobs/{id} reports it.
+type bulkJob struct {
 	ID     string `json:"id"`
 	Action string `json:"action"`
 	Table  string `json:"table"`
@@ -62,7 +62,7 @@ type Job struct {
 // jobs keeps the actions of the last while.
 type jobs struct {
 	mu    sync.Mutex
-	byID  map[string]*Job
+	byID  map[string]*bulkJob
 	order []string
 }
 
@@ -71,7 +71,7 @@ const (
 	maxJobsRunning = 4
 )
 
-func (js *jobs) add(j *Job) error {
+func (js *jobs) add(j *bulkJob) error {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	running := 0
@@ -95,17 +95,17 @@ func (js *jobs) add(j *Job) error {
 	return nil
 }
 
-func (js *jobs) get(id string) (Job, bool) {
+func (js *jobs) get(id string) (bulkJob, bool) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	j, ok := js.byID[id]
 	if !ok {
-		return Job{}, false
+		return bulkJob{}, false
 	}
 	return *j, true
 }
 
-func (js *jobs) update(j *Job, f func(*Job)) {
+func (js *jobs) update(j *bulkJob, f func(*bulkJob)) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	f(j)
@@ -121,7 +121,7 @@ type op struct {
 
 // resolve checks an action request and returns its op, or an error for a
 // 400 answer.
-func (h *Handler) resolve(a ActionRequest) (op, error) {
+func (h *Handler) resolve(a actionRequest) (op, error) {
 	if a.Inbox != "" {
 		return h.resolveInbox(a)
 	}
@@ -187,7 +187,7 @@ func (h *Handler) resolve(a ActionRequest) (op, error) {
 	return o, nil
 }
 
-func (h *Handler) resolveInbox(a ActionRequest) (op, error) {
+func (h *Handler) resolveInbox(a actionRequest) (op, error) {
 	var t outbox.Table
 	found := false
 	for _, c := range h.cfg.Inboxes {
@@ -205,7 +205,7 @@ func (h *Handler) resolveInbox(a ActionRequest) (op, error) {
 	o := op{table: t.String()}
 	switch {
 	case len(ids) > 0:
-		f = InboxFilter{}
+		f = inboxFilter{}
 		o.filter = fmt.Sprintf("records %v", ids)
 	case a.Matching:
 		ids = nil
@@ -222,8 +222,8 @@ func (h *Handler) resolveInbox(a ActionRequest) (op, error) {
 	return o, nil
 }
 
-func (h *Handler) readAction(rq *request) (ActionRequest, op, bool) {
-	var a ActionRequest
+func (h *Handler) readAction(rq *request) (actionRequest, op, bool) {
+	var a actionRequest
 	dec := json.NewDecoder(http.MaxBytesReader(rq.w, rq.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&a); err != nil {
@@ -272,7 +272,7 @@ func (h *Handler) apiAction(rq *request) {
 	}
 	idb := make([]byte, 8)
 	_, _ = rand.Read(idb)
-	j := &Job{ID: hex.EncodeToString(idb), Action: a.Action, Table: o.table, Filter: o.filter, Who: rq.p.Name, Role: rq.p.Role.String(),
+	j := &bulkJob{ID: hex.EncodeToString(idb), Action: a.Action, Table: o.table, Filter: o.filter, Who: rq.p.Name, Role: rq.p.Role.String(),
 		Total: total, State: "running", Started: time.Now()}
 	if a.Inbox != "" {
 		j.Action = "inbox " + a.Action
@@ -284,9 +284,9 @@ func (h *Handler) apiAction(rq *request) {
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		n, err := o.run(h.ctx, func(done int) { h.jobs.update(j, func(j *Job) { j.Done = done }) })
-		var snap Job
-		h.jobs.update(j, func(j *Job) {
+		n, err := o.run(h.ctx, func(done int) { h.jobs.update(j, func(j *bulkJob) { j.Done = done }) })
+		var snap bulkJob
+		h.jobs.update(j, func(j *bulkJob) {
 			now := time.Now()
 			j.Done, j.Ended, j.State = n, &now, "done"
 			if err != nil {

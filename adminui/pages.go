@@ -69,13 +69,13 @@ func (h *Handler) pageOverview(rq *request) {
 	rq.page(http.StatusOK, "overview", ov)
 }
 
-// ParkedPage is the JSON of /api/parked: the groups of the parked events
+// parkedPage is the JSON of /api/parked: the groups of the parked events
 // that match the filter, how many match, and one page of them (keyset:
 // the next page is after=Next).
-type ParkedPage struct {
+type parkedPage struct {
 	Table    string              `json:"table"`
-	Filter   Filter              `json:"filter"`
-	Groups   []ParkedGroupRow    `json:"groups"`
+	Filter   eventFilter         `json:"filter"`
+	Groups   []parkedGroupRow    `json:"groups"`
 	Matching int                 `json:"matching"`
 	Events   []admin.ParkedEvent `json:"events"`
 	After    int64               `json:"after"`
@@ -83,17 +83,17 @@ type ParkedPage struct {
 	Next int64 `json:"next"`
 }
 
-func (rq *request) filter() Filter {
-	return Filter{Topic: rq.FormValue("topic"), Type: rq.FormValue("type"), Key: rq.FormValue("key"),
+func (rq *request) filter() eventFilter {
+	return eventFilter{Topic: rq.FormValue("topic"), Type: rq.FormValue("type"), Key: rq.FormValue("key"),
 		EventID: strings.TrimSpace(rq.FormValue("event_id")), Reason: rq.FormValue("reason"), Consumer: rq.FormValue("consumer")}
 }
 
-func (h *Handler) parked(rq *request) (ParkedPage, bool) {
+func (h *Handler) parked(rq *request) (parkedPage, bool) {
 	t, ok := rq.table()
 	if !ok {
-		return ParkedPage{}, false
+		return parkedPage{}, false
 	}
-	pp := ParkedPage{Table: t.String(), Filter: rq.filter()}
+	pp := parkedPage{Table: t.String(), Filter: rq.filter()}
 	pp.Filter.Consumer = ""
 	pp.After, _ = strconv.ParseInt(rq.FormValue("after"), 10, 64)
 	af, err := pp.Filter.admin()
@@ -145,36 +145,36 @@ func (h *Handler) pageParked(rq *request) {
 	}
 }
 
-// EventPage is the JSON of /api/event.
-type EventPage struct {
-	Table string `json:"table"`
-	Event Event  `json:"event"`
+// eventPage is the JSON of /api/event.
+type eventPage struct {
+	Table string   `json:"table"`
+	Event eventRow `json:"event"`
 	// Payload is the payload indented; TraceURL the trace's link, if
 	// Config.TraceURL is set.
 	Payload  string `json:"payload_pretty"`
 	TraceURL string `json:"trace_url,omitempty"`
 }
 
-func (h *Handler) event(rq *request) (EventPage, bool) {
+func (h *Handler) event(rq *request) (eventPage, bool) {
 	t, ok := rq.table()
 	if !ok {
-		return EventPage{}, false
+		return eventPage{}, false
 	}
 	id, err := uuid.Parse(strings.TrimSpace(rq.FormValue("id")))
 	if err != nil {
 		rq.fail(http.StatusBadRequest, "id is not an event id (a UUID)")
-		return EventPage{}, false
+		return eventPage{}, false
 	}
 	e, err := getEvent(rq.Context(), h.cfg.DB, t, id)
 	switch {
 	case errors.Is(err, admin.ErrNotFound):
 		rq.fail(http.StatusNotFound, "no event "+id.String()+" in "+t.String()+" (never written, deleted, or cleaned up after its retention)")
-		return EventPage{}, false
+		return eventPage{}, false
 	case err != nil:
 		rq.dbFail(err)
-		return EventPage{}, false
+		return eventPage{}, false
 	}
-	ep := EventPage{Table: t.String(), Event: e, Payload: prettyJSON(e.Payload)}
+	ep := eventPage{Table: t.String(), Event: e, Payload: prettyJSON(e.Payload)}
 	if e.TraceID != "" && h.cfg.TraceURL != "" {
 		ep.TraceURL = strings.ReplaceAll(h.cfg.TraceURL, "{trace_id}", e.TraceID)
 	}
@@ -193,32 +193,32 @@ func (h *Handler) pageEvent(rq *request) {
 	}
 }
 
-// InboxPage is the JSON of /api/inbox: the inbox's parked records by
+// inboxPage is the JSON of /api/inbox: the inbox's parked records by
 // consumer, topic and error type, and one page of those that match.
-type InboxPage struct {
+type inboxPage struct {
 	Inbox   string                   `json:"inbox"`
-	Filter  InboxFilter              `json:"filter"`
+	Filter  inboxFilter              `json:"filter"`
 	Groups  []admin.InboxParkedCount `json:"groups"`
 	Records []admin.InboxParked      `json:"records"`
 	After   int64                    `json:"after"`
 	Next    int64                    `json:"next"`
 }
 
-// InboxFilter filters an inbox's parked records (parameters consumer,
+// inboxFilter filters an inbox's parked records (parameters consumer,
 // topic, error_type, event_id).
-type InboxFilter struct {
+type inboxFilter struct {
 	Consumer  string `json:"consumer,omitempty"`
 	Topic     string `json:"topic,omitempty"`
 	ErrorType string `json:"error_type,omitempty"`
 	EventID   string `json:"event_id,omitempty"`
 }
 
-func (h *Handler) inboxParked(rq *request) (InboxPage, bool) {
+func (h *Handler) inboxParked(rq *request) (inboxPage, bool) {
 	t, ok := rq.inbox()
 	if !ok {
-		return InboxPage{}, false
+		return inboxPage{}, false
 	}
-	ip := InboxPage{Inbox: t.String(), Filter: InboxFilter{Consumer: rq.FormValue("consumer"), Topic: rq.FormValue("topic"),
+	ip := inboxPage{Inbox: t.String(), Filter: inboxFilter{Consumer: rq.FormValue("consumer"), Topic: rq.FormValue("topic"),
 		ErrorType: rq.FormValue("error_type"), EventID: strings.TrimSpace(rq.FormValue("event_id"))}}
 	ip.After, _ = strconv.ParseInt(rq.FormValue("after"), 10, 64)
 	var err error
@@ -249,8 +249,8 @@ func (h *Handler) pageInbox(rq *request) {
 	}
 }
 
-// RecordPage is the JSON of /api/inbox-record.
-type RecordPage struct {
+// recordPage is the JSON of /api/inbox-record.
+type recordPage struct {
 	Inbox  string            `json:"inbox"`
 	Record admin.InboxParked `json:"record"`
 	// Key and Value are the record's as text (indented when JSON).
@@ -258,26 +258,26 @@ type RecordPage struct {
 	Value string `json:"value_text"`
 }
 
-func (h *Handler) record(rq *request) (RecordPage, bool) {
+func (h *Handler) record(rq *request) (recordPage, bool) {
 	t, ok := rq.inbox()
 	if !ok {
-		return RecordPage{}, false
+		return recordPage{}, false
 	}
 	id, err := strconv.ParseInt(rq.FormValue("id"), 10, 64)
 	if err != nil {
 		rq.fail(http.StatusBadRequest, "id is not a parked record's id")
-		return RecordPage{}, false
+		return recordPage{}, false
 	}
 	p, err := admin.GetInboxParked(rq.Context(), h.cfg.DB, t, "", id)
 	switch {
 	case errors.Is(err, admin.ErrNotFound):
 		rq.fail(http.StatusNotFound, "no parked record "+strconv.FormatInt(id, 10)+" (retried or deleted)")
-		return RecordPage{}, false
+		return recordPage{}, false
 	case err != nil:
 		rq.dbFail(err)
-		return RecordPage{}, false
+		return recordPage{}, false
 	}
-	return RecordPage{Inbox: t.String(), Record: p, Key: printable(p.Key), Value: prettyJSON(p.Value)}, true
+	return recordPage{Inbox: t.String(), Record: p, Key: printable(p.Key), Value: prettyJSON(p.Value)}, true
 }
 
 func (h *Handler) apiRecord(rq *request) {

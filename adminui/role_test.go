@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -27,11 +28,11 @@ func TestReadOnlyDatabaseRole(t *testing.T) {
 	for _, sql := range []string{
 		"CREATE ROLE " + role + " NOLOGIN",
 		"GRANT USAGE ON SCHEMA " + s.table.Schema + " TO " + role,
-		"GRANT SELECT ON " + s.table.Ident() + ", " + s.inbox.Ident() + "_parked TO " + role,
-		"ALTER TABLE " + s.table.Ident() + " ENABLE ROW LEVEL SECURITY",
-		"CREATE POLICY ui_read ON " + s.table.Ident() + " FOR SELECT TO " + role + " USING (true)",
+		"GRANT SELECT ON " + sqlname.Ident(s.table) + ", " + sqlname.Ident(s.inbox) + "_parked TO " + role,
+		"ALTER TABLE " + sqlname.Ident(s.table) + " ENABLE ROW LEVEL SECURITY",
+		"CREATE POLICY ui_read ON " + sqlname.Ident(s.table) + " FOR SELECT TO " + role + " USING (true)",
 	} {
-		s.exec(t, strings.Replace(sql, s.inbox.Ident()+"_parked", `"`+s.inbox.Schema+`".`+s.inbox.Name+"_parked", 1))
+		s.exec(t, strings.Replace(sql, sqlname.Ident(s.inbox)+"_parked", `"`+s.inbox.Schema+`".`+s.inbox.Name+"_parked", 1))
 	}
 	t.Cleanup(func() {
 		_, _ = s.pool.Exec(context.Background(), "DROP OWNED BY "+role)
@@ -59,7 +60,7 @@ func TestReadOnlyDatabaseRole(t *testing.T) {
 	srv := httptest.NewServer(h)
 	defer func() { srv.Close(); h.Close() }()
 	var id string
-	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL LIMIT 1").Scan(&id); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT event_id::text FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NOT NULL LIMIT 1").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"", "api/overview", "parked", "parked?topic=orders&reason=large", "event?id=" + id, "inbox", "inbox-record?id=1"} {

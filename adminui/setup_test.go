@@ -18,6 +18,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -76,10 +77,10 @@ func newSetup(t *testing.T) *setup {
 	s.seed(t, 40, "orders", "'[kafka.message_too_large] the record is larger than the broker accepts (message.max.bytes)'", `jsonb_build_object('n', g)`, "'k' || (g % 5)")
 	s.seed(t, 25, "payments", "'[invalid_topic] the topic name is not valid'", `jsonb_build_object('n', g)`, "'p' || g")
 	s.seed(t, 3, "xss", `'[kafka.rejected] `+xssImg+`'`, `jsonb_build_object('html', '`+xssScript+`', 'attr', '`+strings.ReplaceAll(xssImg, `'`, `''`)+`')`, `'`+xssImg+`'`)
-	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, created_at, published_at)
+	s.exec(t, `INSERT INTO `+sqlname.Ident(s.table)+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, created_at, published_at)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', '{}', 'orders', 'k', now() - ((g * 97 % 3500) || ' s')::interval - interval '1 s',
 		now() - ((g * 97 % 3500) || ' s')::interval FROM generate_series(1, 300) g`)
-	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
+	s.exec(t, `INSERT INTO `+sqlname.Ident(s.table)+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', '{}', 'orders', 'k' FROM generate_series(1, 7) g`)
 	s.exec(t, `INSERT INTO "`+s.inbox.Schema+`".outbox_inbox_parked (consumer, event_id, event_type, topic, "partition", "offset", key, value, headers, attempts, error_type, last_error)
 		SELECT CASE WHEN g <= 6 THEN 'billing' ELSE 'shipping' END, 'ev-' || g, 'order.created.v1', 'shop.orders', 0, g, convert_to('k' || g, 'UTF8'),
@@ -111,7 +112,7 @@ func newSetup(t *testing.T) *setup {
 // over g).
 func (s *setup) seed(t *testing.T, n int, topic, lastErr, payload, key string) {
 	t.Helper()
-	s.exec(t, `INSERT INTO `+s.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers,
+	s.exec(t, `INSERT INTO `+sqlname.Ident(s.table)+` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers,
 		created_at, parked_at, attempts, last_error)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 'order.created.v1', `+payload+`, '`+topic+`', `+key+`,
 		'{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', now() - interval '70 min', now() - ((g * 131 % 3500) || ' s')::interval, 5, `+lastErr+`
@@ -128,7 +129,7 @@ func (s *setup) exec(t *testing.T, sql string, args ...any) {
 func (s *setup) count(t *testing.T, where string) int {
 	t.Helper()
 	var n int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE "+where).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -119,7 +119,7 @@ func runCost(ctx context.Context, e *env) (*Cost, error) {
 	}
 	defer c.stop()
 	for _, t := range []outbox.Table{c.e.table, c.e.ctable} {
-		if _, err := c.e.pool.Exec(ctx, "ALTER TABLE "+t.Ident()+" SET (autovacuum_enabled = off)"); err != nil {
+		if _, err := c.e.pool.Exec(ctx, "ALTER TABLE "+ident(t)+" SET (autovacuum_enabled = off)"); err != nil {
 			return nil, err
 		}
 	}

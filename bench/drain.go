@@ -553,9 +553,9 @@ func (e *env) drainPostgres(ctx context.Context, n, batch, workers int, syncComm
 		return drainRun{}, err
 	}
 	defer pool.Close()
-	claim := "SELECT id, event_id, event_type, topic, partition_key, payload, headers FROM " + e.table.Ident() +
+	claim := "SELECT id, event_id, event_type, topic, partition_key, payload, headers FROM " + ident(e.table) +
 		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-	mark := "UPDATE " + e.table.Ident() + " SET published_at = now() WHERE id = ANY($1)"
+	mark := "UPDATE " + ident(e.table) + " SET published_at = now() WHERE id = ANY($1)"
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -652,7 +652,7 @@ func (e *env) countPublished(ctx context.Context, n int, prog *progress) (stop f
 		var last int64
 		for ctx.Err() == nil {
 			var left int64
-			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&left); err == nil && int64(n)-left > last {
+			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+ident(e.table)+" WHERE published_at IS NULL").Scan(&left); err == nil && int64(n)-left > last {
 				prog.add(int(int64(n) - left - last))
 				last = int64(n) - left
 			}

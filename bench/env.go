@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for watermill-sql
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -129,7 +130,7 @@ func (e *env) setupSchema(ctx context.Context) error {
 			status      text NOT NULL,
 			created_at  timestamptz NOT NULL DEFAULT now())`,
 		// Same columns as the outbox table, primary key only.
-		`CREATE TABLE ` + schema + `.outbox_noidx (LIKE ` + e.table.Ident() + ` INCLUDING DEFAULTS INCLUDING IDENTITY)`,
+		`CREATE TABLE ` + schema + `.outbox_noidx (LIKE ` + ident(e.table) + ` INCLUDING DEFAULTS INCLUDING IDENTITY)`,
 		`ALTER TABLE ` + schema + `.outbox_noidx ADD PRIMARY KEY (id)`,
 	} {
 		if _, err := e.pool.Exec(ctx, q); err != nil {
@@ -409,4 +410,13 @@ func libraryInfo() Library {
 		}
 	}
 	return l
+}
+
+// ident quotes t's schema-qualified name for SQL text.
+func ident(t outbox.Table) string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return pgx.Identifier{t.Name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
 }

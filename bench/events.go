@@ -60,7 +60,7 @@ func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, 
 	if published {
 		at = "now()"
 	}
-	q := `INSERT INTO ` + t.Ident() + ` (published_at, event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
+	q := `INSERT INTO ` + ident(t) + ` (published_at, event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
 		SELECT ` + at + `, gen_random_uuid(), $1, k, $2,
 		       format('{"pad": "%s", "seq": "%s", "order_id": "%s"}', $3::text, lpad(i::text, 7, '0'), k)::jsonb,
 		       $4, k
@@ -70,16 +70,16 @@ func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, 
 	if _, err := e.pool.Exec(ctx, q, aggregateType, eventType, pad, topic, n, e.p.Keys); err != nil {
 		return fmt.Errorf("preload: %w", err)
 	}
-	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+t.Ident())
+	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+ident(t))
 	return err
 }
 
 // truncate empties table t (and restarts its ids); for the cursor table,
 // its positions too.
 func (e *env) truncate(ctx context.Context, t outbox.Table) error {
-	q := "TRUNCATE " + t.Ident() + " RESTART IDENTITY"
+	q := "TRUNCATE " + ident(t) + " RESTART IDENTITY"
 	if t == e.ctable {
-		q = "TRUNCATE " + t.Ident() + ", " + positionsOf(t).Ident() + " RESTART IDENTITY"
+		q = "TRUNCATE " + ident(t) + ", " + ident(positionsOf(t)) + " RESTART IDENTITY"
 	}
 	_, err := e.pool.Exec(ctx, q)
 	return err

@@ -200,7 +200,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			for _, q := range []string{"TRUNCATE " + schema + ".invoices", "TRUNCATE " + migrations.InboxTable(inboxTable).Ident()} {
+			for _, q := range []string{"TRUNCATE " + schema + ".invoices", "TRUNCATE " + ident(migrations.InboxTable(inboxTable))} {
 				if _, err := e.pool.Exec(ctx, q); err != nil {
 					return nil, err
 				}
@@ -250,7 +250,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	res.HandDedupeEPS = round1(median(series["plain+row c16"]))
 	res.InboxVsHandDedupe = medianRatio(series["inbox c16"], series["plain+row c16"])
 
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+migrations.InboxTable(inboxTable).Ident()); err != nil {
+	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+ident(migrations.InboxTable(inboxTable))); err != nil {
 		return nil, err
 	}
 	if err := e.inboxLatency(ctx, res, partitions, keys); err != nil {
@@ -442,7 +442,7 @@ func newPlainGroup(e *env, group, topic string, workers, batch int, dedupe bool,
 	ctx, cancel := context.WithCancel(context.Background())
 	pg := &plainGroup{e: e, workers: workers, batch: batch, note: note, done: done, group: g, cancel: cancel, name: group}
 	if dedupe {
-		pg.dedupe = `INSERT INTO ` + migrations.InboxTable(outbox.Table{Schema: schema}).Ident() +
+		pg.dedupe = `INSERT INTO ` + ident(migrations.InboxTable(outbox.Table{Schema: schema})) +
 			` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
 	}
 	pg.wg.Add(2)
@@ -687,7 +687,7 @@ func (e *env) inboxLatency(ctx context.Context, res *Inbox, partitions, keys int
 		return err
 	}
 	defer e.dropTopic(topic)
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+	if _, err := e.pool.Exec(ctx, "TRUNCATE "+ident(e.table)+" RESTART IDENTITY"); err != nil {
 		return err
 	}
 	sp, err := relay.NewSaramaPublisher(e.brokers, producerConfig("fxbench-inbox-relay"))

@@ -217,7 +217,7 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 	// relays wake on any pod's commits.
 	procsStart := func(k int) func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
 		return func(ctx context.Context, topic, warm string) (func(context.Context, uuid.UUID, int, int) error, func(), error) {
-			if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+			if _, err := e.pool.Exec(ctx, "TRUNCATE "+ident(e.table)+" RESTART IDENTITY"); err != nil {
 				return nil, nil, err
 			}
 			ps, err := e.startRelayProcs(ctx, k, 0, true, warm, func(int) {})
@@ -612,7 +612,7 @@ func (e *env) waitPublished(ctx context.Context, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
 		var n int
-		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&n); err != nil {
+		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+ident(e.table)+" WHERE published_at IS NULL").Scan(&n); err != nil {
 			return err
 		}
 		if n == 0 {

@@ -245,7 +245,7 @@ func (e *env) checkDrained(ctx context.Context, capped bool) error {
 		return nil
 	}
 	var left int
-	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE published_at IS NULL").Scan(&left); err != nil {
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+ident(e.table)+" WHERE published_at IS NULL").Scan(&left); err != nil {
 		return err
 	}
 	if left != 0 {

@@ -49,8 +49,8 @@ func newSeedRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, table outbox
 		pool:     pool,
 		producer: producer,
 		selectQ: "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, topic, partition_key, created_at, published_at FROM " +
-			table.Ident() + " e WHERE e.published_at IS NULL ORDER BY e.id ASC LIMIT 50 FOR UPDATE SKIP LOCKED",
-		updateQ: "UPDATE " + table.Ident() + " SET published_at = $1 WHERE id = ANY($2)",
+			ident(table) + " e WHERE e.published_at IS NULL ORDER BY e.id ASC LIMIT 50 FOR UPDATE SKIP LOCKED",
+		updateQ: "UPDATE " + ident(table) + " SET published_at = $1 WHERE id = ANY($2)",
 	}
 }
 

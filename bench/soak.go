@@ -97,11 +97,11 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 	sample := func(at time.Duration) (SoakSample, error) {
 		s := SoakSample{AtS: round1(at.Seconds())}
 		err := c.e.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), n_live_tup, n_dead_tup, n_tup_del
-			FROM pg_stat_user_tables WHERE relid = $1::regclass`, table.Ident()).Scan(&s.Bytes, &s.LiveTup, &s.DeadTup, &s.Deleted)
+			FROM pg_stat_user_tables WHERE relid = $1::regclass`, ident(table)).Scan(&s.Bytes, &s.LiveTup, &s.DeadTup, &s.Deleted)
 		return s, err
 	}
 	var del0, av0 int64
-	if err := c.e.pool.QueryRow(ctx, "SELECT n_tup_del, autovacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", table.Ident()).Scan(&del0, &av0); err != nil {
+	if err := c.e.pool.QueryRow(ctx, "SELECT n_tup_del, autovacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", ident(table)).Scan(&del0, &av0); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
@@ -162,7 +162,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 	if _, err := c.e.pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
 		return nil, err
 	}
-	if err := c.e.pool.QueryRow(ctx, "SELECT n_tup_del, autovacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", table.Ident()).Scan(&del1, &av1); err != nil {
+	if err := c.e.pool.QueryRow(ctx, "SELECT n_tup_del, autovacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass", ident(table)).Scan(&del1, &av1); err != nil {
 		return nil, err
 	}
 	res.RelayDeletes, res.Autovacuums = del1-del0, av1-av0

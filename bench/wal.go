@@ -381,7 +381,7 @@ func (e *env) startCluster(ctx context.Context, name, level string) (*walCluster
 	}
 	if level == "logical" {
 		if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{e.table.Publication()}.Sanitize()+
-			" FOR TABLE "+e.table.Ident()+" WITH (publish = 'insert')"); err != nil {
+			" FOR TABLE "+ident(e.table)+" WITH (publish = 'insert')"); err != nil {
 			c.stop()
 			return nil, err
 		}
@@ -400,10 +400,10 @@ func (c *walCluster) settle(ctx context.Context) error {
 		if err := c.e.preloadInto(ctx, t, "fxbench.published", 100_000); err != nil {
 			return err
 		}
-		if _, err := c.e.pool.Exec(ctx, "UPDATE "+t.Ident()+" SET published_at = now()"); err != nil {
+		if _, err := c.e.pool.Exec(ctx, "UPDATE "+ident(t)+" SET published_at = now()"); err != nil {
 			return err
 		}
-		if _, err := c.e.pool.Exec(ctx, "VACUUM ANALYZE "+t.Ident()); err != nil {
+		if _, err := c.e.pool.Exec(ctx, "VACUUM ANALYZE "+ident(t)); err != nil {
 			return err
 		}
 	}
@@ -489,8 +489,8 @@ func (c *walCluster) walLSN(ctx context.Context) int64 {
 func (c *walCluster) lag(ctx context.Context) (float64, int, error) {
 	var age float64
 	var n int
-	err := c.e.pool.QueryRow(ctx, `SELECT coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 FROM `+c.e.table.Ident()+`
-		WHERE published_at IS NULL ORDER BY id LIMIT 1), 0), (SELECT count(*) FROM `+c.e.table.Ident()+` WHERE published_at IS NULL)`).Scan(&age, &n)
+	err := c.e.pool.QueryRow(ctx, `SELECT coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 FROM `+ident(c.e.table)+`
+		WHERE published_at IS NULL ORDER BY id LIMIT 1), 0), (SELECT count(*) FROM `+ident(c.e.table)+` WHERE published_at IS NULL)`).Scan(&age, &n)
 	return age, n, err
 }
 
@@ -890,7 +890,7 @@ func (c *walCluster) deadTuples(ctx context.Context, table outbox.Table) (int64,
 		return 0, err
 	}
 	var dead int64
-	err = conn.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass", table.Ident()).Scan(&dead)
+	err = conn.QueryRow(ctx, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass", ident(table)).Scan(&dead)
 	return dead, err
 }
 
@@ -1017,7 +1017,7 @@ func (c *walCluster) levelRound(ctx context.Context, warm string, wp walParams) 
 		return out, err
 	}
 	defer e.dropTopic(topic)
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+e.table.Ident()+" RESTART IDENTITY"); err != nil {
+	if _, err := e.pool.Exec(ctx, "TRUNCATE "+ident(e.table)+" RESTART IDENTITY"); err != nil {
 		return out, err
 	}
 	w, err := e.startWriterProc(ctx, c.url, topic)

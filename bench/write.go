@@ -99,7 +99,7 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 		return "INSERT INTO " + table + " " + cols + " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 	}
 	var rawTen strings.Builder
-	rawTen.WriteString("INSERT INTO " + e.table.Ident() + " " + cols + " VALUES ")
+	rawTen.WriteString("INSERT INTO " + ident(e.table) + " " + cols + " VALUES ")
 	for i := range 10 {
 		if i > 0 {
 			rawTen.WriteString(", ")
@@ -143,7 +143,7 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 					if err := business(ctx, tx, k); err != nil {
 						return err
 					}
-					_, err := tx.Exec(ctx, rawOne(e.table.Ident()), rawArgs(k, seq, payload(k, seq))...)
+					_, err := tx.Exec(ctx, rawOne(ident(e.table)), rawArgs(k, seq, payload(k, seq))...)
 					return err
 				})
 			}},
@@ -227,7 +227,7 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 					if err := business(ctx, tx, k); err != nil {
 						return err
 					}
-					_, err := tx.Exec(ctx, rawOne(e.table.Ident()), rawArgs(k, seq, small)...)
+					_, err := tx.Exec(ctx, rawOne(ident(e.table)), rawArgs(k, seq, small)...)
 					return err
 				})
 			}},
@@ -238,7 +238,7 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 					id, _ := uuid.NewV7()
 					b := &pgx.Batch{}
 					b.Queue(insertOrder, id.String(), fmt.Sprintf("customer-%d", k), int64(1000+k))
-					b.Queue(rawOne(e.table.Ident()), rawArgs(k, seq, payload(k, seq))...)
+					b.Queue(rawOne(ident(e.table)), rawArgs(k, seq, payload(k, seq))...)
 					return tx.SendBatch(ctx, b).Close()
 				})
 			}},
@@ -264,7 +264,7 @@ func runWrite(ctx context.Context, e *env) (*Write, error) {
 					series[key] = s
 					order = append(order, s)
 				}
-				if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".orders, "+e.table.Ident()+", "+schema+".outbox_noidx"); err != nil {
+				if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".orders, "+ident(e.table)+", "+schema+".outbox_noidx"); err != nil {
 					return nil, err
 				}
 				e.checkpoint(ctx)

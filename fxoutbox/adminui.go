@@ -25,11 +25,11 @@ import (
 // from the *pgxpool.Pool, Tables from Config.Table, Lanes from Config.Lanes,
 // Logger from the *slog.Logger. OnStop ends the bulk actions still running.
 var AdminUIModule = fx.Module("fxoutbox.adminui",
-	fx.Provide(NewAdminUI),
+	fx.Provide(newAdminUI),
 )
 
-// AdminUIParams are NewAdminUI's dependencies.
-type AdminUIParams struct {
+// adminUIParams are newAdminUI's dependencies.
+type adminUIParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
@@ -40,8 +40,8 @@ type AdminUIParams struct {
 	Logger *slog.Logger `optional:"true"`
 }
 
-// NewAdminUI builds the admin UI's handler and closes it on stop.
-func NewAdminUI(p AdminUIParams) (*adminui.Handler, error) {
+// newAdminUI builds the admin UI's handler and closes it on stop.
+func newAdminUI(p adminUIParams) (*adminui.Handler, error) {
 	c := p.UI
 	if c.DB == nil {
 		c.DB = p.Pool

@@ -29,20 +29,20 @@ import (
 // with the application's lifecycle. Commits through the unit of work wake
 // the relay at once.
 var Module = fx.Module("fxoutbox",
-	fx.Provide(NewUnitOfWork, NewRelay),
+	fx.Provide(newUnitOfWork, newRelay),
 	fx.Invoke(configCheck{writes: true, publishes: true}.run, runRelay),
 )
 
 // WriterModule provides only *unitofwork.UnitOfWork: a process that records
 // events while a relay runs elsewhere. It needs no brokers.
 var WriterModule = fx.Module("fxoutbox.writer",
-	fx.Provide(NewUnitOfWork),
+	fx.Provide(newUnitOfWork),
 	fx.Invoke(configCheck{writes: true}.run),
 )
 
 // RelayModule runs only the relay: a dedicated publishing process.
 var RelayModule = fx.Module("fxoutbox.relay",
-	fx.Provide(NewRelay),
+	fx.Provide(newRelay),
 	fx.Invoke(configCheck{publishes: true}.run, runRelay),
 )
 
@@ -86,8 +86,8 @@ const (
 // lifecycle, even when nothing else asks for it.
 func runRelay(*relay.Relay) {}
 
-// WriterParams are NewUnitOfWork's dependencies.
-type WriterParams struct {
+// writerParams are newUnitOfWork's dependencies.
+type writerParams struct {
 	fx.In
 
 	Lifecycle  fx.Lifecycle
@@ -99,12 +99,12 @@ type WriterParams struct {
 	Relay *relay.Relay `optional:"true"`
 }
 
-// NewUnitOfWork builds the unit of work from Config. At start it applies the
+// newUnitOfWork builds the unit of work from Config. At start it applies the
 // migrations when Config.Migrate is set, and otherwise checks that the table
 // exists and has every migration's columns, so a missing or outdated table
 // fails the start with a clear error. When the application stops it stops
 // the unit of work's notifier and AddTx commit watcher.
-func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
+func newUnitOfWork(p writerParams) (*unitofwork.UnitOfWork, error) {
 	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator}
 	if err := in.configure(p.Config); err != nil {
 		return nil, in.fail(err)
@@ -114,8 +114,8 @@ func NewUnitOfWork(p WriterParams) (*unitofwork.UnitOfWork, error) {
 	return u, in.fail(err)
 }
 
-// RelayParams are NewRelay's dependencies.
-type RelayParams struct {
+// relayParams are newRelay's dependencies.
+type relayParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
@@ -135,11 +135,11 @@ type RelayParams struct {
 	Publisher relay.Publisher `optional:"true"`
 }
 
-// NewRelay builds the relay and its sarama publisher from Config, and hooks
+// newRelay builds the relay and its sarama publisher from Config, and hooks
 // them into the lifecycle: in OnStart the table and topic checks, a log line
 // with the relay's configuration, and Start; in OnStop, Stop and then the
 // producer's Close. An invalid configuration fails here, before start.
-func NewRelay(p RelayParams) (*relay.Relay, error) {
+func newRelay(p relayParams) (*relay.Relay, error) {
 	in := &instance{pool: p.Pool, log: logger(p.Logger), prop: p.Propagator, pub: p.Publisher}
 	in.telemetry(p.TracerProvider, p.SDKTracerProvider, p.MeterProvider, p.SDKMeterProvider)
 	if err := in.configure(p.Config); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -78,7 +79,7 @@ func TestWriterModuleRunsNoRelay(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	var n int
-	_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&n)
+	_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL").Scan(&n)
 	if n != 1 {
 		t.Errorf("unpublished = %d, want 1 (nothing publishes in a writer-only app)", n)
 	}

@@ -41,7 +41,7 @@ const InboxRoutes = `group:"fxoutbox.inbox.routes"`
 // Health: inject *inbox.Consumer and call its Health method from your
 // readiness probe; its List, Retry and Delete methods handle parked records.
 var InboxModule = fx.Module("fxoutbox.inbox",
-	fx.Provide(NewInbox),
+	fx.Provide(newInbox),
 	fx.Invoke(func(*inbox.Consumer) {}),
 )
 
@@ -74,8 +74,8 @@ type InboxConfig struct {
 	Migrate bool
 }
 
-// InboxParams are NewInbox's dependencies.
-type InboxParams struct {
+// inboxParams are newInbox's dependencies.
+type inboxParams struct {
 	fx.In
 
 	Lifecycle   fx.Lifecycle
@@ -95,9 +95,9 @@ type InboxParams struct {
 	Propagator     propagation.TextMapPropagator `optional:"true"`
 }
 
-// NewInbox builds the consumer from InboxConfig and the routes and hooks it
+// newInbox builds the consumer from InboxConfig and the routes and hooks it
 // into the lifecycle. An invalid configuration fails here, before start.
-func NewInbox(p InboxParams) (*inbox.Consumer, error) {
+func newInbox(p inboxParams) (*inbox.Consumer, error) {
 	ic := p.InboxConfig
 	cfg := ic.Consumer
 	cfg.Routes = append(append([]inbox.Route(nil), cfg.Routes...), p.Routes...)

@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -69,7 +70,7 @@ func TestInboxModule(t *testing.T) {
 	produce(t, brokers, topic, ids[2], "order.shipped.v1")   // same key: applied after the redelivery
 	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var n int
-		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.Ident()).Scan(&n)
+		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+sqlname.Ident(tbl)).Scan(&n)
 		return err == nil && n == 3, fmt.Sprintf("%d inbox rows, want 3 (%v)", n, err)
 	})
 	app.RequireStop()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -60,7 +61,7 @@ func publishOrders(t *testing.T, pool *pgxpool.Pool, brokers []string, cfg fxout
 		return n == 0, fmt.Sprintf("%d of %d events unpublished", n, orderKeys)
 	})
 	ids := map[string]string{}
-	rows, err := pool.Query(ctx, "SELECT partition_key, event_id::text FROM "+cfg.Table.Ident())
+	rows, err := pool.Query(ctx, "SELECT partition_key, event_id::text FROM "+sqlname.Ident(cfg.Table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/internal/partitioner"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -211,24 +212,24 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 // is one of the hashes a relay.Partitioner names.
 func applyPartitioner(sc *sarama.Config, p relay.Partitioner) error {
 	const field = "Partitioner [OUTBOX_PARTITIONER]"
-	if !p.Valid() {
-		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: use relay.Murmur2, relay.FNV1a or relay.CRC32 (%s)", p, relay.PartitionerNames)}
+	if !partitioner.Valid(int(p)) {
+		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v: use relay.Murmur2, relay.FNV1a or relay.CRC32 (%s)", p, partitioner.Names)}
 	}
 	if p == 0 {
 		return nil
 	}
-	if _, ok := relay.PartitionerOf(sc.Producer.Partitioner); !ok && sc.Producer.Partitioner != nil {
+	if _, ok := partitioner.Of(sc.Producer.Partitioner); !ok && sc.Producer.Partitioner != nil {
 		return &outbox.ConfigError{Field: field, Reason: fmt.Sprintf("is %v, and Sarama.Producer.Partitioner is a partitioner of your own: "+
 			"choose the partitioner in one place (unset OUTBOX_PARTITIONER, or leave Sarama.Producer.Partitioner as relay.DefaultSaramaConfig sets it)", p)}
 	}
-	sc.Producer.Partitioner = p.Sarama()
+	sc.Producer.Partitioner = partitioner.Sarama(int(p))
 	return nil
 }
 
 // partitionerName names sc's partitioner for the start-up line.
 func partitionerName(sc *sarama.Config) string {
-	if p, ok := relay.PartitionerOf(sc.Producer.Partitioner); ok {
-		return p.String()
+	if p, ok := partitioner.Of(sc.Producer.Partitioner); ok {
+		return relay.Partitioner(p).String()
 	}
 	return "custom (Sarama.Producer.Partitioner)"
 }

@@ -491,21 +491,21 @@ func TestKafkaTLSHandshake(t *testing.T) {
 	}
 }
 
-// NewRelay builds the producer configuration with KafkaTLS and KafkaSASL, so
+// newRelay builds the producer configuration with KafkaTLS and KafkaSASL, so
 // a bad setting fails the application before it starts.
 func TestNewRelayAppliesKafkaSecurity(t *testing.T) {
 	p := newPKI(t)
 	lc := fxtest.NewLifecycle(t)
-	_, err := NewRelay(RelayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
+	_, err := newRelay(relayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
 		KafkaTLS: KafkaTLS{Enable: true, CAFile: "/nonexistent/ca.pem"}}})
-	checkConfigError(t, "NewRelay with a missing CA file", err, "KAFKA_TLS_CA_FILE")
-	_, err = NewRelay(RelayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
+	checkConfigError(t, "newRelay with a missing CA file", err, "KAFKA_TLS_CA_FILE")
+	_, err = newRelay(relayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
 		KafkaSASL: KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
-	checkConfigError(t, "NewRelay with SASL and no TLS", err, "KAFKA_SASL_ALLOW_PLAINTEXT")
-	_, err = NewRelay(RelayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Config: Config{Brokers: []string{"localhost:9093"},
+	checkConfigError(t, "newRelay with SASL and no TLS", err, "KAFKA_SASL_ALLOW_PLAINTEXT")
+	_, err = newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Config: Config{Brokers: []string{"localhost:9093"},
 		KafkaTLS:  KafkaTLS{Enable: true, CAFile: p.caFile},
 		KafkaSASL: KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
 	if err != nil {
-		t.Errorf("NewRelay with TLS and SCRAM: %v", err)
+		t.Errorf("newRelay with TLS and SCRAM: %v", err)
 	}
 }

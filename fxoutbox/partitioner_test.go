@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/fx/fxtest"
 
+	"github.com/fxoutbox/outbox/internal/partitioner"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -59,14 +60,14 @@ func TestPartitionerRule(t *testing.T) {
 	} {
 		var before relay.Partitioner
 		if tc.cfg.Sarama != nil {
-			before, _ = relay.PartitionerOf(tc.cfg.Sarama.Producer.Partitioner)
+			before, _ = partitionerOf(tc.cfg.Sarama.Producer.Partitioner)
 		}
 		sc, err := tc.cfg.saramaConfig()
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
-		p, ok := relay.PartitionerOf(sc.Producer.Partitioner)
+		p, ok := partitionerOf(sc.Producer.Partitioner)
 		switch {
 		case tc.want == 0 && ok:
 			t.Errorf("%s: partitioner %v, want the Sarama configuration's own", tc.name, p)
@@ -74,7 +75,7 @@ func TestPartitionerRule(t *testing.T) {
 			t.Errorf("%s: partitioner %v (known %v), want %v", tc.name, p, ok, tc.want)
 		}
 		if tc.cfg.Sarama != nil {
-			if after, _ := relay.PartitionerOf(tc.cfg.Sarama.Producer.Partitioner); after != before {
+			if after, _ := partitionerOf(tc.cfg.Sarama.Producer.Partitioner); after != before {
 				t.Errorf("%s: the caller's Sarama configuration was changed from %v to %v", tc.name, before, after)
 			}
 		}
@@ -92,10 +93,10 @@ func TestPartitionerRule(t *testing.T) {
 // next to it is an error, not ignored.
 func TestPartitionerNeedsTheModulesProducer(t *testing.T) {
 	lc := fxtest.NewLifecycle(t)
-	_, err := NewRelay(RelayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{},
+	_, err := newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{},
 		Config: Config{Brokers: []string{"localhost:9092"}, Partitioner: relay.FNV1a}})
 	checkConfigError(t, "Partitioner with a relay.Publisher", err, "OUTBOX_PARTITIONER")
-	if _, err := NewRelay(RelayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{}}); err != nil {
+	if _, err := newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Publisher: nopPublisher{}}); err != nil {
 		t.Errorf("a relay.Publisher without Partitioner: %v", err)
 	}
 }
@@ -103,3 +104,9 @@ func TestPartitionerNeedsTheModulesProducer(t *testing.T) {
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(context.Context, []relay.Message) error { return nil }
+
+// partitionerOf tells which relay.Partitioner a sarama constructor is.
+func partitionerOf(c sarama.PartitionerConstructor) (relay.Partitioner, bool) {
+	p, ok := partitioner.Of(c)
+	return relay.Partitioner(p), ok
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // With DeadLetterTopic, parking a record also records an outbox event to
@@ -78,7 +79,7 @@ func TestDeadLetterTopicGetsEachParkedRecordOnce(t *testing.T) {
 // for topic.
 func (e *env) deadLetters(topic string) []inbox.DeadLetter {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT payload, headers, event_type, partition_key FROM `+e.table.Ident()+` WHERE topic = $1 ORDER BY id`, topic)
+	rows, err := e.pool.Query(context.Background(), `SELECT payload, headers, event_type, partition_key FROM `+sqlname.Ident(e.table)+` WHERE topic = $1 ORDER BY id`, topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}

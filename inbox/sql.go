@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // statements are the consumer's SQL for its configured tables.
@@ -12,8 +13,8 @@ type statements struct {
 }
 
 func newStatements(t outbox.Table) statements {
-	in := t.Ident()
-	parked := outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}.Ident()
+	in := sqlname.Ident(t)
+	parked := sqlname.Ident(outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"})
 	return statements{
 		insert: `INSERT INTO ` + in + ` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
 		insertMany: `INSERT INTO ` + in + ` (consumer, event_id, topic, "partition", "offset")

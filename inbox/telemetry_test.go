@@ -16,6 +16,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -121,7 +122,7 @@ func TestTraceAndMetrics(t *testing.T) {
 
 		// The event the handler added continues the trace.
 		var headers []byte
-		err := e.pool.QueryRow(context.Background(), `SELECT headers FROM `+e.table.Ident()+` WHERE aggregate_id = 'a'`).Scan(&headers)
+		err := e.pool.QueryRow(context.Background(), `SELECT headers FROM `+sqlname.Ident(e.table)+` WHERE aggregate_id = 'a'`).Scan(&headers)
 		if err != nil {
 			t.Fatal(err)
 		}

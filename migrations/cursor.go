@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // CursorFS holds the migrations that cursor progress (relay.ProgressCursor)
@@ -70,13 +71,13 @@ func RenderCursor(sql string, table outbox.Table) string {
 		suffix, ok := strings.CutPrefix(s, outbox.DefaultTableName+"_")
 		switch {
 		case !ok:
-			return table.Ident()
+			return sqlname.Ident(table)
 		case suffix == "cursor":
-			return CursorTable(table).Ident()
+			return sqlname.Ident(CursorTable(table))
 		case suffix == "parked":
-			return ParkedTable(table).Ident()
+			return sqlname.Ident(ParkedTable(table))
 		}
-		return table.Derived(suffix)
+		return sqlname.Derived(table, suffix)
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -36,32 +37,32 @@ func TestUpDownCursorParked(t *testing.T) {
 	column := func(name string) bool {
 		t.Helper()
 		var ok bool
-		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)", tbl.Ident(), name).Scan(&ok); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)", sqlname.Ident(tbl), name).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok
 	}
 	parked := migrations.ParkedTable(tbl)
-	if parked.Ident() != `"`+tbl.Schema+`"."Events_parked"` {
-		t.Fatalf("ParkedTable = %s", parked.Ident())
+	if sqlname.Ident(parked) != `"`+tbl.Schema+`"."Events_parked"` {
+		t.Fatalf("ParkedTable = %s", sqlname.Ident(parked))
 	}
 	// An event parked in its row (marks mode).
 	ev := uuid.Must(uuid.NewV7())
 	var rowID int64
-	if err := pool.QueryRow(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, attempts, last_error, parked_at)"+
+	if err := pool.QueryRow(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, attempts, last_error, parked_at)"+
 		" VALUES ($1, 'order', 'o-1', 'order.placed.v1', '{\"a\":1}', 'orders', 'o-1', '{\"x-a\":\"b\"}', 5, '[kafka.message_too_large] too large', now()) RETURNING id", ev).Scan(&rowID); err != nil {
 		t.Fatal(err)
 	}
 	inPlace := func() (n int) {
 		t.Helper()
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE event_id = $1 AND parked_at IS NOT NULL AND id = $2 AND attempts = 5", ev, rowID).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE event_id = $1 AND parked_at IS NOT NULL AND id = $2 AND attempts = 5", ev, rowID).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
 	moved := func() (n int) {
 		t.Helper()
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+parked.Ident()+" WHERE event_id = $1 AND id = $2 AND attempts = 5"+
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(parked)+" WHERE event_id = $1 AND id = $2 AND attempts = 5"+
 			" AND reason = '[kafka.message_too_large] too large' AND payload = '{\"a\":1}' AND headers = '{\"x-a\":\"b\"}' AND topic = 'orders'", ev, rowID).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
@@ -72,15 +73,15 @@ func TestUpDownCursorParked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !exists(parked.Ident()) || !column("first_failed_at") || !column("txid") {
-		t.Fatalf("after UpCursor: parked table %v, first_failed_at %v, txid %v", exists(parked.Ident()), column("first_failed_at"), column("txid"))
+	if !exists(sqlname.Ident(parked)) || !column("first_failed_at") || !column("txid") {
+		t.Fatalf("after UpCursor: parked table %v, first_failed_at %v, txid %v", exists(sqlname.Ident(parked)), column("first_failed_at"), column("txid"))
 	}
 	if inPlace() != 1 || moved() != 0 {
 		t.Fatalf("in marks mode (no positions) the parked row must stay in place: in place %d, moved %d", inPlace(), moved())
 	}
 	// In cursor mode, UpCursor (the parked migration, applied to a table
 	// that was already in cursor mode) moves it.
-	if _, err := pool.Exec(ctx, "INSERT INTO "+migrations.CursorTable(tbl).Ident()+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"); err != nil {
+	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(migrations.CursorTable(tbl))+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"); err != nil {
 		t.Fatal(err)
 	}
 	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
@@ -92,9 +93,9 @@ func TestUpDownCursorParked(t *testing.T) {
 	if err := migrations.DownCursor(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if exists(parked.Ident()) || exists(migrations.CursorTable(tbl).Ident()) || column("first_failed_at") || column("txid") {
+	if exists(sqlname.Ident(parked)) || exists(sqlname.Ident(migrations.CursorTable(tbl))) || column("first_failed_at") || column("txid") {
 		t.Fatalf("after DownCursor: parked table %v, positions %v, first_failed_at %v, txid %v",
-			exists(parked.Ident()), exists(migrations.CursorTable(tbl).Ident()), column("first_failed_at"), column("txid"))
+			exists(sqlname.Ident(parked)), exists(sqlname.Ident(migrations.CursorTable(tbl))), column("first_failed_at"), column("txid"))
 	}
 	if inPlace() != 1 {
 		t.Fatalf("after DownCursor the parked event must be back in its row, with its id")

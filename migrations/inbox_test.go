@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -28,7 +29,7 @@ func TestInboxUpDown(t *testing.T) {
 			t.Fatalf("after UpInbox: %v", err)
 		}
 		var versions bool
-		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", outbox.Table{Schema: tbl.Schema, Name: name + "_migrations"}.Ident()).Scan(&versions); err != nil || !versions {
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(outbox.Table{Schema: tbl.Schema, Name: name + "_migrations"})).Scan(&versions); err != nil || !versions {
 			t.Fatalf("after UpInbox: no versions table (%v)", err)
 		}
 		// The outbox's migrations are not mixed in: the inbox's versions are its own.

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // FS holds the migration files, NNNNNN_name.up.sql and NNNNNN_name.down.sql,
@@ -131,9 +132,9 @@ var nameRE = regexp.MustCompile(`\boutbox_event(_\w+)?\b`)
 func Render(sql string, table outbox.Table) string {
 	return nameRE.ReplaceAllStringFunc(sql, func(s string) string {
 		if suffix, ok := strings.CutPrefix(s, outbox.DefaultTableName+"_"); ok {
-			return table.Derived(suffix)
+			return sqlname.Derived(table, suffix)
 		}
-		return table.Ident()
+		return sqlname.Ident(table)
 	})
 }
 
@@ -149,11 +150,11 @@ func RenderInbox(sql string, table outbox.Table) string {
 		suffix, ok := strings.CutPrefix(s, DefaultInboxTableName+"_")
 		switch {
 		case !ok:
-			return table.Ident()
+			return sqlname.Ident(table)
 		case suffix == "parked":
-			return outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"}.Ident()
+			return sqlname.Ident(outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"})
 		}
-		return table.Derived(suffix)
+		return sqlname.Derived(table, suffix)
 	})
 }
 
@@ -257,7 +258,7 @@ func Applied(ctx context.Context, db DB, table outbox.Table) ([]int, error) {
 
 func versions(t outbox.Table) string {
 	t = t.WithDefaults()
-	return outbox.Table{Schema: t.Schema, Name: t.Name + "_migrations"}.Ident()
+	return sqlname.Ident(outbox.Table{Schema: t.Schema, Name: t.Name + "_migrations"})
 }
 
 // lock takes the table's migration lock for the rest of tx: Up, the
@@ -351,7 +352,7 @@ func (k set) exists(ctx context.Context, db interface {
 		return err
 	}
 	var ok bool
-	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table.Ident()).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(table)).Scan(&ok); err != nil {
 		return fmt.Errorf("migrations: check table %s: %w", table, err)
 	}
 	if !ok {
@@ -389,7 +390,7 @@ func (k set) checkColumns(ctx context.Context, db interface {
 	var missing []string
 	err = db.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS u(c, n)
 		WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = u.c AND NOT attisdropped)`,
-		table.Ident(), cols).Scan(&missing)
+		sqlname.Ident(table), cols).Scan(&missing)
 	if err != nil {
 		return fmt.Errorf("migrations: check columns of %s: %w", table, err)
 	}

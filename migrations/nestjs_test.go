@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -46,7 +47,7 @@ func TestUpAdoptsNestJSTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var published int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NOT NULL").Scan(&published); err != nil || published != 49 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NOT NULL").Scan(&published); err != nil || published != 49 {
 		t.Fatalf("%d published rows (%v), want 49", published, err)
 	}
 	nestjs.RequireAdopted(t, pool, nest, tbl, before, node)
@@ -150,7 +151,7 @@ func TestUpRefusesIncompatibleTable(t *testing.T) {
 			}
 			cols := func() string {
 				var s string
-				if err := pool.QueryRow(ctx, "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped", tbl.Ident()).Scan(&s); err != nil {
+				if err := pool.QueryRow(ctx, "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped", sqlname.Ident(tbl)).Scan(&s); err != nil {
 					t.Fatal(err)
 				}
 				return s

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // PartitionedFS holds the partitioned table's migration, in the folder
@@ -122,7 +123,7 @@ func adoptPartitioned(ctx context.Context, tx pgx.Tx, table outbox.Table, all []
 		return false, nil
 	}
 	var partitioned bool
-	if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)", table.Ident()).Scan(&partitioned); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)", sqlname.Ident(table)).Scan(&partitioned); err != nil {
 		return false, fmt.Errorf("migrations: look up %s: %w", table, err)
 	}
 	if !partitioned {

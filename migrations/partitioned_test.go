@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -58,7 +59,7 @@ func TestUpPartitioned(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := pool.Query(ctx, `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = to_regclass($1) ORDER BY 1`, tbl.Ident())
+		WHERE i.inhparent = to_regclass($1) ORDER BY 1`, sqlname.Ident(tbl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestUpPartitioned(t *testing.T) {
 	}
 	insert := func(id uuid.UUID) (string, error) {
 		var part string
-		err := pool.QueryRow(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		err := pool.QueryRow(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES ($1, 'a', '1', 'e', '{}', 'a', '1') RETURNING tableoid::regclass::text", id).Scan(&part)
 		return part, err
 	}
@@ -103,7 +104,7 @@ func TestUpPartitioned(t *testing.T) {
 		t.Errorf("v4 id: err = %v, want a check violation of PaymentOutbox_event_id_v7", err)
 	}
 	var txid bool
-	if err := pool.QueryRow(ctx, "SELECT bool_and(txid IS NOT NULL) FROM "+tbl.Ident()).Scan(&txid); err != nil || !txid {
+	if err := pool.QueryRow(ctx, "SELECT bool_and(txid IS NOT NULL) FROM "+sqlname.Ident(tbl)).Scan(&txid); err != nil || !txid {
 		t.Errorf("txid set by default: %v, %v", txid, err)
 	}
 	if err := migrations.UpPartitioned(ctx, pool, tbl, 90*time.Second); !errors.Is(err, outbox.ErrInvalidConfig) {

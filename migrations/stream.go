@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -56,7 +57,7 @@ func RenderStream(sql string, table outbox.Table) string {
 		case "outbox_event_fxoutbox":
 			return pgx.Identifier{table.Publication()}.Sanitize()
 		}
-		return table.Ident()
+		return sqlname.Ident(table)
 	})
 }
 
@@ -202,7 +203,7 @@ func (p Publication) Problems() []string {
 // run as the table's owner; "" when nothing is to be done.
 func (p Publication) Fix(table outbox.Table) string {
 	name := pgx.Identifier{p.Name}.Sanitize()
-	create := "CREATE PUBLICATION " + name + " FOR TABLE " + table.Ident() + " WITH (publish = 'insert')"
+	create := "CREATE PUBLICATION " + name + " FOR TABLE " + sqlname.Ident(table) + " WITH (publish = 'insert')"
 	if !p.Exists {
 		return create
 	}
@@ -211,7 +212,7 @@ func (p Publication) Fix(table outbox.Table) string {
 	}
 	var fix []string
 	if !p.IncludesTable || p.OtherTables > 0 || p.RowFilter != "" || len(p.MissingColumns) > 0 {
-		fix = append(fix, "ALTER PUBLICATION "+name+" SET TABLE "+table.Ident())
+		fix = append(fix, "ALTER PUBLICATION "+name+" SET TABLE "+sqlname.Ident(table))
 	}
 	if !p.Insert || p.Update || p.Delete || p.Truncate {
 		fix = append(fix, "ALTER PUBLICATION "+name+" SET (publish = 'insert')")
@@ -253,7 +254,7 @@ func ReadPublication(ctx context.Context, db interface {
 			(SELECT count(*) FROM pg_publication_tables pt, t WHERE $3 AND pt.pubname = $1 AND (pt.schemaname, pt.tablename) <> (t.nspname, t.relname)),
 			(SELECT coalesce((array_agg(quote_ident(pt.schemaname) || '.' || quote_ident(pt.tablename) ORDER BY pt.schemaname, pt.tablename))[1:10], '{}')
 				FROM pg_publication_tables pt, t WHERE $3 AND pt.pubname = $1 AND (pt.schemaname, pt.tablename) <> (t.nspname, t.relname))`,
-		p.Name, table.Ident(), !p.AllTables)
+		p.Name, sqlname.Ident(table), !p.AllTables)
 	if err != nil {
 		return p, wrap(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -89,7 +90,7 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 			if _, err := pool.Exec(ctx, "CREATE TABLE "+other+" (id int PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			r := strings.NewReplacer("$P", pgx.Identifier{tbl.Publication()}.Sanitize(), "$T", tbl.Ident(), "$O", other, "$S", tbl.Schema)
+			r := strings.NewReplacer("$P", pgx.Identifier{tbl.Publication()}.Sanitize(), "$T", sqlname.Ident(tbl), "$O", other, "$S", tbl.Schema)
 			if _, err := pool.Exec(ctx, r.Replace(tc.create)); err != nil {
 				t.Fatal(err)
 			}

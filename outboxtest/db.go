@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -55,7 +56,7 @@ func readRows(ctx context.Context, db Querier, table outbox.Table, types []strin
 		return nil, fmt.Errorf("outboxtest: %w", err)
 	}
 	sql := "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, topic, partition_key, headers::text," +
-		" created_at, published_at, attempts, last_error, parked_at FROM " + table.Ident()
+		" created_at, published_at, attempts, last_error, parked_at FROM " + sqlname.Ident(table)
 	var args []any
 	if len(types) > 0 {
 		sql += " WHERE event_type = ANY($1)"

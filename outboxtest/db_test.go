@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/outboxtest"
@@ -90,7 +91,7 @@ func TestRequireInsertedAfterDo(t *testing.T) {
 	ft.failed(t, "holds 1 events matching", `Key="p-2"`)
 
 	// The other columns are read as stored.
-	if _, err := pool.Exec(ctx, "UPDATE "+table.Ident()+" SET attempts = 3, last_error = 'rejected', parked_at = now(), published_at = now() WHERE event_id = $1", id); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(table)+" SET attempts = 3, last_error = 'rejected', parked_at = now(), published_at = now() WHERE event_id = $1", id); err != nil {
 		t.Fatal(err)
 	}
 	row = outboxtest.RequireInserted(ctx, ft, pool, table, outboxtest.Want{Key: "p-1"})

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -92,8 +93,8 @@ func TestCleanupDeletesOnlyOldPublishedRows(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	exec("UPDATE " + s.table.Ident() + " SET created_at = now() - interval '4 days', published_at = now() - interval '4 days' WHERE id IN (SELECT id FROM " + s.table.Ident() + " ORDER BY id LIMIT 2300)")
-	exec("UPDATE " + s.table.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + s.table.Ident() + " WHERE published_at IS NULL ORDER BY id LIMIT 100)")
+	exec("UPDATE " + sqlname.Ident(s.table) + " SET created_at = now() - interval '4 days', published_at = now() - interval '4 days' WHERE id IN (SELECT id FROM " + sqlname.Ident(s.table) + " ORDER BY id LIMIT 2300)")
+	exec("UPDATE " + sqlname.Ident(s.table) + " SET published_at = now() WHERE id IN (SELECT id FROM " + sqlname.Ident(s.table) + " WHERE published_at IS NULL ORDER BY id LIMIT 100)")
 	r := s.relay(t, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), relay.Config{CleanupBatch: 1000})
 	var rounds []int
 	for {
@@ -110,7 +111,7 @@ func TestCleanupDeletesOnlyOldPublishedRows(t *testing.T) {
 		t.Errorf("cleanup rounds deleted %v, want [1000 1000 300]", rounds)
 	}
 	var left, unpublished int
-	_ = s.pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM "+s.table.Ident()).Scan(&left, &unpublished)
+	_ = s.pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM "+sqlname.Ident(s.table)).Scan(&left, &unpublished)
 	if left != 200 || unpublished != 100 {
 		t.Errorf("left %d rows (%d unpublished), want 200 (100)", left, unpublished)
 	}
@@ -210,7 +211,7 @@ func TestLateCommitsLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var payloads []string
-	rows, _ := s.pool.Query(s.ctx, "SELECT payload::text FROM "+s.table.Ident()+" WHERE partition_key = 'k' ORDER BY id")
+	rows, _ := s.pool.Query(s.ctx, "SELECT payload::text FROM "+sqlname.Ident(s.table)+" WHERE partition_key = 'k' ORDER BY id")
 	payloads, _ = pgx.CollectRows(rows, pgx.RowTo[string])
 	if len(payloads) != 2 || payloads[0] != `{"n": 1}` || payloads[1] != `{"n": 2}` {
 		t.Errorf("same-key events in id order: %v, want n=1 then n=2", payloads)

@@ -18,7 +18,9 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // row is a claimed outbox row.
@@ -68,8 +70,8 @@ type batchInfo struct {
 // up.
 func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
 	n, next, err = r.batch(ctx, size, upto, info)
-	if err != nil && !errors.As(err, new(*dbError)) && dberr.Is(err) {
-		err = &dbError{err}
+	if err != nil && !errors.As(err, new(*failure.DBStep)) && dberr.Is(err) {
+		err = &failure.DBStep{Err: err}
 	}
 	return n, next, err
 }
@@ -258,7 +260,7 @@ func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []M
 			if outbox.IsPermanent(err) { // behind its key's failure: not charged
 				errs[i] = ErrHeld
 			}
-		case outbox.IsPermanent(err) && !topicLevel(err):
+		case outbox.IsPermanent(err) && !failure.TopicLevel(err):
 			failed = append(failed, i)
 			split[k] = 1
 		case errors.Is(err, ErrHeld) && split[k] == 1:
@@ -323,7 +325,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 	for i, x := range rows {
 		stored, err := storedHeaders(x.headers)
 		if err != nil {
-			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, headersError{err}))
+			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", failure.ErrCannotSend, failure.BadHeaders{Err: err}))
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
 		eventID := x.eventID.String()
@@ -341,15 +343,15 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		ce := r.cfg.CloudEvents.Mode == outbox.CloudEventsBinary
 		hs := make([]Header, 0, len(stored)+10)
 		for k, v := range stored {
-			if !outbox.IsReservedHeader(k) && (!ce || !outbox.IsCloudEventsHeader(k)) {
+			if !record.ReservedHeader(k) && (!ce || !record.CloudEventsHeader(k)) {
 				hs = append(hs, Header{Key: k, Value: []byte(v)})
 			}
 		}
 		hs = append(hs,
 			Header{Key: outbox.HeaderEventID, Value: []byte(eventID)},
 			Header{Key: outbox.HeaderEventType, Value: []byte(x.eventType)})
-		if ce {
-			hs = append(hs, r.cloudEventsHeaders(x, eventID)...)
+		for k, v := range record.CloudEventsHeaders(r.cfg.CloudEvents, eventID, x.eventType, record.CloudEventsTime(x.createdAt)) {
+			hs = append(hs, Header{Key: k, Value: []byte(v)})
 		}
 		tc := propagation.MapCarrier{}
 		r.cfg.Propagator.Inject(trace.ContextWithSpan(parent, span), tc)
@@ -359,21 +361,6 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		msgs[i] = Message{EventID: x.eventID, Topic: x.topic, Key: []byte(x.key), Value: x.payload, Headers: hs}
 	}
 	return msgs, spans, encErrs
-}
-
-// cloudEventsHeaders returns the headers of the CloudEvents Kafka protocol
-// binding's binary content mode for row x, whose id is eventID: the
-// required attributes, time, and the payload's content type. Key and value
-// are the record's own.
-func (r *Relay) cloudEventsHeaders(x row, eventID string) []Header {
-	return []Header{
-		{Key: outbox.HeaderCloudEventsSpecVersion, Value: []byte(outbox.CloudEventsSpecVersion)},
-		{Key: outbox.HeaderCloudEventsID, Value: []byte(eventID)},
-		{Key: outbox.HeaderCloudEventsSource, Value: []byte(r.cfg.CloudEvents.Source)},
-		{Key: outbox.HeaderCloudEventsType, Value: []byte(x.eventType)},
-		{Key: outbox.HeaderCloudEventsTime, Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
-		{Key: outbox.HeaderContentType, Value: []byte(outbox.CloudEventsContentType)},
-	}
 }
 
 // storedHeaders decodes a row's headers column: a JSON object of strings,

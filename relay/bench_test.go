@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -36,14 +37,14 @@ func BenchmarkDrain(b *testing.B) {
 	const backlog = 20000
 	payload := `{"data":"` + strings.Repeat("x", 256-11) + `"}`
 	preload := func() {
-		_, err := pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+		_, err := pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 			" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" SELECT gen_random_uuid(), 'acct', 'k' || (g % 200), 'acct.changed', $1::jsonb, $2, 'k' || (g % 200) FROM generate_series(1, $3) g",
 			payload, topic, backlog)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := pool.Exec(s.ctx, "VACUUM ANALYZE "+s.table.Ident()); err != nil {
+		if _, err := pool.Exec(s.ctx, "VACUUM ANALYZE "+sqlname.Ident(s.table)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -75,7 +76,7 @@ func BenchmarkDrain(b *testing.B) {
 				b.Fatal(err)
 			}
 			eps[i] = append(eps[i], float64(backlog)/time.Since(start).Seconds())
-			if _, err := pool.Exec(s.ctx, "TRUNCATE "+s.table.Ident()); err != nil {
+			if _, err := pool.Exec(s.ctx, "TRUNCATE "+sqlname.Ident(s.table)); err != nil {
 				b.Fatal(err)
 			}
 		}

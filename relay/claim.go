@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Ordering says what a relay promises about the order of events in Kafka.
@@ -59,7 +60,7 @@ const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
 // quadratic in the batch size.
 func streamTakes(t outbox.Table) string {
 	return "pg_try_advisory_xact_lock(@ns, " + strings.Replace(lane, "partition_key", "e.partition_key", 1) + "::int)" +
-		" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t.Ident() + " o" +
+		" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + sqlname.Ident(t) + " o" +
 		" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))"
 }
 
@@ -111,27 +112,27 @@ func newQueries(t outbox.Table) queries {
 		return "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
 			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
 			" coalesce(sum(count(*)) OVER (ORDER BY " + prefer + "min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
-			" FROM (SELECT id, " + lane + " AS lane FROM " + t.Ident() +
+			" FROM (SELECT id, " + lane + " AS lane FROM " + sqlname.Ident(t) +
 			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY " + prefer + "first"
 	}
 	// Exactly-once workers prefer, among the lanes of the window, those
 	// they own (taking another's lane fences its producer).
 	const owned = "lane = ANY(@owned::int[]) DESC, "
 	q := queries{
-		claim: "SELECT " + cols + " FROM " + t.Ident() +
+		claim: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
 			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		claimHeld: "SELECT " + cols + " FROM " + t.Ident() +
+		claimHeld: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
 			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		claimIDs: "SELECT id FROM " + t.Ident() +
+		claimIDs: "SELECT id FROM " + sqlname.Ident(t) +
 			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
 		windowHeld:      window(notHeld, ""),
 		windowOwned:     window("", owned),
 		windowOwnedHeld: window(notHeld, owned),
 		savepoint:       "SAVEPOINT fxoutbox_read",
 		rollbackTo:      "ROLLBACK TO SAVEPOINT fxoutbox_read",
-		firstID: "SELECT id FROM " + t.Ident() +
+		firstID: "SELECT id FROM " + sqlname.Ident(t) +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1",
-		unreadable: "UPDATE " + t.Ident() + " e SET attempts = e.attempts + 1, last_error = f.err," +
+		unreadable: "UPDATE " + sqlname.Ident(t) + " e SET attempts = e.attempts + 1, last_error = f.err," +
 			" parked_at = CASE WHEN @park::bool THEN now() END" +
 			" FROM unnest(@ids::bigint[], @errs::text[]) AS f(id, err) WHERE e.id = f.id AND e.published_at IS NULL AND e.parked_at IS NULL" +
 			" RETURNING e.id, e.event_id, e.topic, e.partition_key, e.parked_at IS NOT NULL",
@@ -144,31 +145,31 @@ func newQueries(t outbox.Table) queries {
 		// read takes the rows the window saw in the locked lanes, in a new
 		// statement: its snapshot, taken after the locks were granted, drops
 		// the rows the lanes' previous holder published or parked meanwhile.
-		read: "SELECT " + cols + " FROM " + t.Ident() +
+		read: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
-		mark: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id = ANY($1)",
-		streamClaim: "UPDATE " + t.Ident() + " e SET published_at = now()" +
+		mark: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE id = ANY($1)",
+		streamClaim: "UPDATE " + sqlname.Ident(t) + " e SET published_at = now()" +
 			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t) +
 			" RETURNING e.id",
-		streamClaimUnordered: "UPDATE " + t.Ident() + " SET published_at = now() WHERE id IN (SELECT id FROM " + t.Ident() +
+		streamClaimUnordered: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE id IN (SELECT id FROM " + sqlname.Ident(t) +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
 		// streamState: present rows, whether unpublished, and whether the
 		// claim would have taken them (their lane is this transaction's,
 		// their key waits behind nothing): such a row was not visible yet.
 		streamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL, " + streamTakes(t) +
-			" FROM " + t.Ident() + " e WHERE e.id = ANY(@ids::bigint[])",
-		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + t.Ident() + " WHERE id = ANY(@ids::bigint[])",
-		unmark:               "UPDATE " + t.Ident() + " SET published_at = NULL WHERE id = ANY($1)",
+			" FROM " + sqlname.Ident(t) + " e WHERE e.id = ANY(@ids::bigint[])",
+		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + sqlname.Ident(t) + " WHERE id = ANY(@ids::bigint[])",
+		unmark:               "UPDATE " + sqlname.Ident(t) + " SET published_at = NULL WHERE id = ANY($1)",
 		// A negative attempts (written by hand) counts as 0.
-		attempt: "UPDATE " + t.Ident() + " e SET attempts = greatest(e.attempts, 0) + 1, last_error = f.err," +
+		attempt: "UPDATE " + sqlname.Ident(t) + " e SET attempts = greatest(e.attempts, 0) + 1, last_error = f.err," +
 			" parked_at = CASE WHEN f.lim > 0 AND greatest(e.attempts, 0) + 1 >= f.lim THEN now() END" +
 			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
 			" RETURNING e.id, e.parked_at IS NOT NULL",
 		// created_at <= published_at, so the created_at condition (BRIN
 		// index) narrows the scan to old block ranges.
-		cleanup: "DELETE FROM " + t.Ident() + " WHERE id IN (SELECT id FROM " + t.Ident() +
+		cleanup: "DELETE FROM " + sqlname.Ident(t) + " WHERE id IN (SELECT id FROM " + sqlname.Ident(t) +
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-		markCommitted: "UPDATE " + t.Ident() + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
+		markCommitted: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
 			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
 		ns: locks.Namespace(t.String()),
 	}

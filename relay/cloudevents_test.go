@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -92,7 +93,7 @@ func TestCloudEventsBinaryHeaders(t *testing.T) {
 					}
 				}
 				var createdAt time.Time
-				if err := s.pool.QueryRow(s.ctx, "SELECT created_at FROM "+s.table.Ident()+" WHERE event_id = $1", m.EventID).Scan(&createdAt); err != nil {
+				if err := s.pool.QueryRow(s.ctx, "SELECT created_at FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", m.EventID).Scan(&createdAt); err != nil {
 					t.Fatal(err)
 				}
 				ceTime, err := time.Parse(time.RFC3339Nano, header(m, outbox.HeaderCloudEventsTime))

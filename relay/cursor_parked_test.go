@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -36,7 +37,7 @@ type parkedCopy struct {
 func (s *setup) parked(t testing.TB, id uuid.UUID) (p parkedCopy, ok bool) {
 	t.Helper()
 	err := s.pool.QueryRow(s.ctx, "SELECT id, reason, coalesce(last_error, ''), attempts, first_try_at, last_try_at, coalesce(topic, ''), coalesce(partition_key, ''),"+
-		" coalesce(event_type, ''), coalesce(payload ? 'seq', false) FROM "+migrations.ParkedTable(s.table).Ident()+" WHERE event_id = $1", id).
+		" coalesce(event_type, ''), coalesce(payload ? 'seq', false) FROM "+sqlname.Ident(migrations.ParkedTable(s.table))+" WHERE event_id = $1", id).
 		Scan(&p.id, &p.reason, &p.lastError, &p.attempts, &p.firstTry, &p.lastTry, &p.topic, &p.key, &p.evType, &p.hasSeq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false
@@ -51,7 +52,7 @@ func (s *setup) parked(t testing.TB, id uuid.UUID) (p parkedCopy, ok bool) {
 func (s *setup) inTable(t testing.TB, id uuid.UUID) (int64, bool) {
 	t.Helper()
 	var rowID int64
-	err := s.pool.QueryRow(s.ctx, "SELECT id FROM "+s.table.Ident()+" WHERE event_id = $1", id).Scan(&rowID)
+	err := s.pool.QueryRow(s.ctx, "SELECT id FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", id).Scan(&rowID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false
 	}
@@ -390,7 +391,7 @@ func TestCursorAdoptsRowsParkedInPlace(t *testing.T) {
 	brokers := s.kafka(t)
 	topic := testenv.Topic(t, brokers, 1)
 	old := s.addEvent(t, "a", topic, 0)
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+s.table.Ident()+" SET parked_at = now(), attempts = 5, last_error = '[kafka.message_too_large] too large' WHERE event_id = $1", old); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET parked_at = now(), attempts = 5, last_error = '[kafka.message_too_large] too large' WHERE event_id = $1", old); err != nil {
 		t.Fatal(err)
 	}
 	s.addEvent(t, "a", topic, 1)

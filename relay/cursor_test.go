@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -49,7 +50,7 @@ func (s *setup) cursor(t testing.TB) {
 func (s *setup) noRowUpdated(t *testing.T) {
 	t.Helper()
 	var rows, updated int
-	err := s.pool.QueryRow(s.ctx, "SELECT count(*), count(*) FILTER (WHERE xmin <> xid(txid) OR published_at IS NOT NULL) FROM "+s.table.Ident()+" WHERE parked_at IS NULL").Scan(&rows, &updated)
+	err := s.pool.QueryRow(s.ctx, "SELECT count(*), count(*) FILTER (WHERE xmin <> xid(txid) OR published_at IS NOT NULL) FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NULL").Scan(&rows, &updated)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,8 +279,8 @@ func TestCursorParksPoisonAndGoesOn(t *testing.T) {
 	}
 	cons.WaitForDistinct(9, 30*time.Second)
 	var parked, inTable int
-	if err := s.pool.QueryRow(s.ctx, "SELECT (SELECT count(*) FROM "+migrations.ParkedTable(s.table).Ident()+" WHERE topic = 'missing'),"+
-		" (SELECT count(*) FROM "+s.table.Ident()+" WHERE topic = 'missing')").Scan(&parked, &inTable); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT (SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(s.table))+" WHERE topic = 'missing'),"+
+		" (SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE topic = 'missing')").Scan(&parked, &inTable); err != nil {
 		t.Fatal(err)
 	}
 	if parked != 1 || inTable != 0 {
@@ -417,12 +418,12 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 		t.Errorf("got %v (%d messages); want the requeued event once and 6 events", ids, len(msgs))
 	}
 	var lagging int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+migrations.CursorTable(s.table).Ident()+" WHERE NOT pg_visible_in_snapshot((SELECT txid FROM "+s.table.Ident()+
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.CursorTable(s.table))+" WHERE NOT pg_visible_in_snapshot((SELECT txid FROM "+sqlname.Ident(s.table)+
 		" WHERE event_id = $1), done)", poison).Scan(&lagging); err != nil {
 		t.Fatal(err)
 	}
 	if lagging != 0 {
-		rows, _ := s.pool.Query(s.ctx, "SELECT lane, done::text, coalesce(upto::text,''), base, pos, updated_at::text, (SELECT txid::text FROM "+s.table.Ident()+" WHERE event_id = $1) FROM "+migrations.CursorTable(s.table).Ident()+" ORDER BY lane LIMIT 5", poison)
+		rows, _ := s.pool.Query(s.ctx, "SELECT lane, done::text, coalesce(upto::text,''), base, pos, updated_at::text, (SELECT txid::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1) FROM "+sqlname.Ident(migrations.CursorTable(s.table))+" ORDER BY lane LIMIT 5", poison)
 		for rows.Next() {
 			var l int
 			var d, u, ua, tx string
@@ -468,7 +469,7 @@ func TestCursorUnreadableRowIsParked(t *testing.T) {
 	}
 	// Its copy keeps the payload as stored (copied by the server, never
 	// printed): fixed there, a requeue sends it.
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+migrations.ParkedTable(s.table).Ident()+" SET payload = '{\"fixed\":true}' WHERE event_id = $1 AND payload IS NOT NULL", bad); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(migrations.ParkedTable(s.table))+" SET payload = '{\"fixed\":true}' WHERE event_id = $1 AND payload IS NOT NULL", bad); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{bad}}, nil); err != nil || n != 1 {
@@ -509,7 +510,7 @@ func TestCursorNoticesAnotherCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As restored elsewhere: the new cluster's ids are far behind.
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+migrations.CursorTable(s.table).Ident()+" SET done = '4000000000:4000000000:'"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(migrations.CursorTable(s.table))+" SET done = '4000000000:4000000000:'"); err != nil {
 		t.Fatal(err)
 	}
 	fresh := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
@@ -563,8 +564,8 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 			" coalesce((SELECT string_agg((x::text::bigint + " + shift + ")::text, ',') FROM pg_snapshot_xip(" + snap + ") x), ''))::pg_snapshot"
 	}
 	for _, sql := range []string{
-		"UPDATE " + s.table.Ident() + " SET txid = (txid::text::bigint + " + shift + ")::text::xid8",
-		"UPDATE " + migrations.CursorTable(s.table).Ident() + " SET done = " + move("done") + ", upto = CASE WHEN upto IS NOT NULL THEN " + move("upto") + " END",
+		"UPDATE " + sqlname.Ident(s.table) + " SET txid = (txid::text::bigint + " + shift + ")::text::xid8",
+		"UPDATE " + sqlname.Ident(migrations.CursorTable(s.table)) + " SET done = " + move("done") + ", upto = CASE WHEN upto IS NOT NULL THEN " + move("upto") + " END",
 	} {
 		if _, err := s.pool.Exec(s.ctx, sql); err != nil {
 			t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // publishErr publishes one message through a real SaramaPublisher with cfg
@@ -69,14 +70,14 @@ func TestErrorTypeOfRealFailures(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"connection refused", publishErr(t, []string{closedAddr(t)}, relay.DefaultSaramaConfig()), relay.ErrorTypeBrokerUnreachable},
-		{"TLS to a plaintext broker", publishErr(t, []string{untrusted}, tlsCfg), relay.ErrorTypeTLS},
-		{"plaintext to a TLS listener", publishErr(t, []string{untrusted}, relay.DefaultSaramaConfig()), relay.ErrorTypeBrokerUnreachable},
+		{"connection refused", publishErr(t, []string{closedAddr(t)}, relay.DefaultSaramaConfig()), failure.BrokerUnreachable},
+		{"TLS to a plaintext broker", publishErr(t, []string{untrusted}, tlsCfg), failure.TLS},
+		{"plaintext to a TLS listener", publishErr(t, []string{untrusted}, relay.DefaultSaramaConfig()), failure.BrokerUnreachable},
 		{"missing table", pgErr, "database.schema"},
 		{"database refuses connections", deadErr, "database.connection"},
 	} {
-		if got := relay.ErrorType(c.err); got != c.want {
-			t.Errorf("%s: ErrorType(%v) = %q, want %q", c.name, c.err, got, c.want)
+		if got := failure.Type(c.err); got != c.want {
+			t.Errorf("%s: failure.Type(%v) = %q, want %q", c.name, c.err, got, c.want)
 		}
 	}
 }
@@ -91,22 +92,22 @@ func TestErrorTypeValues(t *testing.T) {
 		want string
 	}{
 		{nil, ""},
-		{errors.New("something"), relay.ErrorTypeOther},
-		{wrap(relay.ErrHeld), relay.ErrorTypeHeld},
-		{wrap(context.Canceled), relay.ErrorTypeCanceled},
-		{wrap(context.DeadlineExceeded), relay.ErrorTypeTimeout},
-		{wrap(sarama.ErrOutOfBrokers), relay.ErrorTypeBrokerUnreachable},
-		{sarama.Wrap(sarama.ErrOutOfBrokers, sarama.ErrSASLAuthenticationFailed), relay.ErrorTypeAuthentication},
-		{sarama.Wrap(sarama.ErrOutOfBrokers, x509.UnknownAuthorityError{}), relay.ErrorTypeTLS},
+		{errors.New("something"), failure.Other},
+		{wrap(relay.ErrHeld), failure.Held},
+		{wrap(context.Canceled), failure.Canceled},
+		{wrap(context.DeadlineExceeded), failure.Timeout},
+		{wrap(sarama.ErrOutOfBrokers), failure.BrokerUnreachable},
+		{sarama.Wrap(sarama.ErrOutOfBrokers, sarama.ErrSASLAuthenticationFailed), failure.Authentication},
+		{sarama.Wrap(sarama.ErrOutOfBrokers, x509.UnknownAuthorityError{}), failure.TLS},
 		{outbox.Permanent(sarama.ErrMessageSizeTooLarge), "kafka.message_too_large"},
 		{&relay.BatchError{Failed: map[int]error{0: outbox.Permanent(sarama.ErrUnknownTopicOrPartition)}}, "kafka.unknown_topic_or_partition"},
 		{wrap(sarama.ErrNotLeaderForPartition), "kafka.not_leader_or_follower"},
 		{wrap(sarama.ErrTopicAuthorizationFailed), "kafka.topic_authorization_failed"},
-		{sarama.KError(9999), relay.ErrorTypeOther},
-		{sarama.ConfigurationError("too big"), relay.ErrorTypeConfiguration},
+		{sarama.KError(9999), failure.Other},
+		{sarama.ConfigurationError("too big"), failure.Configuration},
 	} {
-		if got := relay.ErrorType(c.err); got != c.want {
-			t.Errorf("ErrorType(%v) = %q, want %q", c.err, got, c.want)
+		if got := failure.Type(c.err); got != c.want {
+			t.Errorf("failure.Type(%v) = %q, want %q", c.err, got, c.want)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -111,7 +112,7 @@ func TestExactlyOnceMarksFollowTheCommit(t *testing.T) {
 	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
 	var fail atomic.Int32
 	fail.Store(3)
-	r, err := relay.New(failMarks{DB: s.pool, fail: &fail, table: s.table.Ident()}, s.publisher(t),
+	r, err := relay.New(failMarks{DB: s.pool, fail: &fail, table: sqlname.Ident(s.table)}, s.publisher(t),
 		&relay.Config{Table: s.table, Delivery: relay.ExactlyOnce, PollInterval: 20 * time.Millisecond, Lanes: 4})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -51,7 +52,7 @@ func FuzzStoredRow(f *testing.F) {
 			headers, _ = jsonString(headers)
 		}
 		odd := uuid.Must(uuid.NewV7())
-		_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+		_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 			" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, attempts, created_at)"+
 			" VALUES ($1, 'fuzz', $2, $3, $4::jsonb, $5, $2, $6::jsonb, $7, now() + $8 * interval '1 microsecond')",
 			odd, key, eventType, payload, tp, headers, attempts, createdAt)
@@ -59,7 +60,7 @@ func FuzzStoredRow(f *testing.F) {
 			t.Skipf("the table refused the row, so no relay ever reads it: %v", err)
 		}
 		good := uuid.Must(uuid.NewV7())
-		if _, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+		if _, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 			" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ($1, 'fuzz', $2, 'fuzz.good.v1', $3, $4, $2)",
 			good, key, fmt.Sprintf(`{"n":%d}`, n), topic); err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ func growSetup(t *testing.T, hot, rows, keys int) (*pgxpool.Pool, outbox.Table, 
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	ctx := context.Background()
-	ins := "INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
+	ins := "INSERT INTO " + sqlname.Ident(tbl) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
 		" SELECT gen_random_uuid(), 'a', k, 'a.b', '{}', 't', k FROM (SELECT g, $1 || (g % $2) AS k FROM generate_series(1, $3) g ORDER BY g) s"
 	if hot > 0 {
 		if _, err := pool.Exec(ctx, ins, "hot", 1, hot); err != nil {
@@ -30,7 +31,7 @@ func growSetup(t *testing.T, hot, rows, keys int) (*pgxpool.Pool, outbox.Table, 
 	if _, err := pool.Exec(ctx, ins, "k", keys, rows); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(tbl)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }),
@@ -71,7 +72,7 @@ func claimReads(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, r *Relay, n 
 	count := func() int64 {
 		var c int64
 		if err := tx.QueryRow(ctx, "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables WHERE relid = $1::regclass",
-			tbl.Ident()).Scan(&c); err != nil {
+			sqlname.Ident(tbl)).Scan(&c); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -159,7 +160,7 @@ func TestClaimGrowsPastAHeldHotKey(t *testing.T) {
 		t.Fatal("the claim found nothing past the hot key's held lane")
 	}
 	var keys []string
-	rows, err := pool.Query(context.Background(), "SELECT DISTINCT partition_key FROM "+tbl.Ident()+" WHERE id = ANY($1)", ids)
+	rows, err := pool.Query(context.Background(), "SELECT DISTINCT partition_key FROM "+sqlname.Ident(tbl)+" WHERE id = ANY($1)", ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func TestClaimStopsGrowingAfterAGrowthFoundLittle(t *testing.T) {
 	pool, tbl, r := growSetup(t, 0, 0, 1)
 	ctx := context.Background()
 	// 1000 rows in lanes 0-9, then 20000 over every lane.
-	ins := "INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
+	ins := "INSERT INTO " + sqlname.Ident(tbl) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
 		" SELECT gen_random_uuid(), 'a', k, 'a.b', '{}', 't', k FROM (SELECT g, k FROM (SELECT g, 'k' || (g % $1) AS k FROM generate_series(1, $2) g) s" +
 		" WHERE (hashtext(k) & 2147483647) % 64 < $3 ORDER BY g LIMIT $4) s"
 	if _, err := pool.Exec(ctx, ins, 5000, 100000, 10, 1000); err != nil {
@@ -193,7 +194,7 @@ func TestClaimStopsGrowingAfterAGrowthFoundLittle(t *testing.T) {
 	if _, err := pool.Exec(ctx, ins, 5000, 20000, 64, 20000); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(tbl)); err != nil {
 		t.Fatal(err)
 	}
 	holdLanes(t, pool, r, laneRange(0, 60)) // lanes 60-63 are free
@@ -234,7 +235,7 @@ func TestClaimSaysWhenEventsAreHeldElsewhere(t *testing.T) {
 	if c := claim(); len(c.rows) != 0 || c.heldElsewhere {
 		t.Fatalf("empty table: %d rows, heldElsewhere %v; want none, false", len(c.rows), c.heldElsewhere)
 	}
-	if _, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || g, 'a.b', '{}', 't', 'k' || g FROM generate_series(1, 20) g"); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -120,7 +121,7 @@ func TestForgedReservedHeadersNeverReachKafka(t *testing.T) {
 func (s *setup) insertWithHeaders(t *testing.T, headers string) uuid.UUID {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers) VALUES ($1, 'a', $2, 'h.raw', '{}', 'h.topic', $2, $3::jsonb)",
 		id, id.String(), headers)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // Pinger is implemented by publishers that can check the broker without
@@ -160,7 +162,7 @@ func (r *Relay) Health(ctx context.Context, maxAge time.Duration) error {
 // of the batch's statements), "broker" for everything the publisher
 // returned.
 func component(err error) string {
-	if fromDatabase(err) {
+	if failure.FromDatabase(err) {
 		return "database"
 	}
 	return "broker"

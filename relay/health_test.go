@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -53,7 +54,7 @@ func TestHealth(t *testing.T) {
 	check("relay")
 	r2 := s.relay(t, pub, relay.Config{PollInterval: time.Hour})
 	s.write(t, "h.topic", 1, 1)
-	_, _ = s.pool.Exec(s.ctx, "UPDATE "+s.table.Ident()+" SET created_at = now() - interval '1 minute' WHERE published_at IS NULL")
+	_, _ = s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(s.table)+" SET created_at = now() - interval '1 minute' WHERE published_at IS NULL")
 	down.Store(true)
 	_ = r2.Start(s.ctx)
 	defer func() { _ = r2.Stop(s.ctx) }()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -32,7 +33,7 @@ const unreadableWait = 4 * time.Minute
 func (s *setup) insertUnreadable(t *testing.T, topic, key string) uuid.UUID {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ($1, 'a', $2, 'a.raw', "+unprintable+", $3, $2)",
 		id, key, topic)
 	if err != nil {
@@ -44,7 +45,7 @@ func (s *setup) insertUnreadable(t *testing.T, topic, key string) uuid.UUID {
 func (s *setup) row(t *testing.T, id uuid.UUID) (published, parked bool, attempts int, lastErr string) {
 	t.Helper()
 	err := s.pool.QueryRow(s.ctx, "SELECT published_at IS NOT NULL, parked_at IS NOT NULL, attempts, coalesce(last_error, '') FROM "+
-		s.table.Ident()+" WHERE event_id = $1", id).Scan(&published, &parked, &attempts, &lastErr)
+		sqlname.Ident(s.table)+" WHERE event_id = $1", id).Scan(&published, &parked, &attempts, &lastErr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func TestHealthRecoversWithoutTraffic(t *testing.T) {
 		t.Errorf("Health with the broker down = %v, want a broker failure", err)
 	}
 	// The event is gone (another relay, an operator) and the broker is back.
-	if _, err := s.pool.Exec(s.ctx, "DELETE FROM "+s.table.Ident()); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "DELETE FROM "+sqlname.Ident(s.table)); err != nil {
 		t.Fatal(err)
 	}
 	down.Store(false)
@@ -259,7 +260,7 @@ func TestHealthNamesTheDatabase(t *testing.T) {
 	fn := s.table.Schema + ".refuse_mark"
 	if _, err := s.pool.Exec(s.ctx, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'marks refused by the test'; END $$;
-		CREATE TRIGGER refuse_mark BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()`, fn, s.table.Ident(), fn)); err != nil {
+		CREATE TRIGGER refuse_mark BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()`, fn, sqlname.Ident(s.table), fn)); err != nil {
 		t.Fatal(err)
 	}
 	r := s.relay(t, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }),
@@ -273,7 +274,7 @@ func TestHealthNamesTheDatabase(t *testing.T) {
 	if err := r.Health(s.ctx, 0); !errors.As(err, &he) || he.Check != "database" {
 		t.Errorf("Health while marks fail = %v, want a database failure", err)
 	}
-	if _, err := s.pool.Exec(s.ctx, "DROP TRIGGER refuse_mark ON "+s.table.Ident()); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "DROP TRIGGER refuse_mark ON "+sqlname.Ident(s.table)); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the events to be published", func() bool { return s.unpublished(t) == 0 })

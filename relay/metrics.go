@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
@@ -30,7 +31,7 @@ import (
 //	    events acknowledged by the broker and marked; messaging.destination.name
 //	outbox.publish.errors    counter   [{event}]   -> outbox_publish_errors_total
 //	    events that failed to publish; messaging.destination.name, error.type (the cause,
-//	    see ErrorType), outbox.error.kind (transient: retried, not charged | permanent: charged)
+//	    see docs/operating.md), outbox.error.kind (transient: retried, not charged | permanent: charged)
 //	outbox.errors            counter   [{error}]   -> outbox_errors_total
 //	    failed steps: one per failed claim, publish (a batch with failed events; the first
 //	    one's error.type), mark, commit, cleanup or table statistics read; outbox.step, error.type
@@ -346,11 +347,11 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 
 // lap records the duration of a database step that began at start and,
 // when it failed, counts the error; it returns the time it ended and err,
-// marked so that ErrorType names its database cause.
+// marked so that failure.Type names its database cause.
 func (m *metrics) lap(ctx context.Context, step string, start time.Time, err error) (time.Time, error) {
 	now := time.Now()
-	if err != nil && !errors.As(err, new(*dbError)) && !errors.As(err, new(*kafkaStepError)) {
-		err = &dbError{err: err}
+	if err != nil && !errors.As(err, new(*failure.DBStep)) && !errors.As(err, new(*kafkaStepError)) {
+		err = &failure.DBStep{Err: err}
 	}
 	m.step(ctx, step, now.Sub(start), err)
 	return now, err
@@ -362,7 +363,7 @@ func (m *metrics) step(ctx context.Context, step string, d time.Duration, err er
 		m.steps.Record(ctx, d.Seconds(), metric.WithAttributes(m.table, AttrStep.String(step)))
 		return
 	}
-	attrs := metric.WithAttributes(m.table, AttrStep.String(step), semconv.ErrorTypeKey.String(ErrorType(err)))
+	attrs := metric.WithAttributes(m.table, AttrStep.String(step), semconv.ErrorTypeKey.String(failure.Type(err)))
 	m.steps.Record(ctx, d.Seconds(), attrs)
 	m.failures.Add(ctx, 1, attrs)
 }
@@ -385,7 +386,7 @@ func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []row, e
 		if outbox.IsPermanent(err) {
 			kind = "permanent"
 		}
-		failed[key{rows[i].topic, ErrorType(err), kind}]++
+		failed[key{rows[i].topic, failure.Type(err), kind}]++
 	}
 	for k, n := range failed {
 		m.errors.Add(ctx, n, metric.WithAttributes(m.table, semconv.MessagingDestinationName(k.topic), semconv.ErrorTypeKey.String(k.typ), AttrErrorKind.String(k.kind)))
@@ -402,7 +403,7 @@ func (m *metrics) sendDone(ctx context.Context, msgs []Message, idx []int, errs 
 	counts := map[key]int64{}
 	failedType := map[string]string{} // topic -> error.type of its first failure
 	for _, i := range idx {
-		t := ErrorType(errs[i])
+		t := failure.Type(errs[i])
 		counts[key{msgs[i].Topic, t}]++
 		if _, seen := failedType[msgs[i].Topic]; !seen || failedType[msgs[i].Topic] == "" {
 			failedType[msgs[i].Topic] = t
@@ -456,9 +457,9 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 		Interval:      r.cfg.StatsInterval,
 		Logger:        r.cfg.Logger,
 		Failed: func(ctx context.Context, err error) {
-			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(ErrorType(&dbError{err}))))
+			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(failure.Type(&failure.DBStep{Err: err}))))
 		},
-		ErrorType: func(err error) string { return ErrorType(&dbError{err}) },
+		ErrorType: func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
 	})
 }
 
@@ -467,13 +468,13 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 // when the publisher reported that.
 func spanOutcome(pub Publisher, m Message, err error) []attribute.KeyValue {
 	var attrs []attribute.KeyValue
-	if ci, ok := pub.(ClientIdentifier); ok {
-		if id := ci.ClientID(); id != "" {
+	if ci, ok := pub.(clientIdentifier); ok {
+		if id := ci.clientID(); id != "" {
 			attrs = append(attrs, semconv.MessagingClientID(id))
 		}
 	}
 	if err != nil {
-		return append(attrs, semconv.ErrorTypeKey.String(ErrorType(err)))
+		return append(attrs, semconv.ErrorTypeKey.String(failure.Type(err)))
 	}
 	if m.Stored {
 		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(int(m.Partition))), semconv.MessagingKafkaOffset(int(m.Offset)))
@@ -504,7 +505,7 @@ func (ms *metrics) txnEnded(ctx context.Context, outcome string, started time.Ti
 	}
 	attrs := []attribute.KeyValue{ms.table, AttrTxnOutcome.String(outcome)}
 	if outcome != txnCommitted && err != nil {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(ErrorType(err)))
+		attrs = append(attrs, semconv.ErrorTypeKey.String(failure.Type(err)))
 	}
 	set := metric.WithAttributes(attrs...)
 	ms.txns.Add(ctx, 1, set)

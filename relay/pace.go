@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // pacer spaces the retries of events that failed while the relay as a whole
@@ -130,7 +132,7 @@ const missingFor = 5 * time.Second
 // of the memory itself (notSentError) is not a report: the memory is
 // neither renewed nor nested by it.
 func (m *missingTopics) set(topic string, err error, now time.Time) {
-	if errors.As(err, new(*notSentError)) {
+	if errors.As(err, new(*failure.NotSent)) {
 		return
 	}
 	m.mu.Lock()
@@ -154,7 +156,7 @@ func (m *missingTopics) get(topic string, now time.Time) error {
 		delete(m.topics, topic)
 		return nil
 	}
-	return &notSentError{ago: now.Sub(t.at), err: t.err}
+	return &failure.NotSent{Ago: now.Sub(t.at), Err: t.err}
 }
 
 // forget drops the topics of the published rows: they exist now.

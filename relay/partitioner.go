@@ -1,13 +1,9 @@
 package relay
 
 import (
-	"reflect"
 	"strconv"
-	"strings"
 
-	"github.com/IBM/sarama"
-
-	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/partitioner"
 )
 
 // Partitioner names the hash with which a SaramaPublisher maps a record key
@@ -19,8 +15,9 @@ import (
 //
 // The zero value is no choice: where a Partitioner is a setting (the
 // fxoutbox module's Config.Partitioner) it means the default, Murmur2.
-// In a sarama configuration of your own, set Producer.Partitioner to
-// p.Sarama() (relay.DefaultSaramaConfig sets Murmur2's).
+// In a sarama configuration of your own, set Producer.Partitioner to the
+// sarama constructor each constant names (relay.DefaultSaramaConfig sets
+// Murmur2's).
 type Partitioner int
 
 const (
@@ -46,79 +43,14 @@ const (
 	CRC32
 )
 
-// partitioners lists the Partitioner values with their names and sarama's
-// constructors.
-var partitioners = []struct {
-	p    Partitioner
-	name string
-	c    sarama.PartitionerConstructor
-}{
-	{Murmur2, "murmur2", sarama.NewMurmur2Partitioner},
-	{FNV1a, "fnv1a", sarama.NewHashPartitioner},
-	{CRC32, "crc32", sarama.NewConsistentCRCHashPartitioner},
-}
-
-// PartitionerNames is how ParsePartitioner and the errors about a
-// partitioner list the accepted names.
-const PartitionerNames = `"murmur2" (the default: Apache Kafka's Java client, kafkajs), "fnv1a" (sarama's; fxoutbox's before murmur2) or "crc32" (librdkafka's)`
-
-// String returns the name ParsePartitioner accepts: "murmur2", "fnv1a" or
-// "crc32"; "default" for the zero value.
+// String returns the partitioner's name: "murmur2", "fnv1a" or "crc32"
+// (as OUTBOX_PARTITIONER spells it); "default" for the zero value.
 func (p Partitioner) String() string {
 	if p == 0 {
 		return "default"
 	}
-	for _, x := range partitioners {
-		if x.p == p {
-			return x.name
-		}
+	if name, ok := partitioner.Name(int(p)); ok {
+		return name
 	}
 	return "Partitioner(" + strconv.Itoa(int(p)) + ")"
-}
-
-// Sarama returns sarama's constructor of the partitioner, for
-// sarama.Config.Producer.Partitioner; Murmur2's for the zero value, nil for
-// an invalid Partitioner.
-func (p Partitioner) Sarama() sarama.PartitionerConstructor {
-	if p == 0 {
-		p = Murmur2
-	}
-	for _, x := range partitioners {
-		if x.p == p {
-			return x.c
-		}
-	}
-	return nil
-}
-
-// Valid reports whether p is the zero value or one of the constants.
-func (p Partitioner) Valid() bool { return p == 0 || p.Sarama() != nil }
-
-// ParsePartitioner returns the Partitioner named s ("murmur2", "fnv1a" or
-// "crc32", in any case), or a *outbox.ConfigError listing the names.
-func ParsePartitioner(s string) (Partitioner, error) {
-	for _, x := range partitioners {
-		if strings.EqualFold(strings.TrimSpace(s), x.name) {
-			return x.p, nil
-		}
-	}
-	return 0, &outbox.ConfigError{Field: "Partitioner", Reason: strconv.Quote(s) + " is not " + PartitionerNames}
-}
-
-// PartitionerOf tells which Partitioner a sarama partitioner constructor
-// is: ok is false for nil and for any constructor but the three that
-// Partitioner.Sarama returns (a partitioner of your own, sarama's random,
-// round-robin, manual or reference-hash ones).
-func PartitionerOf(c sarama.PartitionerConstructor) (p Partitioner, ok bool) {
-	if c == nil {
-		return 0, false
-	}
-	// Top-level functions: equal code pointers are the same function.
-	ptr := reflect.ValueOf(c).Pointer()
-	for _, x := range partitioners {
-		if reflect.ValueOf(x.c).Pointer() == ptr {
-			return x.p, true
-		}
-	}
-	return 0, false
 }

@@ -1,15 +1,13 @@
 package relay_test
 
 import (
-	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"testing"
 
 	"github.com/IBM/sarama"
 
-	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/partitioner"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -44,7 +42,7 @@ func partitionOf(t *testing.T, c sarama.PartitionerConstructor, key string, n in
 // for 200 keys on 12 partitions.
 func TestDefaultPartitionerIsJavas(t *testing.T) {
 	def := relay.DefaultSaramaConfig().Producer.Partitioner
-	if p, ok := relay.PartitionerOf(def); !ok || p != relay.Murmur2 {
+	if p, ok := partitioner.Of(def); !ok || p != int(relay.Murmur2) {
 		t.Fatalf("DefaultSaramaConfig's partitioner is %v (known %v), want murmur2", p, ok)
 	}
 	for key, h := range javaMurmur2 {
@@ -77,7 +75,7 @@ func TestFNV1aAndCRC32Partitioners(t *testing.T) {
 		if want < 0 {
 			want = -want
 		}
-		got := partitionOf(t, relay.FNV1a.Sarama(), key, 12)
+		got := partitionOf(t, partitioner.Sarama(int(relay.FNV1a)), key, 12)
 		if got != want {
 			t.Errorf("fnv1a: key %q on partition %d, want %d", key, got, want)
 		}
@@ -91,7 +89,7 @@ func TestFNV1aAndCRC32Partitioners(t *testing.T) {
 	// librdkafka: rd_crc32(key) % partitions, unsigned.
 	for _, key := range []string{"order-1", "foobar", "a-little-bit-long-string"} {
 		want := int32(crc32IEEE(key) % 12)
-		if got := partitionOf(t, relay.CRC32.Sarama(), key, 12); got != want {
+		if got := partitionOf(t, partitioner.Sarama(int(relay.CRC32)), key, 12); got != want {
 			t.Errorf("crc32: key %q on partition %d, want %d", key, got, want)
 		}
 	}
@@ -111,35 +109,4 @@ func crc32IEEE(s string) uint32 {
 		}
 	}
 	return ^c
-}
-
-func TestParsePartitioner(t *testing.T) {
-	for _, p := range []relay.Partitioner{relay.Murmur2, relay.FNV1a, relay.CRC32} {
-		got, err := relay.ParsePartitioner(strings.ToUpper(p.String()))
-		if err != nil || got != p {
-			t.Errorf("ParsePartitioner(%q) = %v, %v", strings.ToUpper(p.String()), got, err)
-		}
-		if q, ok := relay.PartitionerOf(p.Sarama()); !ok || q != p {
-			t.Errorf("PartitionerOf(%v.Sarama()) = %v, %v", p, q, ok)
-		}
-	}
-	_, err := relay.ParsePartitioner("java")
-	var ce *outbox.ConfigError
-	if !errors.As(err, &ce) || !strings.Contains(err.Error(), `"java"`) {
-		t.Fatalf("ParsePartitioner(java) = %v, want a ConfigError naming the value", err)
-	}
-	for _, name := range []string{"murmur2", "fnv1a", "crc32"} {
-		if !strings.Contains(err.Error(), `"`+name+`"`) {
-			t.Errorf("the error does not list %q: %v", name, err)
-		}
-	}
-	if relay.Partitioner(0).Sarama() == nil || relay.Partitioner(9).Sarama() != nil || relay.Partitioner(9).Valid() || !relay.Partitioner(0).Valid() {
-		t.Error("zero must mean the default (murmur2), 9 nothing")
-	}
-	for _, c := range []sarama.PartitionerConstructor{nil, sarama.NewRandomPartitioner, sarama.NewReferenceHashPartitioner,
-		func(topic string) sarama.Partitioner { return sarama.NewMurmur2Partitioner(topic) }} {
-		if p, ok := relay.PartitionerOf(c); ok {
-			t.Errorf("PartitionerOf(a partitioner of another kind) = %v", p)
-		}
-	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -54,7 +55,7 @@ func v7At(t testing.TB, at time.Time) uuid.UUID {
 func (s *setup) partitionOf(t testing.TB, id uuid.UUID) string {
 	t.Helper()
 	var p string
-	if err := s.pool.QueryRow(s.ctx, "SELECT tableoid::regclass::text FROM "+s.table.Ident()+" WHERE event_id = $1", id).Scan(&p); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT tableoid::regclass::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", id).Scan(&p); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -107,7 +108,7 @@ func TestPartitionedWritesPastTheHorizon(t *testing.T) {
 	cons.WaitForDistinct(writers*each, 60*time.Second)
 	waitUntil(t, 30*time.Second, "the tail bounded", func() bool {
 		var p string
-		err := s.pool.QueryRow(s.ctx, "SELECT tableoid::regclass::text FROM "+s.table.Ident()+" WHERE event_id = $1", first).Scan(&p)
+		err := s.pool.QueryRow(s.ctx, "SELECT tableoid::regclass::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", first).Scan(&p)
 		return err == nil && !strings.HasSuffix(p, "_tail")
 	})
 	if err := r.Stop(s.ctx); err != nil {
@@ -179,14 +180,14 @@ func TestPartitionedRetentionAndRefusals(t *testing.T) {
 		t.Fatalf("partition %s still there (%v)", part, err)
 	}
 	var left int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()).Scan(&left); err != nil || left != 1 {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)).Scan(&left); err != nil || left != 1 {
 		t.Fatalf("%d rows left, want today's one (%v)", left, err)
 	}
 	if st, err := admin.ReadStatus(s.ctx, s.pool, s.table, nil); err != nil || len(st.PartitionsKept) != 0 {
 		t.Fatalf("status after the drop: %+v, %v", st.PartitionsKept, err)
 	}
 	// The old id can be written again: the head took its range.
-	if _, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ($1, 'order', 'k1', 'e', '{}', 't', 'k1')", old); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ($1, 'order', 'k1', 'e', '{}', 't', 'k1')", old); err != nil {
 		t.Fatalf("old id again: %v", err)
 	}
 	if p := s.partitionOf(t, old); !strings.HasSuffix(p, "outbox_event_head") {

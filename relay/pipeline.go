@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // finder finds a batch's rows in the batch's transaction: the polling
@@ -171,7 +172,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
 		reasons := make([]string, len(d.failed)) // the stored reason of each failed row, also logged
 		for j, i := range d.failed {
-			reasons[j] = Reason(errs[i], rows[i].topic)
+			reasons[j] = failure.Reason(errs[i], rows[i].topic)
 		}
 		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, reasons, alone, marked, cur)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
@@ -214,7 +215,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 			x := rows[i]
 			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
-					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, logFieldMax), "topic", textcut.Cut(x.topic, logFieldMax), "error", errs[i], "error.type", ErrorType(errs[i]))
+					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, logFieldMax), "topic", textcut.Cut(x.topic, logFieldMax), "error", errs[i], "error.type", failure.Type(errs[i]))
 			}
 		}
 	}
@@ -230,7 +231,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	msgs := make([]string, len(bad))
 	for i, b := range bad {
 		ids[i] = b.id
-		msgs[i] = textcut.Cut("["+ErrorType(&dbError{b.err})+"] "+unreadableReason(b.err), reasonMax)
+		msgs[i] = textcut.Cut("["+failure.Type(&failure.DBStep{Err: b.err})+"] "+failure.UnreadableReason(b.err), failure.ReasonMax)
 	}
 	park := r.cfg.Poison != outbox.Hold
 	type charged struct {
@@ -255,7 +256,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		// copied by the server (which never prints them).
 		details := make([]string, len(bad))
 		for i, b := range bad {
-			details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+unreadableDetail(b.err)), lastErrorMax)
+			details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+failure.UnreadableDetail(b.err)), lastErrorMax)
 		}
 		b := &pgx.Batch{}
 		b.Queue(r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "details": details, "park": park}).Query(collect)
@@ -279,7 +280,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	now := time.Now()
 	for _, c := range res {
 		i := at[c.id]
-		reason, detail := msgs[i], unreadableDetail(bad[i].err)
+		reason, detail := msgs[i], failure.UnreadableDetail(bad[i].err)
 		if c.parked {
 			parked = append(parked, c.id)
 			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, logFieldMax), Reason: reason}) {
@@ -351,7 +352,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 			switch {
 			case r.cfg.Poison == outbox.Hold:
 				limits[j] = 0 // never park
-			case errors.Is(errs[i], errCannotSend):
+			case errors.Is(errs[i], failure.ErrCannotSend):
 				limits[j] = 1 // can never be sent: park at once
 			case slices.Contains(alone, i) && refusedForGood(errs[i]):
 				limits[j] = 1 // refused alone, for good: park at once
@@ -429,13 +430,13 @@ func (r *Relay) logFailures(rows []row, errs []error, failed []int, reasons []st
 			}
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
 				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
+				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
 		} else {
 			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary
 			}
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", ErrorType(errs[i]))
+				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
 		}
 	}
 }

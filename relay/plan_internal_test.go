@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -44,7 +45,7 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 // rows is unpublished: the claim and the window must walk it.
 func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished string) {
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+	_, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, created_at)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || (g % 500), 'a.b', '{}', 't', 'k' || (g % 500),"+
 		" CASE WHEN g <= 200000 THEN now() END, now() - interval '1 day' + g * interval '1 ms'"+
@@ -52,10 +53,10 @@ func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "UPDATE "+tbl.Ident()+" SET parked_at = now(), attempts = 5 WHERE id % 1000 = 7 AND published_at IS NULL"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(tbl)+" SET parked_at = now(), attempts = 5 WHERE id % 1000 = 7 AND published_at IS NULL"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(tbl)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }), nil)
@@ -64,7 +65,7 @@ func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished 
 	}
 	r.q = newQueries(tbl)
 	var ids []int64
-	if err := pool.QueryRow(ctx, "SELECT array_agg(id) FROM (SELECT id FROM "+tbl.Ident()+" WHERE published_at IS NULL AND id % 3 = 0 ORDER BY id LIMIT 600) x").Scan(&ids); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT array_agg(id) FROM (SELECT id FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL AND id % 3 = 0 ORDER BY id LIMIT 600) x").Scan(&ids); err != nil {
 		t.Fatal(err)
 	}
 	for name, q := range map[string]struct {
@@ -74,7 +75,7 @@ func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished 
 		"claim":   {r.q.claim, pgx.NamedArgs{"n": 500}},
 		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns}},
 		"read":    {r.q.read, pgx.NamedArgs{"ids": ids, "n": 500}},
-		"cleanup": {"SELECT * FROM " + tbl.Ident() + " WHERE id IN (SELECT id FROM " + tbl.Ident() + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
+		"cleanup": {"SELECT * FROM " + sqlname.Ident(tbl) + " WHERE id IN (SELECT id FROM " + sqlname.Ident(tbl) + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
 	} {
 		var plan []byte
 		args := []any{}
@@ -143,14 +144,14 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 		if published {
 			pub = "now()"
 		}
-		if _, err := db.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+		if _, err := db.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+
 			" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at)"+
 			" SELECT gen_random_uuid(), 'a', 'k' || g, 'a.b', '{}', 't', 'k' || g, "+pub+" FROM generate_series(1, $1) g", n); err != nil {
 			t.Fatal(err)
 		}
 	}
 	insert(pool, 100000, true)
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(tbl)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }), &Config{Table: tbl, Progress: ProgressCursor})
@@ -172,7 +173,7 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 	}
 	defer open.Rollback(ctx) //nolint:errcheck
 	insert(open, 100, false)
-	if _, err := pool.Exec(ctx, "UPDATE "+cursorTable(tbl).Ident()+" SET done = pg_current_snapshot(), base = (SELECT max(id) FROM "+tbl.Ident()+")"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(cursorTable(tbl))+" SET done = pg_current_snapshot(), base = (SELECT max(id) FROM "+sqlname.Ident(tbl)+")"); err != nil {
 		t.Fatal(err)
 	}
 	if err := open.Commit(ctx); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -24,7 +25,7 @@ import (
 func (s *setup) insertRaw(t *testing.T, topic, key string, payload []byte) uuid.UUID {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ($1, 'a', $2, 'a.raw', $3, $4, $2)",
 		id, key, payload, topic)
 	if err != nil {
@@ -85,7 +86,7 @@ func TestPoisonEventsAreParkedAndGoodOnesFlow(t *testing.T) {
 func (s *setup) unpublishedUnparked(t *testing.T) int {
 	t.Helper()
 	var n int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE published_at IS NULL AND parked_at IS NULL").Scan(&n); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE published_at IS NULL AND parked_at IS NULL").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -138,7 +139,7 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 			}
 		}
 		var attempts int
-		_ = s.pool.QueryRow(s.ctx, "SELECT max(attempts) FROM "+s.table.Ident()).Scan(&attempts)
+		_ = s.pool.QueryRow(s.ctx, "SELECT max(attempts) FROM "+sqlname.Ident(s.table)).Scan(&attempts)
 		if attempts != 0 {
 			t.Fatalf("%v: transient failures counted: attempts %d", policy, attempts)
 		}
@@ -152,7 +153,7 @@ func TestPermanentFailuresCountThenPark(t *testing.T) {
 		var att int
 		var parked bool
 		var lastErr string
-		_ = s.pool.QueryRow(s.ctx, "SELECT attempts, parked_at IS NOT NULL, last_error FROM "+s.table.Ident()+" WHERE event_id = $1", poison.Load()).Scan(&att, &parked, &lastErr)
+		_ = s.pool.QueryRow(s.ctx, "SELECT attempts, parked_at IS NOT NULL, last_error FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", poison.Load()).Scan(&att, &parked, &lastErr)
 		k0published := 0
 		for _, k := range got {
 			if k == "k0" {

@@ -276,9 +276,6 @@ func TestConcurrentPublishesShareTheirPartitions(t *testing.T) {
 			}
 		}
 	}
-	if pub.ClientID() != "fxoutbox" {
-		t.Errorf("ClientID() = %q, want the sarama config's", pub.ClientID())
-	}
 	for c := range callers {
 		for k := range keys {
 			key := fmt.Sprintf("c%d-k%d", c, k)

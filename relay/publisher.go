@@ -7,8 +7,6 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-
-	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
 // Message is one event as it goes to Kafka.
@@ -39,17 +37,18 @@ type Message struct {
 	Broker    string
 }
 
-// ClientIdentifier is implemented by publishers that know their client id
-// (Kafka client.id); the relay adds it to publish spans as
-// messaging.client.id.
-type ClientIdentifier interface {
-	ClientID() string
+// clientIdentifier is a publisher that knows its client id (Kafka
+// client.id): SaramaPublisher, and a type embedding it. The relay adds it
+// to publish spans as messaging.client.id.
+type clientIdentifier interface {
+	clientID() string
 }
 
-// Header is one Kafka record header: Key string, Value []byte. It is the
-// relay's producer's own header type, so that publishing hands a message's
-// headers to the producer without copying them.
-type Header = kafkaproducer.Header
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
 
 // Publisher sends messages to a broker and waits for their acknowledgement.
 // A relay with several Workers calls Publish concurrently, with batches

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // The reason of one cause is one text, whatever varies between its events
@@ -34,7 +35,7 @@ func TestReasonIsStablePerCause(t *testing.T) {
 		return outbox.Permanent(fmt.Errorf("relay: broker %s rejected the record batch for %s/%d: %w", broker, topic, partition, sarama.ErrMessageSizeTooLarge))
 	}
 	tooLarge := func(size int) error {
-		return outbox.Permanent(fmt.Errorf("%w: %w", errCannotSend, tooLargeError{size, 1000000}))
+		return outbox.Permanent(fmt.Errorf("%w: %w", failure.ErrCannotSend, failure.TooLarge{Size: size, Max: 1000000}))
 	}
 	unreadable := func(detail string) error {
 		return &pgconn.PgError{Code: "54000", Message: "out of memory", Detail: detail}
@@ -54,12 +55,12 @@ func TestReasonIsStablePerCause(t *testing.T) {
 			"[_OTHER] rejected by policy"},
 	} {
 		for _, err := range c.errs {
-			if got := Reason(err, topic); got != c.want {
-				t.Errorf("%s: Reason(%v)\n got %q\nwant %q", c.name, err, got, c.want)
+			if got := failure.Reason(err, topic); got != c.want {
+				t.Errorf("%s: failure.Reason(%v)\n got %q\nwant %q", c.name, err, got, c.want)
 			}
 		}
 	}
-	a, b := unreadableReason(unreadable("Cannot enlarge string buffer containing 1073741808 bytes by 4 more bytes.")), unreadableReason(unreadable("other 12 bytes"))
+	a, b := failure.UnreadableReason(unreadable("Cannot enlarge string buffer containing 1073741808 bytes by 4 more bytes.")), failure.UnreadableReason(unreadable("other 12 bytes"))
 	if a != b || !strings.Contains(a, "SQLSTATE 54000") {
 		t.Errorf("unreadable rows: %q and %q, want one text naming SQLSTATE 54000", a, b)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -60,7 +61,7 @@ func attr(r slog.Record, key string) slog.Value {
 // could).
 func (s *setup) insertMany(t *testing.T, topic string, n, keys int) {
 	t.Helper()
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || (i % $2), 'a.raw', '{}', $1, 'k' || (i % $2) FROM generate_series(1, $3) i",
 		topic, keys, n)
@@ -126,7 +127,7 @@ func TestMassParkingOneReasonBoundedLogs(t *testing.T) {
 	stopped = true
 
 	// One reason, the same text for all.
-	rows, err := s.pool.Query(s.ctx, "SELECT last_error, count(*) FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL GROUP BY 1")
+	rows, err := s.pool.Query(s.ctx, "SELECT last_error, count(*) FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NOT NULL GROUP BY 1")
 	if err != nil {
 		t.Fatal(err)
 	}

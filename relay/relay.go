@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
@@ -375,7 +376,7 @@ func (r *Relay) sleep(d time.Duration, kick <-chan struct{}) bool {
 func (r *Relay) failed(b *backoff.Backoff, err error, msg string, kick <-chan struct{}) bool {
 	d := b.Fail()
 	if r.failLog.failed(errorKind(err)) {
-		r.cfg.Logger.Warn(msg, "table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err), "consecutive_failures", b.Failures())
+		r.cfg.Logger.Warn(msg, "table", r.cfg.Table.String(), "error", err, "error.type", failure.Type(err), "consecutive_failures", b.Failures())
 	}
 	return r.sleep(d, kick)
 }

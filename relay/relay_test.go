@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -95,7 +96,7 @@ func (s *setup) write(t *testing.T, topic string, n, keys int) {
 func (s *setup) unpublished(t testing.TB) int {
 	t.Helper()
 	var n int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE published_at IS NULL").Scan(&n); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE published_at IS NULL").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -139,7 +140,7 @@ func TestEventsArriveIntactWithTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, _ := s.pool.Query(s.ctx, "SELECT event_id::text FROM "+s.table.Ident()+" ORDER BY id")
+	rows, _ := s.pool.Query(s.ctx, "SELECT event_id::text FROM "+sqlname.Ident(s.table)+" ORDER BY id")
 	for rows.Next() {
 		var id string
 		_ = rows.Scan(&id)
@@ -493,7 +494,7 @@ func TestPartialFailureHoldsTheRestOfTheKey(t *testing.T) {
 	if err != nil || n != 4 {
 		t.Fatalf("RunOnce = %d, %v; want 4 marked and no error", n, err)
 	}
-	rows, _ := s.pool.Query(s.ctx, "SELECT partition_key, published_at IS NOT NULL FROM "+s.table.Ident()+" ORDER BY id")
+	rows, _ := s.pool.Query(s.ctx, "SELECT partition_key, published_at IS NOT NULL FROM "+sqlname.Ident(s.table)+" ORDER BY id")
 	var got []string
 	for rows.Next() {
 		var k string
@@ -619,8 +620,10 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := relay.NewSaramaPublisher(nil, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("no brokers: %v", err)
 	}
-	if err := relay.ValidateSaramaConfig(relay.DefaultSaramaConfig()); err != nil {
+	if p, err := relay.NewSaramaPublisher([]string{"localhost:9092"}, relay.DefaultSaramaConfig()); err != nil {
 		t.Errorf("default config rejected: %v", err)
+	} else {
+		_ = p.Close()
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -54,17 +55,17 @@ func BenchmarkReplicasNoPublish(b *testing.B) {
 	cpu := make([][]float64, len(counts))
 	for range rounds {
 		for i, n := range counts {
-			if _, err := pool.Exec(ctx, "TRUNCATE "+table.Ident()); err != nil {
+			if _, err := pool.Exec(ctx, "TRUNCATE "+sqlname.Ident(table)); err != nil {
 				b.Fatal(err)
 			}
-			_, err := pool.Exec(ctx, "INSERT INTO "+table.Ident()+
+			_, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(table)+
 				" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 				" SELECT gen_random_uuid(), 'acct', 'k' || (g % 200), 'acct.changed', $1::jsonb, 't', 'k' || (g % 200) FROM generate_series(1, $2) g",
 				payload, backlog)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+table.Ident()); err != nil {
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(table)); err != nil {
 				b.Fatal(err)
 			}
 			var done atomic.Int64

@@ -32,7 +32,7 @@ import (
 //	                           partition Apache Kafka's Java client and kafkajs choose)
 //
 // Change what you need (TLS, SASL, Version, Producer.Compression,
-// Producer.MaxMessageBytes, Producer.Partitioner, e.g. FNV1a.Sarama() to
+// Producer.MaxMessageBytes, Producer.Partitioner, e.g. sarama.NewHashPartitioner (FNV1a) to
 // keep the placement of fxoutbox before Murmur2 became its default) and
 // pass it to NewSaramaPublisher, which rejects changes that break the
 // guarantees. (sarama.NewConfig's own partitioner is FNV1a's.)
@@ -51,13 +51,14 @@ func DefaultSaramaConfig() *sarama.Config {
 	c.Net.WriteTimeout = 10 * time.Second
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Timeout = 15 * time.Second
-	c.Producer.Partitioner = Murmur2.Sarama()
+	c.Producer.Partitioner = sarama.NewMurmur2Partitioner
 	return c
 }
 
-// ValidateSaramaConfig reports a producer setting that would break the
-// outbox's guarantees, or that sarama itself rejects.
-func ValidateSaramaConfig(c *sarama.Config) error {
+// validateSaramaConfig reports a producer setting that would break the
+// outbox's guarantees, or that sarama itself rejects (NewSaramaPublisher's
+// check).
+func validateSaramaConfig(c *sarama.Config) error {
 	bad := func(field, reason string) error {
 		return &outbox.ConfigError{Field: "sarama." + field, Reason: reason}
 	}
@@ -100,7 +101,7 @@ type SaramaPublisher struct {
 
 var (
 	_ Publisher        = (*SaramaPublisher)(nil)
-	_ ClientIdentifier = (*SaramaPublisher)(nil)
+	_ clientIdentifier = (*SaramaPublisher)(nil)
 )
 
 // ErrPublisherClosed is returned by Publish after Close.
@@ -126,7 +127,7 @@ func NewSaramaPublisher(addrs []string, cfg *sarama.Config) (*SaramaPublisher, e
 		cfg = DefaultSaramaConfig()
 	}
 	c := *cfg
-	if err := ValidateSaramaConfig(&c); err != nil {
+	if err := validateSaramaConfig(&c); err != nil {
 		return nil, err
 	}
 	return &SaramaPublisher{addrs: slices.Clone(addrs), cfg: &c, prod: kafkaproducer.NewLazy(addrs, &c)}, nil
@@ -238,19 +239,29 @@ func results(msgs []Message, res []kafkaproducer.Result) error {
 	return nil
 }
 
-// records gives the producer msgs' records; the headers are shared, not
-// copied (Header is the producer's type).
+// records gives the producer msgs' records. Their headers are copied into
+// one slice for the whole call (names and values are shared, not copied).
 func records(msgs []Message) []kafkaproducer.Record {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Headers)
+	}
+	hs := make([]kafkaproducer.Header, n)
 	recs := make([]kafkaproducer.Record, len(msgs))
 	for i, m := range msgs {
-		recs[i] = kafkaproducer.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers}
+		h := hs[:len(m.Headers):len(m.Headers)]
+		hs = hs[len(m.Headers):]
+		for j, x := range m.Headers {
+			h[j] = kafkaproducer.Header{Key: x.Key, Value: x.Value}
+		}
+		recs[i] = kafkaproducer.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: h}
 	}
 	return recs
 }
 
-// ClientID returns the sarama configuration's ClientID (Kafka client.id).
-// It implements ClientIdentifier.
-func (p *SaramaPublisher) ClientID() string { return p.cfg.ClientID }
+// clientID returns the sarama configuration's ClientID (Kafka client.id)
+// for the relay's publish spans.
+func (p *SaramaPublisher) clientID() string { return p.cfg.ClientID }
 
 // Ping checks that a broker answers: it connects if needed and asks the
 // cluster for its metadata. It implements Pinger for Relay.Health.

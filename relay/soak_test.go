@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -40,7 +41,7 @@ func measure(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) tableSize {
 	err := pool.QueryRow(context.Background(), `SELECT n_live_tup, n_dead_tup, pg_relation_size(relid),
 		pg_relation_size(to_regclass($2)), pg_relation_size(to_regclass($3))
 		FROM pg_stat_user_tables WHERE relid = to_regclass($1)`,
-		tbl.Ident(), tbl.Schema+"."+tbl.Name+"_unpublished_idx", tbl.Schema+"."+tbl.Name+"_pkey").
+		sqlname.Ident(tbl), tbl.Schema+"."+tbl.Name+"_unpublished_idx", tbl.Schema+"."+tbl.Name+"_pkey").
 		Scan(&z.live, &z.dead, &z.heap, &z.unpublished, &z.pkey)
 	if err != nil {
 		t.Fatal(err)
@@ -133,13 +134,13 @@ func TestSoakTableStaysBounded(t *testing.T) {
 	for n := 1; n > 0; {
 		n, _ = r.Cleanup(s.ctx)
 	}
-	_, _ = s.pool.Exec(s.ctx, "VACUUM "+s.table.Ident())
+	_, _ = s.pool.Exec(s.ctx, "VACUUM "+sqlname.Ident(s.table))
 	after := measure(t, s.pool, s.table)
 	elapsed := time.Since(start)
 	t.Logf("end after %v (%.0f events/s written and published): %v; peak heap %s, peak unpublished index %s, peak dead %d",
 		elapsed.Round(time.Second), float64(written.Load())/elapsed.Seconds(), after, mib(peak.heap), mib(peak.unpublished), peak.dead)
 	var left int
-	_ = s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()).Scan(&left)
+	_ = s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)).Scan(&left)
 	if left != 0 {
 		t.Errorf("%d rows left after retention", left)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
@@ -259,7 +260,7 @@ func (r *Relay) checkStream(ctx context.Context) error {
 		return fmt.Errorf("relay: cannot stream: %w", err)
 	default:
 		r.cfg.Logger.Warn("outbox relay: could not check the streaming setup at start; streaming is retried with backoff",
-			"table", r.cfg.Table.String(), "error", err, "error.type", ErrorType(err))
+			"table", r.cfg.Table.String(), "error", err, "error.type", failure.Type(err))
 		return nil
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -236,7 +237,7 @@ func sum(xs []*started) int64 {
 func (s *setup) count(t *testing.T, where string) int {
 	t.Helper()
 	var n int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE "+where).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -247,7 +248,7 @@ func (s *setup) count(t *testing.T, where string) int {
 func (s *setup) insertPoison(t *testing.T, topic, key string, payload, headers []byte) uuid.UUID {
 	t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+s.table.Ident()+
+	_, err := s.pool.Exec(s.ctx, "INSERT INTO "+sqlname.Ident(s.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, headers, topic, partition_key) VALUES ($1, 'a', $2, 'a.raw', $3, $4, $5, $2)",
 		id, key, payload, headers, topic)
 	if err != nil {
@@ -309,7 +310,7 @@ func TestStreamPoisonKeepsTheStreamGoing(t *testing.T) {
 			reasons := []string{"not a JSON object of strings", "MaxMessageBytes", "not a valid Kafka topic"}
 			poisonRow := func(i int) (parked bool, attempts int, lastErr string) {
 				var le *string
-				if err := s.pool.QueryRow(s.ctx, "SELECT parked_at IS NOT NULL, attempts, last_error FROM "+s.table.Ident()+" WHERE event_id = $1", poison[i]).Scan(&parked, &attempts, &le); err != nil {
+				if err := s.pool.QueryRow(s.ctx, "SELECT parked_at IS NOT NULL, attempts, last_error FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", poison[i]).Scan(&parked, &attempts, &le); err != nil {
 					t.Fatal(err)
 				}
 				if le != nil {

@@ -6,17 +6,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/IBM/sarama"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -223,7 +225,7 @@ func TestStreamDecodesWhateverTheDateStyle(t *testing.T) {
 	s.write(t, topic, 10, 2)
 	cons.WaitFor(10, 30*time.Second)
 	var parked int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+s.table.Ident()+" WHERE parked_at IS NOT NULL").Scan(&parked); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE parked_at IS NOT NULL").Scan(&parked); err != nil {
 		t.Fatal(err)
 	}
 	if parked != 0 {
@@ -243,7 +245,7 @@ func TestStreamSkipsRowsDeletedBeforeTheReplay(t *testing.T) {
 	topic := testenv.Topic(t, s.kafka(t), 2)
 	s.write(t, topic, 40, 4)
 	// Published by polling meanwhile, then deleted by retention.
-	if _, err := s.pool.Exec(s.ctx, `DELETE FROM `+s.table.Ident()); err != nil {
+	if _, err := s.pool.Exec(s.ctx, `DELETE FROM `+sqlname.Ident(s.table)); err != nil {
 		t.Fatal(err)
 	}
 	// The replayed transactions are older than the wait for visibility.

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
@@ -80,7 +82,7 @@ func (r *Relay) runStream(ctx context.Context) {
 			if k := errorKind(err); k != logged {
 				logged = k
 				r.cfg.Logger.Warn("outbox relay: streaming failed; reconnecting with backoff (events stay in the table, nothing is lost)",
-					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "error.type", ErrorType(err), "consecutive_failures", b.Failures())
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "error.type", failure.Type(err), "consecutive_failures", b.Failures())
 			}
 			if !r.sleep(d, r.kicks[0]) {
 				return
@@ -214,7 +216,7 @@ func (s *streamer) readMaxID(ctx context.Context) error {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
-	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+r.cfg.Table.Ident()).Scan(&s.maxSeen); err != nil {
+	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+sqlname.Ident(r.cfg.Table)).Scan(&s.maxSeen); err != nil {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	return nil
@@ -282,7 +284,7 @@ func (s *streamer) follow(ctx context.Context) error {
 		}
 		if len(s.ready) > 0 {
 			if err := s.publish(ctx); err != nil {
-				if fromDatabase(err) && !errors.Is(err, context.DeadlineExceeded) {
+				if failure.FromDatabase(err) && !errors.Is(err, context.DeadlineExceeded) {
 					// The database failed: reconnect (on the new
 					// connection the table's waiting rows go first).
 					return err
@@ -302,7 +304,7 @@ func (s *streamer) follow(ctx context.Context) error {
 		}
 		if time.Now().After(s.nextSweep()) {
 			if err := s.sweep(ctx, s.maxSeen, false); err != nil {
-				if fromDatabase(err) {
+				if failure.FromDatabase(err) {
 					return err
 				}
 				r.health.set(0, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -94,7 +95,7 @@ func TestDoBatchSendsBeginWithItsStatements(t *testing.T) {
 	if n := s.count(t, s.table.Schema+".orders"); n != 1 {
 		t.Errorf("%d orders committed, want 1", n)
 	}
-	if n := s.count(t, s.table.Ident()); n != 1 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 1 {
 		t.Errorf("%d events committed, want 1", n)
 	}
 }
@@ -207,7 +208,7 @@ func TestDoBatchWithoutSendBatchRunsTheSameStatements(t *testing.T) {
 	if n := s.count(t, s.table.Schema+".orders"); n != 1 {
 		t.Errorf("%d orders committed, want 1", n)
 	}
-	if n := s.count(t, s.table.Ident()); n != 1 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 1 {
 		t.Errorf("%d events committed, want 1", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -134,7 +135,7 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	}
 	uow, _ := unitofwork.New(pool, &unitofwork.Config{Table: tbl, Service: "bench"})
 	update := "UPDATE " + tbl.Schema + ".acct SET n = n + 1 WHERE id = $1"
-	raw := "INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+	raw := "INSERT INTO " + sqlname.Ident(tbl) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 	variants := []struct {
 		name string
 		body func(ctx context.Context, tx unitofwork.Tx, id int) error

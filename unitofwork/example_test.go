@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -47,7 +48,7 @@ func Example() {
 	fmt.Println("confirm:", confirm("o-1", false))
 
 	var topic, key, status string
-	_ = pool.QueryRow(ctx, "SELECT topic, partition_key FROM "+table.Ident()).Scan(&topic, &key)
+	_ = pool.QueryRow(ctx, "SELECT topic, partition_key FROM "+sqlname.Ident(table)).Scan(&topic, &key)
 	_ = pool.QueryRow(ctx, "SELECT status FROM "+table.Schema+".orders").Scan(&status)
 	fmt.Println("outbox:", topic, key, "- order:", status)
 	// Output:
@@ -95,7 +96,7 @@ func ExamplePgxTx() {
 	fmt.Println("commit:", err)
 	for _, t := range []outbox.Table{payments, audit} {
 		var topic string
-		_ = pool.QueryRow(ctx, "SELECT topic FROM "+t.Ident()).Scan(&topic)
+		_ = pool.QueryRow(ctx, "SELECT topic FROM "+sqlname.Ident(t)).Scan(&topic)
 		fmt.Println(t.WithDefaults().Name+":", topic)
 	}
 	// Output:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/record"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 type execer interface {
@@ -30,8 +31,8 @@ const columns = "(event_id, aggregate_type, aggregate_id, event_type, payload, t
 
 func newInserter(t outbox.Table) inserter {
 	in := inserter{
-		one: "INSERT INTO " + t.Ident() + " " + columns + " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-		many: "INSERT INTO " + t.Ident() + " " + columns +
+		one: "INSERT INTO " + sqlname.Ident(t) + " " + columns + " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+		many: "INSERT INTO " + sqlname.Ident(t) + " " + columns +
 			" SELECT u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, u.topic, u.partition_key, u.headers::jsonb" +
 			" FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])" +
 			" WITH ORDINALITY AS u(event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, headers, n)" +

@@ -3,11 +3,12 @@ package unitofwork_test
 import (
 	"context"
 	"errors"
-	"github.com/jackc/pgx/v5/pgconn"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -73,7 +75,7 @@ func TestDoCommitsBusinessRowAndEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, _ := s.pool.Query(s.ctx, "SELECT event_type, topic, partition_key, payload, coalesce(headers, '{}'), published_at IS NULL FROM "+s.table.Ident()+" ORDER BY id")
+	rows, _ := s.pool.Query(s.ctx, "SELECT event_type, topic, partition_key, payload, coalesce(headers, '{}'), published_at IS NULL FROM "+sqlname.Ident(s.table)+" ORDER BY id")
 	type rec struct {
 		typ, topic, key string
 		payload         map[string]any
@@ -118,7 +120,7 @@ func TestErrorRollsBackEverything(t *testing.T) {
 	if err != boom {
 		t.Fatalf("Do returned %v, want the function's error unchanged", err)
 	}
-	if n := s.count(t, s.table.Ident()); n != 0 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 0 {
 		t.Errorf("%d outbox rows after rollback, want 0", n)
 	}
 	if n := s.count(t, s.table.Schema+".orders"); n != 0 {
@@ -136,7 +138,7 @@ func TestFailedInsertOrCommitKeepsNothing(t *testing.T) {
 	// table fails the outbox INSERT.
 	if _, err := s.pool.Exec(s.ctx, "CREATE TABLE "+s.table.Schema+".ledger (n int UNIQUE DEFERRABLE INITIALLY DEFERRED);"+
 		" INSERT INTO "+s.table.Schema+".ledger VALUES (1);"+
-		" ALTER TABLE "+s.table.Ident()+" ADD CONSTRAINT no_rejects CHECK (aggregate_id <> 'reject')"); err != nil {
+		" ALTER TABLE "+sqlname.Ident(s.table)+" ADD CONSTRAINT no_rejects CHECK (aggregate_id <> 'reject')"); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -159,7 +161,7 @@ func TestFailedInsertOrCommitKeepsNothing(t *testing.T) {
 			t.Errorf("%s: Do = %v, want the database's error wrapped with %q", tc.name, err, tc.wantErr)
 		}
 	}
-	if n := s.count(t, s.table.Ident()); n != 0 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 0 {
 		t.Errorf("%d outbox rows after failed transactions, want 0", n)
 	}
 	if n := s.count(t, s.table.Schema+".orders"); n != 0 {
@@ -185,7 +187,7 @@ func TestPanicRollsBackAndRepanics(t *testing.T) {
 			panic("handler bug")
 		})
 	}()
-	if n := s.count(t, s.table.Ident()); n != 0 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 0 {
 		t.Errorf("%d outbox rows after panic, want 0", n)
 	}
 	if n := s.count(t, s.table.Schema+".orders"); n != 0 {
@@ -214,7 +216,7 @@ func TestInvalidEventFailsAddAndRecordsNothing(t *testing.T) {
 	if !errors.As(addErr, &ee) || ee.Index != 1 || ee.Field != "AggregateID" || !errors.Is(addErr, outbox.ErrInvalidEvent) {
 		t.Fatalf("Add error = %v, want an EventError for event 1, AggregateID", addErr)
 	}
-	if n := s.count(t, s.table.Ident()); n != 0 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 0 {
 		t.Errorf("%d outbox rows, want 0", n)
 	}
 }
@@ -278,11 +280,11 @@ func TestAllEventsCostOneStatement(t *testing.T) {
 		t.Errorf("statements per Do: 0 events %d, 1 event %d, 25 events %d; want events to add exactly one", none, one, many)
 	}
 	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()).Scan(&n); err != nil || n != 26 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)).Scan(&n); err != nil || n != 26 {
 		t.Errorf("rows = %d, %v; want 26", n, err)
 	}
 	// The multi-row insert keeps the order of Add calls in id order.
-	rows, _ := pool.Query(ctx, "SELECT aggregate_id FROM "+tbl.Ident()+" ORDER BY id")
+	rows, _ := pool.Query(ctx, "SELECT aggregate_id FROM "+sqlname.Ident(tbl)+" ORDER BY id")
 	ids, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 	for i, id := range ids[1:] {
 		if want := "o-" + strings.Repeat("x", i); id != want {
@@ -301,7 +303,7 @@ func TestTraceContextIsStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	var h map[string]string
-	if err := s.pool.QueryRow(s.ctx, "SELECT headers FROM "+s.table.Ident()).Scan(&h); err != nil {
+	if err := s.pool.QueryRow(s.ctx, "SELECT headers FROM "+sqlname.Ident(s.table)).Scan(&h); err != nil {
 		t.Fatal(err)
 	}
 	if want := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"; h["traceparent"] != want {
@@ -318,7 +320,7 @@ func TestAddTxInCallersTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := s.count(t, s.table.Ident()); n != 2 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 2 {
 		t.Errorf("rows = %d, want 2", n)
 	}
 	// Rolled back by the caller: nothing.
@@ -328,7 +330,7 @@ func TestAddTxInCallersTransaction(t *testing.T) {
 		}
 		return errors.New("caller rolls back")
 	})
-	if n := s.count(t, s.table.Ident()); n != 2 {
+	if n := s.count(t, sqlname.Ident(s.table)); n != 2 {
 		t.Errorf("rows after rollback = %d, want 2", n)
 	}
 }
@@ -437,7 +439,7 @@ func TestPgxTxWritesASecondTableInTheSameTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := s.count(t, s.table.Ident()), s.count(t, audit.Ident()); a != 1 || b != 2 {
+	if a, b := s.count(t, sqlname.Ident(s.table)), s.count(t, sqlname.Ident(audit)); a != 1 || b != 2 {
 		t.Errorf("rows = %d and %d, want 1 and 2", a, b)
 	}
 	if firstCalls.Load() != 1 || secondEvents.Load() != 2 {
@@ -451,7 +453,7 @@ func TestPgxTxWritesASecondTableInTheSameTransaction(t *testing.T) {
 	if err == nil {
 		t.Fatal("Do succeeded")
 	}
-	if a, b := s.count(t, s.table.Ident()), s.count(t, audit.Ident()); a != 1 || b != 2 {
+	if a, b := s.count(t, sqlname.Ident(s.table)), s.count(t, sqlname.Ident(audit)); a != 1 || b != 2 {
 		t.Errorf("rows after rollback = %d and %d, want 1 and 2", a, b)
 	}
 	if secondEvents.Load() != 2 {

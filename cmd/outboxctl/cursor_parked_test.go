@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -101,7 +102,7 @@ func TestCursorParkedTable(t *testing.T) {
 		t.Fatalf("after the requeue the relay published %d events, want the requeued one", len(msgs))
 	}
 	var parkedRows int
-	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+migrations.ParkedTable(w.table).Ident()).Scan(&parkedRows); err != nil {
+	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(w.table))).Scan(&parkedRows); err != nil {
 		t.Fatal(err)
 	}
 	if parkedRows != 0 {

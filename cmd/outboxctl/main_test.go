@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -38,7 +39,7 @@ func newWorld(t *testing.T) *world {
 
 func (w *world) exec(sql string, args ...any) {
 	w.t.Helper()
-	if _, err := w.pool.Exec(w.ctx, strings.ReplaceAll(sql, "$T", w.table.Ident()), args...); err != nil {
+	if _, err := w.pool.Exec(w.ctx, strings.ReplaceAll(sql, "$T", sqlname.Ident(w.table)), args...); err != nil {
 		w.t.Fatal(err)
 	}
 }
@@ -46,7 +47,7 @@ func (w *world) exec(sql string, args ...any) {
 func (w *world) count(where string) int {
 	w.t.Helper()
 	var n int
-	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+w.table.Ident()+" WHERE "+where).Scan(&n); err != nil {
+	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+sqlname.Ident(w.table)+" WHERE "+where).Scan(&n); err != nil {
 		w.t.Fatal(err)
 	}
 	return n
@@ -209,7 +210,7 @@ func TestOperateParkedEvents(t *testing.T) {
 	if res := decode[map[string]int](t, r.stdout); res["matched"] != 1000 || res["requeued"] != 1000 {
 		t.Fatalf("requeue --json: %v", res)
 	}
-	if n := w.count("topic = 'shop.payment.paid' AND parked_at IS NULL AND published_at IS NULL AND attempts = 0 AND id > (SELECT min(id) + 2499 FROM " + w.table.Ident() + ")"); n != 1000 {
+	if n := w.count("topic = 'shop.payment.paid' AND parked_at IS NULL AND published_at IS NULL AND attempts = 0 AND id > (SELECT min(id) + 2499 FROM " + sqlname.Ident(w.table) + ")"); n != 1000 {
 		t.Fatalf("%d payment events requeued, want 1000", n)
 	}
 
@@ -295,7 +296,7 @@ func TestReplayThenTheRelayPublishesAgain(t *testing.T) {
 	// INSERT's now(), on the server's clock: the drain before this line
 	// takes seconds on a loaded machine.
 	var now time.Time
-	if err := w.pool.QueryRow(w.ctx, "SELECT min(created_at) + interval '3 hours' - interval '1 s' FROM "+w.table.Ident()).Scan(&now); err != nil {
+	if err := w.pool.QueryRow(w.ctx, "SELECT min(created_at) + interval '3 hours' - interval '1 s' FROM "+sqlname.Ident(w.table)).Scan(&now); err != nil {
 		t.Fatal(err)
 	}
 	since := now.Add(-3*time.Hour + 1000*time.Second - 500*time.Millisecond).UTC().Format(time.RFC3339Nano)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -21,7 +22,7 @@ func TestNestJSRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	var eventID string
-	if err := pool.QueryRow(w.ctx, "UPDATE "+w.table.Ident()+" SET parked_at = now(), attempts = 5, last_error = 'kafka: message too large'"+
+	if err := pool.QueryRow(w.ctx, "UPDATE "+sqlname.Ident(w.table)+" SET parked_at = now(), attempts = 5, last_error = 'kafka: message too large'"+
 		" WHERE id = 4 RETURNING event_id::text").Scan(&eventID); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -33,7 +34,7 @@ func TestPrefixReadsTheServiceVariables(t *testing.T) {
 	if err := migrations.Up(w.ctx, w.pool, audit); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+audit.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, last_error, attempts)"+
+	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+sqlname.Ident(audit)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, last_error, attempts)"+
 		" VALUES ('00000000-0000-7000-8000-0000000000a1', 'entry', 'e-1', 'entry.recorded.v1', '{}', 'audit.entry', 'e-1', now(), '[kafka.unknown_topic_or_partition] topic \"audit.entry\" does not exist', 5)"); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestStatusAll(t *testing.T) {
 	if err := migrations.Up(w.ctx, w.pool, audit); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+audit.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+sqlname.Ident(audit)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" VALUES (gen_random_uuid(), 'entry', 'e-1', 'entry.recorded.v1', '{}', 'audit.entry', 'e-1')"); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -138,7 +139,7 @@ func (c *command) uiInboxes(ctx context.Context, pool *pgxpool.Pool) []outbox.Ta
 	}
 	in := migrations.InboxTable(ic.Consumer.Table)
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", parkedOf(in).Ident()).Scan(&exists); err != nil || !exists {
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(parkedOf(in))).Scan(&exists); err != nil || !exists {
 		return nil
 	}
 	return []outbox.Table{in}

@@ -15,6 +15,7 @@ import (
 	ce "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/examples/devkafka"
@@ -86,7 +87,7 @@ func TestSDKDecodesTheRelaysRecords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := pool.QueryRow(ctx, "SELECT created_at FROM "+tbl.Ident()+" WHERE event_id = $1", w.id).Scan(&w.createdAt); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT created_at FROM "+ident(tbl)+" WHERE event_id = $1", w.id).Scan(&w.createdAt); err != nil {
 			t.Fatal(err)
 		}
 		byID[w.id.String()] = w
@@ -277,4 +278,13 @@ func waitCommitted(t *testing.T, brokers []string, group, topic string, n int64)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// ident quotes t's schema-qualified name for SQL text.
+func ident(t outbox.Table) string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return pgx.Identifier{t.Name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/partitioner"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -357,7 +358,7 @@ func Read(prefix string, lookupEnv func(string) (string, bool), environ ...strin
 		choose(get, "OUTBOX_PROGRESS", `"marks" or "cursor"`, map[string]relay.Progress{"marks": relay.ProgressMarks, "cursor": relay.ProgressCursor}, &c.Progress, strings.ToLower),
 		choose(get, "OUTBOX_POISON", `"park" or "hold"`, map[string]outbox.PoisonPolicy{"park": outbox.Park, "hold": outbox.Hold}, &c.Poison, nil),
 		choose(get, "OUTBOX_RELAY_MODE", `"poll" or "stream"`, map[string]relay.Mode{"poll": relay.Poll, "stream": relay.Stream}, &c.Mode, strings.ToLower),
-		choose(get, "OUTBOX_PARTITIONER", relay.PartitionerNames,
+		choose(get, "OUTBOX_PARTITIONER", partitioner.Names,
 			map[string]relay.Partitioner{"murmur2": relay.Murmur2, "fnv1a": relay.FNV1a, "crc32": relay.CRC32}, &c.Partitioner, strings.ToLower),
 	} {
 		if e != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -82,7 +83,7 @@ const drainMaxBatch = 500
 // numbers 1, 2, 3, ... in id order, as the writers' commits would have.
 func (w *world) preload(t *testing.T, n int) {
 	t.Helper()
-	_, err := w.pool.Exec(w.ctx, "INSERT INTO "+w.table.Ident()+
+	_, err := w.pool.Exec(w.ctx, "INSERT INTO "+sqlname.Ident(w.table)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" SELECT gen_random_uuid(), 'account', k, 'account.changed.v1', jsonb_build_object('account', k, 'seq', (g - 1) / $1 + 1), $2, k"+
 		" FROM (SELECT g, 'acct-' || lpad(((g - 1) % $1)::text, 3, '0') AS k FROM generate_series(1, $3::int) g) s ORDER BY g",
@@ -91,10 +92,10 @@ func (w *world) preload(t *testing.T, n int) {
 		t.Fatal(err)
 	}
 	if _, err := w.pool.Exec(w.ctx, "UPDATE "+w.account+" a SET seq = c.n FROM (SELECT partition_key, count(*) AS n FROM "+
-		w.table.Ident()+" GROUP BY partition_key) c WHERE a.id = c.partition_key"); err != nil {
+		sqlname.Ident(w.table)+" GROUP BY partition_key) c WHERE a.id = c.partition_key"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.pool.Exec(w.ctx, "VACUUM ANALYZE "+w.table.Ident()); err != nil {
+	if _, err := w.pool.Exec(w.ctx, "VACUUM ANALYZE "+sqlname.Ident(w.table)); err != nil {
 		t.Fatal(err)
 	}
 }

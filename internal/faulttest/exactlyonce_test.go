@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -127,7 +128,7 @@ func TestExactlyOnceFrozenRelayIsFenced(t *testing.T) {
 	frozen := time.Now()
 	t.Logf("relay process (pid %d) frozen with a transaction open on partitions %v", child.cmd.Process.Pid, slices.Sorted(maps.Keys(pinned)))
 	var last int64
-	if err := w.pool.QueryRow(w.ctx, "SELECT max(id) FROM "+w.table.Ident()).Scan(&last); err != nil {
+	if err := w.pool.QueryRow(w.ctx, "SELECT max(id) FROM "+sqlname.Ident(w.table)).Scan(&last); err != nil {
 		t.Fatal(err)
 	}
 
@@ -364,7 +365,7 @@ func (w *world) javaCheck(t *testing.T) {
 	}
 	events := map[string]row{}
 	want := map[string][]int64{}
-	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+w.table.Ident()+" ORDER BY id")
+	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+sqlname.Ident(w.table)+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -60,7 +61,7 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 	inHeld := "((hashtext(partition_key) & 2147483647) % 64) = ANY('{" + joinInts(lanes) + "}'::int[])"
 	heldRows := "event_id::text = ANY('{" + strings.Join(held, ",") + "}')"
 	var lastBefore int64
-	if err := pool.QueryRow(w.ctx, "SELECT max(id) FROM "+w.table.Ident()).Scan(&lastBefore); err != nil {
+	if err := pool.QueryRow(w.ctx, "SELECT max(id) FROM "+sqlname.Ident(w.table)).Scan(&lastBefore); err != nil {
 		t.Fatal(err)
 	}
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -54,7 +55,7 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	}
 	// Lanes with events waiting (the relay's lane function, 64 lanes).
 	if err := pool.QueryRow(w.ctx, "SELECT coalesce(array_agg(DISTINCT (hashtext(partition_key) & 2147483647) % 64), '{}') FROM "+
-		w.table.Ident()+" WHERE "+w.waiting()).Scan(&busy); err != nil {
+		sqlname.Ident(w.table)+" WHERE "+w.waiting()).Scan(&busy); err != nil {
 		t.Fatal(err)
 	}
 	var idle []int32

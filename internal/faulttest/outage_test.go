@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // TestBrokerOutage30sParksNothing takes the broker away (SIGKILL) for 30
@@ -46,7 +48,7 @@ func TestBrokerOutage30sParksNothing(t *testing.T) {
 	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL OR last_error IS NOT NULL"); n != 0 {
 		var sample string
 		_ = w.pool.QueryRow(w.ctx, "SELECT format('attempts=%s parked_at=%s last_error=%s', attempts, parked_at, last_error) FROM "+
-			w.table.Ident()+" WHERE attempts > 0 OR parked_at IS NOT NULL OR last_error IS NOT NULL LIMIT 1").Scan(&sample)
+			sqlname.Ident(w.table)+" WHERE attempts > 0 OR parked_at IS NOT NULL OR last_error IS NOT NULL LIMIT 1").Scan(&sample)
 		t.Errorf("%d rows were charged an attempt or parked because of a broker outage, e.g. %s", n, sample)
 	}
 	stopRelay()

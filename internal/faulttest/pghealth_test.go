@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -63,7 +64,7 @@ func TestHealthAfterPostgresRestart(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "a healthy relay that published the event", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE "+waitingSQL(tbl, progress)).Scan(&n)
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE "+waitingSQL(tbl, progress)).Scan(&n)
 		return n == 0 && r.Health(ctx, 0) == nil
 	})
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -194,7 +195,7 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 
 func countRows(w *world, where string) (int, error) {
 	var n int
-	err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+w.table.Ident()+" WHERE "+where).Scan(&n)
+	err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+sqlname.Ident(w.table)+" WHERE "+where).Scan(&n)
 	return n, err
 }
 

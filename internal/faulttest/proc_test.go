@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -160,12 +161,12 @@ func TestHelperRelayProcess(t *testing.T) {
 		// The relay publishes through inner's brokers and configuration
 		// itself; the hooks sit at the batch's mark.
 		use = inner
-		db = &markHookDB{pool: pool, mark: "UPDATE " + table.Ident() + " SET published_at = now() WHERE id = ANY($1)",
+		db = &markHookDB{pool: pool, mark: "UPDATE " + sqlname.Ident(table) + " SET published_at = now() WHERE id = ANY($1)",
 			onMark: pub.onMark(pool, table)}
 	} else if progress == relay.ProgressCursor && (mode == "kill" || mode == "freeze") {
 		// The hooks sit at the positions' save, which follows the ack.
 		pub.atSave = true
-		db = &markHookDB{pool: pool, save: "UPDATE " + migrations.CursorTable(table).Ident() + " c SET done = ",
+		db = &markHookDB{pool: pool, save: "UPDATE " + sqlname.Ident(migrations.CursorTable(table)) + " c SET done = ",
 			onMark: pub.onSave()}
 	}
 	r, err := relay.New(db, use, cfg)
@@ -242,7 +243,7 @@ func (p *faultPublisher) Publish(ctx context.Context, msgs []relay.Message) erro
 func (p *faultPublisher) onMark(pool *pgxpool.Pool, table outbox.Table) func(ctx context.Context, ids []int64) func(error) {
 	eventIDs := func(ctx context.Context, ids []int64) string {
 		var eids []string
-		if err := pool.QueryRow(ctx, "SELECT array_agg(event_id::text ORDER BY id) FROM "+table.Ident()+" WHERE id = ANY($1)", ids).Scan(&eids); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT array_agg(event_id::text ORDER BY id) FROM "+sqlname.Ident(table)+" WHERE id = ANY($1)", ids).Scan(&eids); err != nil {
 			fmt.Fprintf(os.Stderr, "helper: event ids of the batch: %v\n", err)
 			os.Exit(3)
 		}

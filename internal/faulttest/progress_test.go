@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -85,7 +86,7 @@ func deliveredSQL(table outbox.Table, p relay.Progress) string {
 	if p != relay.ProgressCursor {
 		return "published_at IS NOT NULL"
 	}
-	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + migrations.CursorTable(table).Ident() + " w" +
+	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + sqlname.Ident(migrations.CursorTable(table)) + " w" +
 		" WHERE w.lane = ((hashtext(partition_key) & 2147483647) % w.lanes) AND w.upto IS NOT NULL AND pg_visible_in_snapshot(txid, w.upto)" +
 		" AND (id <= greatest(w.pos, w.floor - 1) OR id = ANY(w.skip))))"
 }
@@ -116,7 +117,7 @@ func cursorCounts(ctx context.Context, db tablesql.Querier, table outbox.Table) 
 			return err
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()).Scan(&rows); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)).Scan(&rows); err != nil {
 			return err
 		}
 		c, err = tablesql.ReadCounts(ctx, tx, table)

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
@@ -186,7 +187,7 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 	events := map[evKey]int{}
 	eventIDs := map[string]bool{}
 	var typ, eid string
-	rows, err = pool.Query(ctx, "SELECT aggregate_id, event_type, event_id::text FROM "+table.Ident())
+	rows, err = pool.Query(ctx, "SELECT aggregate_id, event_type, event_id::text FROM "+sqlname.Ident(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 		}
 	}
 	var unpublished int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE "+waitingSQL(table, progress)).Scan(&unpublished); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)+" WHERE "+waitingSQL(table, progress)).Scan(&unpublished); err != nil {
 		t.Fatal(err)
 	}
 	if progress == relay.ProgressCursor {
@@ -281,7 +282,7 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "a new relay to publish what the service left", func() bool {
 		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+" WHERE "+waitingSQL(table, progress)).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)+" WHERE "+waitingSQL(table, progress)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0

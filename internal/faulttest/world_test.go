@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
@@ -247,10 +248,10 @@ func (tw testWriter) Write(p []byte) (int, error) {
 // topic, attempts and last_error) counts its rows too.
 func (w *world) count(t *testing.T, where string) int {
 	t.Helper()
-	sql := "SELECT count(*) FROM " + w.table.Ident() + " WHERE " + where
+	sql := "SELECT count(*) FROM " + sqlname.Ident(w.table) + " WHERE " + where
 	if w.progress == relay.ProgressCursor && strings.Contains(where, "parked_at") {
-		sql = "SELECT count(*) FROM (SELECT topic, attempts, parked_at, last_error FROM " + w.table.Ident() +
-			" UNION ALL SELECT topic, attempts, parked_at, reason FROM " + migrations.ParkedTable(w.table).Ident() + ") e WHERE " + where
+		sql = "SELECT count(*) FROM (SELECT topic, attempts, parked_at, last_error FROM " + sqlname.Ident(w.table) +
+			" UNION ALL SELECT topic, attempts, parked_at, reason FROM " + sqlname.Ident(migrations.ParkedTable(w.table)) + ") e WHERE " + where
 	}
 	var n int
 	if err := w.pool.QueryRow(w.ctx, sql).Scan(&n); err != nil {
@@ -346,7 +347,7 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	dupIDs := map[string]int{}
 	events := map[string]committed{}
 	want := map[string][]int64{} // per key, its sequence numbers in write (id) order
-	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+w.table.Ident()+" ORDER BY id")
+	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+sqlname.Ident(w.table)+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +482,7 @@ func (w *world) checkCursor(t *testing.T) {
 	var marked, touched, inDone int
 	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FILTER (WHERE published_at IS NOT NULL),"+
 		" count(*) FILTER (WHERE xmin <> xid(txid) AND attempts = 0 AND last_error IS NULL AND parked_at IS NULL),"+
-		" count(*) FILTER (WHERE "+tablesql.Delivered(w.table)+") FROM "+w.table.Ident()).Scan(&marked, &touched, &inDone); err != nil {
+		" count(*) FILTER (WHERE "+tablesql.Delivered(w.table)+") FROM "+sqlname.Ident(w.table)).Scan(&marked, &touched, &inDone); err != nil {
 		t.Fatal(err)
 	}
 	if marked > 0 {
@@ -507,7 +508,7 @@ func (w *world) checkCursor(t *testing.T) {
 // topics returns the topics of the table's events, w.topic first.
 func (w *world) topics(t *testing.T) []string {
 	t.Helper()
-	rows, err := w.pool.Query(w.ctx, "SELECT DISTINCT topic FROM "+w.table.Ident()+" WHERE topic <> $1 ORDER BY 1", w.topic)
+	rows, err := w.pool.Query(w.ctx, "SELECT DISTINCT topic FROM "+sqlname.Ident(w.table)+" WHERE topic <> $1 ORDER BY 1", w.topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -42,7 +43,7 @@ func (w *writer) add(e outbox.Event) error {
 func (w *writer) rows(t *testing.T) int {
 	t.Helper()
 	var n int
-	if err := w.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+w.tbl.Ident()).Scan(&n); err != nil {
+	if err := w.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+sqlname.Ident(w.tbl)).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

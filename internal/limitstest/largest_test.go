@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/record"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -183,13 +184,13 @@ func requirePublished(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) {
 	t.Helper()
 	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var published, parked int
-		err := pool.QueryRow(context.Background(), "SELECT count(published_at), count(parked_at) FROM "+tbl.Ident()).Scan(&published, &parked)
+		err := pool.QueryRow(context.Background(), "SELECT count(published_at), count(parked_at) FROM "+sqlname.Ident(tbl)).Scan(&published, &parked)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if parked > 0 {
 			var reason string
-			_ = pool.QueryRow(context.Background(), "SELECT last_error FROM "+tbl.Ident()+" WHERE parked_at IS NOT NULL").Scan(&reason)
+			_ = pool.QueryRow(context.Background(), "SELECT last_error FROM "+sqlname.Ident(tbl)+" WHERE parked_at IS NOT NULL").Scan(&reason)
 			t.Fatalf("the relay parked the event: %s", reason)
 		}
 		return published == 1, "the event is not marked published"

@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -82,7 +83,7 @@ func TestBesideTheNestJSRelay(t *testing.T) {
 			}()
 			testenv.Eventually(t, time.Minute, func() (bool, string) {
 				var left int
-				err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&left)
+				err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL").Scan(&left)
 				return err == nil && left == 0, fmt.Sprintf("%d rows unpublished (%v)", left, err)
 			})
 			close(stop)

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -266,7 +267,7 @@ func Snapshot(t testing.TB, pool *pgxpool.Pool, table outbox.Table) (rows []Row,
 	t.Helper()
 	ctx := context.Background()
 	r, err := pool.Query(ctx, "SELECT id, ctid::text, xmin::text, (to_jsonb(e) - '{headers,attempts,last_error,parked_at}'::text[])::text FROM "+
-		table.Ident()+" e ORDER BY id")
+		sqlname.Ident(table)+" e ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ func Snapshot(t testing.TB, pool *pgxpool.Pool, table outbox.Table) (rows []Row,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pool.QueryRow(ctx, "SELECT pg_relation_filenode($1::regclass)::bigint", table.Ident()).Scan(&filenode); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_relation_filenode($1::regclass)::bigint", sqlname.Ident(table)).Scan(&filenode); err != nil {
 		t.Fatal(err)
 	}
 	return rows, filenode
@@ -328,7 +329,7 @@ func RequireAdopted(t testing.TB, pool *pgxpool.Pool, nest *pgxpool.Pool, table 
 		}
 	}
 	var dirty int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table.Ident()+
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)+
 		" WHERE headers IS NOT NULL OR attempts <> 0 OR last_error IS NOT NULL OR parked_at IS NOT NULL").Scan(&dirty); err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func RequireAdopted(t testing.TB, pool *pgxpool.Pool, nest *pgxpool.Pool, table 
 	}
 	var headers []byte
 	var attempts int
-	if err := pool.QueryRow(ctx, "SELECT headers, attempts FROM "+table.Ident()+" WHERE id = $1", id).Scan(&headers, &attempts); err != nil || headers != nil || attempts != 0 {
+	if err := pool.QueryRow(ctx, "SELECT headers, attempts FROM "+sqlname.Ident(table)+" WHERE id = $1", id).Scan(&headers, &attempts); err != nil || headers != nil || attempts != 0 {
 		t.Errorf("the NestJS row written after the migration: headers %s, attempts %d (%v)", headers, attempts, err)
 	}
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "order-service", Table: table})
@@ -373,10 +374,10 @@ func RequireAdopted(t testing.TB, pool *pgxpool.Pool, nest *pgxpool.Pool, table 
 		t.Fatalf("a unitofwork writer after the migration: %v", err)
 	}
 	var goID int64
-	if err := pool.QueryRow(ctx, "SELECT max(id) FROM "+table.Ident()).Scan(&goID); err != nil || goID != last+2 {
+	if err := pool.QueryRow(ctx, "SELECT max(id) FROM "+sqlname.Ident(table)).Scan(&goID); err != nil || goID != last+2 {
 		t.Errorf("the unitofwork insert after the migration got id %d (%v), want %d", goID, err, last+2)
 	}
-	if _, err := pool.Exec(ctx, "DELETE FROM "+table.Ident()+" WHERE id > $1", last); err != nil {
+	if _, err := pool.Exec(ctx, "DELETE FROM "+sqlname.Ident(table)+" WHERE id > $1", last); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -61,7 +62,7 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 	type row struct{ key, eventType string }
 	rows := func() map[uuid.UUID]row {
 		out := map[uuid.UUID]row{}
-		rs, err := pool.Query(ctx, "SELECT event_id, partition_key, event_type FROM "+tbl.Ident()+" WHERE headers IS NULL")
+		rs, err := pool.Query(ctx, "SELECT event_id, partition_key, event_type FROM "+sqlname.Ident(tbl)+" WHERE headers IS NULL")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +121,7 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 
 	// A parked row, shown.
 	var parked uuid.UUID
-	if err := pool.QueryRow(ctx, "UPDATE "+tbl.Ident()+" SET published_at = NULL, parked_at = now(), attempts = 3, last_error = 'kafka: message too large'"+
+	if err := pool.QueryRow(ctx, "UPDATE "+sqlname.Ident(tbl)+" SET published_at = NULL, parked_at = now(), attempts = 3, last_error = 'kafka: message too large'"+
 		" WHERE id = 4 RETURNING event_id").Scan(&parked); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 	})
 	check("stream", got, 6)
 	var left int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL AND parked_at IS NULL").Scan(&left); err != nil || left != 0 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL AND parked_at IS NULL").Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d rows unpublished (%v)", left, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -107,7 +108,7 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 	}
 	testenv.Eventually(t, time.Minute, func() (bool, string) {
 		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NULL").Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL").Scan(&left); err != nil {
 			t.Fatal(err)
 		}
 		return left == 0, fmt.Sprintf("%d rows unpublished", left)
@@ -120,7 +121,7 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 		eventType, topic, key string
 		value                 []byte // JSON.stringify(payload)
 	}
-	rows, err := pool.Query(ctx, "SELECT id, event_id::text, event_type, topic, partition_key, payload, headers IS NULL FROM "+tbl.Ident()+" ORDER BY id")
+	rows, err := pool.Query(ctx, "SELECT id, event_id::text, event_type, topic, partition_key, payload, headers IS NULL FROM "+sqlname.Ident(tbl)+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}

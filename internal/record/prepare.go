@@ -98,15 +98,16 @@ func Prepare(e outbox.Event, service string, topics outbox.TopicFunc, limits out
 	// traceparent of its own span and the stored tracestate and baggage.
 	headers, headerBytes := 3, eventIDHeaderBytes+len(outbox.HeaderEventType)+len(r.Type)+traceparentHeaderBytes
 	// With CloudEvents, also its headers.
-	ceHeaders, ceBytes := cloudEventsHeaders(limits.CloudEvents, r.Type)
-	headers, headerBytes = headers+ceHeaders, headerBytes+ceBytes
+	for k, v := range CloudEventsHeaders(limits.CloudEvents, r.ID.String(), r.Type, widestCloudEventsTime) {
+		headers, headerBytes = headers+1, headerBytes+len(k)+len(v)
+	}
 	for k, v := range e.Headers {
 		switch {
 		case k == "":
 			return fail("Headers", "has an empty header name")
-		case outbox.IsReservedHeader(k):
+		case ReservedHeader(k):
 			return fail("Headers", fmt.Sprintf("uses the reserved name %s, which the outbox sets itself", textcut.Quote(k, 64)))
-		case limits.CloudEvents.Mode == outbox.CloudEventsBinary && outbox.IsCloudEventsHeader(k):
+		case limits.CloudEvents.Mode == outbox.CloudEventsBinary && CloudEventsHeader(k):
 			return fail("Headers", fmt.Sprintf("uses the name %s, which the relay sets itself in CloudEvents binary mode", textcut.Quote(k, 64)))
 		case len(k)+len(v) > limits.MaxHeaderBytes:
 			return fail("Headers", fmt.Sprintf("header %s is %d bytes, over the limit of %d", textcut.Quote(k, 64), len(k)+len(v), limits.MaxHeaderBytes))
@@ -158,25 +159,4 @@ func encodePayload(p any) ([]byte, error) {
 		return []byte("null"), nil
 	}
 	return raw, nil
-}
-
-// cloudEventsTimeBytes is the longest ce_time the relay sends for a
-// created_at of a four-digit year: RFC 3339 in UTC with nanoseconds
-// ("2006-01-02T15:04:05.999999999Z"). PostgreSQL keeps microseconds, so
-// the relay's values are at most 27 bytes.
-const cloudEventsTimeBytes = 30
-
-// cloudEventsHeaders returns how many headers the relay adds in c's mode for an
-// event of type eventType, and their names' and values' bytes, with ce_time
-// at its widest.
-func cloudEventsHeaders(c outbox.CloudEvents, eventType string) (headers, bytes int) {
-	if c.Mode != outbox.CloudEventsBinary {
-		return 0, 0
-	}
-	return 6, len(outbox.HeaderCloudEventsSpecVersion) + len(outbox.CloudEventsSpecVersion) +
-		len(outbox.HeaderCloudEventsID) + 36 +
-		len(outbox.HeaderCloudEventsSource) + len(c.Source) +
-		len(outbox.HeaderCloudEventsType) + len(eventType) +
-		len(outbox.HeaderCloudEventsTime) + cloudEventsTimeBytes +
-		len(outbox.HeaderContentType) + len(outbox.CloudEventsContentType)
 }

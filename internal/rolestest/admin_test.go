@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // The operator's API (and so outboxctl) works as the relay's role, under
@@ -21,7 +22,7 @@ func TestAdminWorksAsTheRelayRole(t *testing.T) {
 	ctx := context.Background()
 	// The migrator owns the table (no row security for it): 100 published,
 	// 50 waiting, 150 parked.
-	if _, err := mig.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+	if _, err := mig.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, parked_at, attempts, last_error)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || g, 't', '{}', 'x', 'k' || g, CASE WHEN g <= 100 THEN now() END,"+
 		" CASE WHEN g > 150 THEN now() END, 5, 'bad' FROM generate_series(1, 300) g"); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -63,7 +64,7 @@ func TestCursorRolesScript(t *testing.T) {
 	write(topic)
 	// A row the writer's checks would refuse, written by hand.
 	poison := uuid.Must(uuid.NewV7())
-	if _, err := r.admin.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	if _, err := r.admin.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" VALUES ($1, 'order', 'o-1', 'order.placed.v1', '{}', 'not a topic!', 'o-1')", poison); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestCursorRolesScript(t *testing.T) {
 	count := func(where string) int {
 		t.Helper()
 		var n int
-		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE "+where).Scan(&n); err != nil {
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE "+where).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -93,7 +94,7 @@ func TestCursorRolesScript(t *testing.T) {
 	parked := func() int {
 		t.Helper()
 		var n int
-		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+migrations.ParkedTable(tbl).Ident()+" WHERE event_id = $1", poison).Scan(&n); err != nil {
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(tbl))+" WHERE event_id = $1", poison).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -113,14 +114,14 @@ func TestCursorRolesScript(t *testing.T) {
 		t.Errorf("after the requeue as the relay role: %d rows of the event in the table, %d parked; want 1 and 0", count("event_id = '"+poison.String()+"'"), parked())
 	}
 	// Nor may it insert an event that is not parked.
-	if _, err := relayDB.Exec(ctx, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	if _, err := relayDB.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" VALUES ($1, 'order', 'o-1', 'order.placed.v1', '{}', 'x', 'o-1')", uuid.Must(uuid.NewV7())); err == nil {
 		t.Errorf("the relay role inserted an event that was not parked")
 	}
 	// A waiting row is not the relay's to delete.
 	_ = rl.Stop(ctx)
 	waiting := write(topic)
-	tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE event_id = $1", waiting)
+	tag, err := relayDB.Exec(ctx, "DELETE FROM "+sqlname.Ident(tbl)+" WHERE event_id = $1", waiting)
 	if err != nil || tag.RowsAffected() != 0 {
 		t.Errorf("the relay role deleted a waiting row: %v rows, %v", tag.RowsAffected(), err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -125,8 +126,8 @@ func TestInboxRolesScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	var effects, events, letters int
-	_ = r.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ident(tbl.Schema)+".effects), (SELECT count(*) FROM "+tbl.Ident()+" WHERE topic <> 'billing.dlq'), "+
-		"(SELECT count(*) FROM "+tbl.Ident()+" WHERE topic = 'billing.dlq')").Scan(&effects, &events, &letters)
+	_ = r.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+ident(tbl.Schema)+".effects), (SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE topic <> 'billing.dlq'), "+
+		"(SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE topic = 'billing.dlq')").Scan(&effects, &events, &letters)
 	if effects != 2 || events != 2 || letters != 2 {
 		t.Fatalf("%d effects, %d outbox events and %d dead letters; want 2 of each (the good record and the retried bad one; a letter per parked record)", effects, events, letters)
 	}

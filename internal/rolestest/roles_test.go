@@ -24,6 +24,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
@@ -102,10 +103,10 @@ func (r *roles) schema(t *testing.T, mig *pgxpool.Pool) outbox.Table {
 	}
 	everyone := "PUBLIC, " + ident(r.writer) + ", " + ident(r.relay)
 	for _, sql := range []string{
-		"GRANT ALL ON TABLE " + tbl.Ident() + " TO " + everyone,
+		"GRANT ALL ON TABLE " + sqlname.Ident(tbl) + " TO " + everyone,
 		"GRANT ALL ON SEQUENCE " + seqIdent(tbl) + " TO " + everyone,
 		"GRANT ALL ON TABLE " + versionsIdent(tbl) + " TO " + everyone,
-		"GRANT UPDATE (payload, topic, headers) ON TABLE " + tbl.Ident() + " TO " + ident(r.relay),
+		"GRANT UPDATE (payload, topic, headers) ON TABLE " + sqlname.Ident(tbl) + " TO " + ident(r.relay),
 		"GRANT ALL ON SCHEMA " + ident(tbl.Schema) + " TO " + everyone,
 	} {
 		if _, err := r.admin.Exec(ctx, sql); err != nil {
@@ -264,14 +265,14 @@ func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
 		for _, p := range []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"} {
 			want := name == "relay" && (p == "SELECT" || p == "DELETE")
 			checks = append(checks,
-				check{name + " " + p + " on the table", "SELECT has_table_privilege($1, $2, $3)", []any{role, tbl.Ident(), p}, want},
+				check{name + " " + p + " on the table", "SELECT has_table_privilege($1, $2, $3)", []any{role, sqlname.Ident(tbl), p}, want},
 				check{name + " " + p + " on the versions table", "SELECT has_table_privilege($1, $2, $3)", []any{role, versionsIdent(tbl), p}, false})
 		}
 		for _, c := range cols {
 			for _, p := range []string{"SELECT", "INSERT", "UPDATE", "REFERENCES"} {
 				want := (name == "writer" && p == "INSERT" && slices.Contains(writerInserts, c)) ||
 					(name == "relay" && (p == "SELECT" || (p == "UPDATE" && slices.Contains(relayUpdates, c))))
-				checks = append(checks, check{name + " " + p + " on column " + c, "SELECT has_column_privilege($1, $2, $3, $4)", []any{role, tbl.Ident(), c, p}, want})
+				checks = append(checks, check{name + " " + p + " on column " + c, "SELECT has_column_privilege($1, $2, $3, $4)", []any{role, sqlname.Ident(tbl), c, p}, want})
 			}
 		}
 		for _, p := range []string{"USAGE", "SELECT", "UPDATE"} {
@@ -284,7 +285,7 @@ func (r *roles) violations(t *testing.T, tbl outbox.Table) []string {
 	}
 	// Row-level security: on, and exactly these policies, so that the relay
 	// deletes only published or parked rows.
-	checks = append(checks, check{"row-level security on the table", "SELECT relrowsecurity FROM pg_class WHERE oid = $1::regclass", []any{tbl.Ident()}, true})
+	checks = append(checks, check{"row-level security on the table", "SELECT relrowsecurity FROM pg_class WHERE oid = $1::regclass", []any{sqlname.Ident(tbl)}, true})
 	wantPolicies := map[string]string{
 		"INSERT " + r.writer: "",
 		"SELECT " + r.relay:  "true",
@@ -442,7 +443,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 	}
 	state := func(id uuid.UUID) (published, parked bool, attempts int) {
 		t.Helper()
-		err := r.admin.QueryRow(ctx, "SELECT published_at IS NOT NULL, parked_at IS NOT NULL, attempts FROM "+tbl.Ident()+" WHERE event_id = $1", id).
+		err := r.admin.QueryRow(ctx, "SELECT published_at IS NOT NULL, parked_at IS NOT NULL, attempts FROM "+sqlname.Ident(tbl)+" WHERE event_id = $1", id).
 			Scan(&published, &parked, &attempts)
 		if err != nil {
 			t.Fatalf("event %s: %v", id, err)
@@ -479,12 +480,12 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 			t.Errorf("NOTIFY: %v", err)
 		}
 		who := "writer"
-		denied(t, who, writer, "SELECT count(*) FROM "+tbl.Ident())
-		denied(t, who, writer, "UPDATE "+tbl.Ident()+" SET published_at = now()")
-		denied(t, who, writer, "UPDATE "+tbl.Ident()+" SET payload = '{}'")
-		denied(t, who, writer, "DELETE FROM "+tbl.Ident())
-		denied(t, who, writer, "TRUNCATE "+tbl.Ident())
-		denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		denied(t, who, writer, "SELECT count(*) FROM "+sqlname.Ident(tbl))
+		denied(t, who, writer, "UPDATE "+sqlname.Ident(tbl)+" SET published_at = now()")
+		denied(t, who, writer, "UPDATE "+sqlname.Ident(tbl)+" SET payload = '{}'")
+		denied(t, who, writer, "DELETE FROM "+sqlname.Ident(tbl))
+		denied(t, who, writer, "TRUNCATE "+sqlname.Ident(tbl))
+		denied(t, who, writer, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k') RETURNING id")
 		// Only the event's own columns: no event that looks published,
 		// parked, retried or old, and no id of the writer's choosing.
@@ -494,9 +495,9 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 			{"published_at", "now()"}, {"parked_at", "now()"}, {"attempts", "3"}, {"last_error", "'x'"},
 			{"created_at", "now() - interval '1 year'"},
 		} {
-			denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" ("+cols+", "+forged.col+") VALUES ("+vals+", "+forged.val+")")
+			denied(t, who, writer, "INSERT INTO "+sqlname.Ident(tbl)+" ("+cols+", "+forged.col+") VALUES ("+vals+", "+forged.val+")")
 		}
-		denied(t, who, writer, "INSERT INTO "+tbl.Ident()+" (id, "+cols+") OVERRIDING SYSTEM VALUE VALUES (1, "+vals+")")
+		denied(t, who, writer, "INSERT INTO "+sqlname.Ident(tbl)+" (id, "+cols+") OVERRIDING SYSTEM VALUE VALUES (1, "+vals+")")
 		denied(t, who, writer, "SELECT nextval($1::regclass)", seqIdent(tbl))
 		denied(t, who, writer, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
 		denied(t, who, writer, "SELECT * FROM "+versionsIdent(tbl))
@@ -587,7 +588,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		// Retention: the relay deletes what it published.
 		time.Sleep(20 * time.Millisecond)
 		var published int
-		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE published_at IS NOT NULL").Scan(&published); err != nil {
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NOT NULL").Scan(&published); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := rl.Cleanup(ctx); err != nil || n != published || n == 0 {
@@ -597,27 +598,27 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		// Row security: the relay cannot delete an event still waiting to
 		// be sent (the statement deletes nothing), only published or parked ones.
 		waiting := order("o-waiting", 1)
-		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE published_at IS NULL AND parked_at IS NULL"); err != nil || tag.RowsAffected() != 0 {
+		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NULL AND parked_at IS NULL"); err != nil || tag.RowsAffected() != 0 {
 			t.Errorf("relay deleted waiting events: %v rows, err %v; want none", tag.RowsAffected(), err)
 		}
 		if pub, parked, _ := state(waiting[0]); pub || parked {
 			t.Errorf("waiting event %s: published %v, parked %v", waiting[0], pub, parked)
 		}
-		if _, err := relayDB.Exec(ctx, "UPDATE "+tbl.Ident()+" SET parked_at = now() WHERE event_id = $1", waiting[0]); err != nil {
+		if _, err := relayDB.Exec(ctx, "UPDATE "+sqlname.Ident(tbl)+" SET parked_at = now() WHERE event_id = $1", waiting[0]); err != nil {
 			t.Fatal(err)
 		}
-		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+tbl.Ident()+" WHERE event_id = $1", waiting[0]); err != nil || tag.RowsAffected() != 1 {
+		if tag, err := relayDB.Exec(ctx, "DELETE FROM "+sqlname.Ident(tbl)+" WHERE event_id = $1", waiting[0]); err != nil || tag.RowsAffected() != 1 {
 			t.Errorf("relay deleting a parked event: %v rows, err %v; want 1", tag.RowsAffected(), err)
 		}
 
 		who := "relay"
-		denied(t, who, relayDB, "INSERT INTO "+tbl.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		denied(t, who, relayDB, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" VALUES (gen_random_uuid(), 'a', 'b', 'c', '{}', 't', 'k')")
 		for _, col := range []string{"payload = '{\"forged\": true}'", "topic = 'elsewhere'", "partition_key = 'k'", "headers = '{}'",
 			"event_id = gen_random_uuid()", "event_type = 'x'", "created_at = now()"} {
-			denied(t, who, relayDB, "UPDATE "+tbl.Ident()+" SET "+col)
+			denied(t, who, relayDB, "UPDATE "+sqlname.Ident(tbl)+" SET "+col)
 		}
-		denied(t, who, relayDB, "TRUNCATE "+tbl.Ident())
+		denied(t, who, relayDB, "TRUNCATE "+sqlname.Ident(tbl))
 		denied(t, who, relayDB, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
 		denied(t, who, relayDB, "SELECT * FROM "+versionsIdent(tbl))
 		denied(t, who, relayDB, "SELECT * FROM "+orders)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -84,7 +85,7 @@ func readCounts(ctx context.Context, db Querier, table outbox.Table) (Counts, er
 	}
 	var c Counts
 	var ageSec float64
-	t := table.Ident()
+	t := sqlname.Ident(table)
 	rows, err := db.Query(ctx, "SELECT (SELECT count(*) FROM (SELECT 1 FROM "+t+" WHERE published_at IS NULL AND parked_at IS NULL LIMIT @cap) b),"+
 		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
 		" (SELECT count(*) FROM "+t+" WHERE parked_at IS NOT NULL)"+
@@ -141,7 +142,7 @@ func CountParkedByType(ctx context.Context, db Querier, table outbox.Table, limi
 	if err != nil {
 		return nil, fmt.Errorf("count parked events of %s: %w", table, err)
 	}
-	rows, err := db.Query(ctx, "SELECT coalesce(topic, ''), "+ErrorTypeOf(p.Reason)+", count(*) FROM "+p.Table.Ident()+
+	rows, err := db.Query(ctx, "SELECT coalesce(topic, ''), "+ErrorTypeOf(p.Reason)+", count(*) FROM "+sqlname.Ident(p.Table)+
 		" WHERE "+p.Where+" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1", limit)
 	if err != nil {
 		return nil, fmt.Errorf("count parked events of %s: %w", table, err)

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -20,14 +21,14 @@ func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, er
 	}
 	c := migrations.CursorTable(table)
 	var exists bool
-	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", c.Ident())
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(c))
 	if err == nil {
 		exists, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
 	}
 	if err != nil || !exists {
 		return false, err
 	}
-	rows, err = db.Query(ctx, "SELECT EXISTS (SELECT FROM "+c.Ident()+")")
+	rows, err = db.Query(ctx, "SELECT EXISTS (SELECT FROM "+sqlname.Ident(c)+")")
 	if err != nil {
 		return false, err
 	}
@@ -58,7 +59,7 @@ func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, 
 		return inPlace, err
 	}
 	p := migrations.ParkedTable(table)
-	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", p.Ident())
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(p))
 	if err != nil {
 		return inPlace, err
 	}
@@ -76,7 +77,7 @@ func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, 
 // errs on the side of "not yet": a row delivered in its lane's open window
 // is not counted.
 func Delivered(table outbox.Table) string {
-	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + migrations.CursorTable(table).Ident() + " c" +
+	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + sqlname.Ident(migrations.CursorTable(table)) + " c" +
 		" WHERE c.lane = ((hashtext(partition_key) & 2147483647) % c.lanes) AND pg_visible_in_snapshot(txid, c.done)))"
 }
 
@@ -86,7 +87,7 @@ func Delivered(table outbox.Table) string {
 // candidates come from the (txid, id) index: rows of the transactions in a
 // done snapshot's xip list, or at or past its xmax.
 func cursorWaiting(table outbox.Table) string {
-	t, c := table.Ident(), migrations.CursorTable(table).Ident()
+	t, c := sqlname.Ident(table), sqlname.Ident(migrations.CursorTable(table))
 	// The lanes' states are arrays indexed by lane + 1, so that the scans
 	// stay on the (txid, id) index (see relay/internal/cursor).
 	const ln = "((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k)) + 1"
@@ -119,7 +120,7 @@ func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Coun
 	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED (SELECT DISTINCT id, created_at FROM ("+cursorWaiting(table)+") u)"+
 		" SELECT (SELECT count(*) FROM (SELECT 1 FROM w LIMIT @cap) b),"+
 		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
-		" (SELECT count(*) FROM "+p.Table.Ident()+" WHERE "+p.Where+")"+
+		" (SELECT count(*) FROM "+sqlname.Ident(p.Table)+" WHERE "+p.Where+")"+
 		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM w ORDER BY id LIMIT 1) o ON true",
 		pgx.NamedArgs{"cap": BacklogCap})
 	if err != nil {

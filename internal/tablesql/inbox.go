@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -112,7 +113,7 @@ func ListInboxParked(ctx context.Context, db Querier, table outbox.Table, consum
 	case limit == 0:
 		limit = DefaultLimit
 	}
-	rows, err := db.Query(ctx, "SELECT "+inboxParkedCols+" FROM "+parked.Ident()+
+	rows, err := db.Query(ctx, "SELECT "+inboxParkedCols+" FROM "+sqlname.Ident(parked)+
 		" WHERE ($1 = '' OR consumer = $1) AND id > $2 ORDER BY id LIMIT $3", consumer, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("admin: list parked records of %s in %s: %w", whose(consumer), parked, err)
@@ -131,7 +132,7 @@ func GetInboxParked(ctx context.Context, db Querier, table outbox.Table, consume
 	if err != nil {
 		return InboxParked{}, err
 	}
-	rows, err := db.Query(ctx, "SELECT "+inboxParkedCols+" FROM "+parked.Ident()+" WHERE id = $1 AND ($2 = '' OR consumer = $2)", id, consumer)
+	rows, err := db.Query(ctx, "SELECT "+inboxParkedCols+" FROM "+sqlname.Ident(parked)+" WHERE id = $1 AND ($2 = '' OR consumer = $2)", id, consumer)
 	if err != nil {
 		return InboxParked{}, fmt.Errorf("admin: read parked record %d of %s in %s: %w", id, whose(consumer), parked, err)
 	}
@@ -154,7 +155,7 @@ func TakeInboxParked(ctx context.Context, db Querier, table outbox.Table, consum
 	if err != nil {
 		return InboxParked{}, err
 	}
-	rows, err := db.Query(ctx, "DELETE FROM "+parked.Ident()+" WHERE id = $1 AND ($2 = '' OR consumer = $2) RETURNING "+inboxParkedCols, id, consumer)
+	rows, err := db.Query(ctx, "DELETE FROM "+sqlname.Ident(parked)+" WHERE id = $1 AND ($2 = '' OR consumer = $2) RETURNING "+inboxParkedCols, id, consumer)
 	if err != nil {
 		return InboxParked{}, fmt.Errorf("admin: take parked record %d of %s in %s: %w", id, whose(consumer), parked, err)
 	}
@@ -177,7 +178,7 @@ func DeleteInboxParked(ctx context.Context, db Querier, table outbox.Table, cons
 	if err != nil {
 		return err
 	}
-	tag, err := db.Exec(ctx, "DELETE FROM "+parked.Ident()+" WHERE id = $1 AND ($2 = '' OR consumer = $2)", id, consumer)
+	tag, err := db.Exec(ctx, "DELETE FROM "+sqlname.Ident(parked)+" WHERE id = $1 AND ($2 = '' OR consumer = $2)", id, consumer)
 	if err != nil {
 		return fmt.Errorf("admin: delete parked record %d of %s in %s: %w", id, whose(consumer), parked, err)
 	}
@@ -196,7 +197,7 @@ func CountInboxParked(ctx context.Context, db Querier, table outbox.Table) ([]In
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT consumer, topic, error_type, count(*), min(parked_at), max(parked_at) FROM `+parked.Ident()+` GROUP BY consumer, topic, error_type ORDER BY count(*) DESC, consumer, topic, error_type`)
+	rows, err := db.Query(ctx, `SELECT consumer, topic, error_type, count(*), min(parked_at), max(parked_at) FROM `+sqlname.Ident(parked)+` GROUP BY consumer, topic, error_type ORDER BY count(*) DESC, consumer, topic, error_type`)
 	if err != nil {
 		return nil, fmt.Errorf("admin: count parked records in %s: %w", parked, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // PartitionKept is a partition of a partitioned table (migrations.
@@ -29,7 +30,7 @@ func readPartitionsKept(ctx context.Context, db Querier, table outbox.Table) ([]
 	rows, err := db.Query(ctx, "SELECT c.relname, i.inhdetachpending, coalesce(obj_description(c.oid, 'pg_class'), '')"+
 		" FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"+
 		" WHERE i.inhparent = to_regclass($1) AND (i.inhdetachpending OR obj_description(c.oid, 'pg_class') LIKE $2)"+
-		" ORDER BY pg_get_expr(c.relpartbound, c.oid) LIKE '%MINVALUE%' DESC, pg_get_expr(c.relpartbound, c.oid)", table.Ident(), partitionNote+"%")
+		" ORDER BY pg_get_expr(c.relpartbound, c.oid) LIKE '%MINVALUE%' DESC, pg_get_expr(c.relpartbound, c.oid)", sqlname.Ident(table), partitionNote+"%")
 	if err != nil {
 		return nil, fmt.Errorf("partitions: %w", err)
 	}
@@ -39,7 +40,7 @@ func readPartitionsKept(ctx context.Context, db Querier, table outbox.Table) ([]
 	_, err = pgx.ForEachRow(rows, []any{&name, &pending, &note}, func() error {
 		reason, _ := strings.CutPrefix(note, partitionNote)
 		if pending {
-			reason = "detach_pending: a DETACH PARTITION ... CONCURRENTLY stopped half-way: finish it with ALTER TABLE " + table.Ident() +
+			reason = "detach_pending: a DETACH PARTITION ... CONCURRENTLY stopped half-way: finish it with ALTER TABLE " + sqlname.Ident(table) +
 				" DETACH PARTITION " + pgx.Identifier{name}.Sanitize() + " FINALIZE, then drop or attach it again"
 		}
 		out = append(out, PartitionKept{Name: name, Reason: reason})

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -243,7 +244,7 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 // checkTable fails when the table is missing: the publication would be
 // reported missing for the wrong reason.
 func checkTable(ctx context.Context, db Querier, table outbox.Table) error {
-	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", table.Ident())
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(table))
 	if err != nil {
 		return err
 	}

@@ -131,7 +131,7 @@ func checkCursorSet(t *testing.T, pool *pgxpool.Pool, table outbox.Table, want b
 	err := pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,"+
 		" EXISTS (SELECT FROM pg_attribute WHERE attrelid = $3::regclass AND attname = 'txid' AND NOT attisdropped),"+
 		" EXISTS (SELECT FROM pg_attribute WHERE attrelid = $3::regclass AND attname = 'first_failed_at' AND NOT attisdropped)",
-		migrations.CursorTable(table).Ident(), migrations.ParkedTable(table).Ident(), table.Ident()).Scan(&positions, &parked, &txid, &firstFailed)
+		ident(migrations.CursorTable(table)), ident(migrations.ParkedTable(table)), ident(table)).Scan(&positions, &parked, &txid, &firstFailed)
 	if err != nil {
 		t.Fatal(err)
 	}

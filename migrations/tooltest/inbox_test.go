@@ -23,7 +23,7 @@ func TestInboxWithGooseAndTern(t *testing.T) {
 	outboxTable, inboxTable := outbox.Table{Schema: s}, outbox.Table{Schema: s, Name: "billing_inbox"}
 	exists := func(name string) bool {
 		var ok bool
-		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", outbox.Table{Schema: s, Name: name}.Ident()).Scan(&ok); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", ident(outbox.Table{Schema: s, Name: name})).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok

@@ -127,7 +127,7 @@ func TestPartitionedWithEachTool(t *testing.T) {
 			st.up(t)
 			st.up(t)
 			var kind string
-			if err := pool.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", tbl.Ident()).Scan(&kind); err != nil || kind != "p" {
+			if err := pool.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", ident(tbl)).Scan(&kind); err != nil || kind != "p" {
 				t.Fatalf("relkind %q (%v), want p", kind, err)
 			}
 			if err := migrations.CheckCursor(ctx, pool, tbl); err != nil {

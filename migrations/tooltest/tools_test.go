@@ -86,7 +86,7 @@ func checkWorks(t *testing.T, pool *pgxpool.Pool, table outbox.Table) {
 		t.Fatalf("published %+v", msgs)
 	}
 	var published bool
-	if err := pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM "+table.Ident()).Scan(&published); err != nil || !published {
+	if err := pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM "+ident(table)).Scan(&published); err != nil || !published {
 		t.Fatalf("the row is not marked published (%v)", err)
 	}
 }
@@ -240,4 +240,13 @@ func migrator(t *testing.T, conn *pgx.Conn, versions string, fsys fs.FS) *migrat
 		t.Fatal(err)
 	}
 	return m
+}
+
+// ident quotes t's schema-qualified name for SQL text.
+func ident(t outbox.Table) string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return pgx.Identifier{t.Name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
 }

@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Lane is one lane's position, as stored in the positions table.
@@ -234,7 +235,7 @@ func parkedCopy(t, p, cond, n, rets string) string {
 // and its parked table parked, reading cols (the relay's columns, for
 // alias e) in Read.
 func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
-	t, c, p := table.Ident(), cursor.Ident(), parked.Ident()
+	t, c, p := sqlname.Ident(table), sqlname.Ident(cursor), sqlname.Ident(parked)
 	const waiting = " AND e.published_at IS NULL AND e.parked_at IS NULL"
 	// waitingLate is waiting in a form the planner does not match to the
 	// unpublished partial index: in cursor mode that index holds every row,
@@ -342,8 +343,8 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" CASE WHEN c.opening THEN (SELECT top FROM s) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
 		Positions: "SELECT lane, done::text, coalesce(upto::text, ''), base, coalesce(pos, 0), coalesce(floor, base + 1), coalesce(top, 0), coalesce(skip, '{}') FROM " + c,
-		Read:    read(cols + ", " + ln + " - 1"),
-		ReadIDs: read("e.id, " + ln + " - 1"),
+		Read:      read(cols + ", " + ln + " - 1"),
+		ReadIDs:   read("e.id, " + ln + " - 1"),
 		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
 			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +

@@ -12,7 +12,6 @@ package kafkaproducer
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
 // The produce path: an idempotent producer of its own on sarama's client
@@ -229,7 +229,7 @@ func (pr *Producer) publish(ctx context.Context, msgs []Record, stored []Result)
 		for topic := range topics {
 			// A topic deleted since the batch was planned fails now, not
 			// after every retry.
-			if _, err := pr.client.Partitions(topic); err != nil && topicLevelKError(err) {
+			if _, err := pr.client.Partitions(topic); err != nil && failure.KafkaTopicLevel(err) {
 				pr.failTopic(topic, lanes, err, failed)
 			}
 		}
@@ -329,16 +329,10 @@ func (pr *Producer) partition(topic string, msgs []Record, idx []int) ([]int32, 
 // classifyTopic wraps an error about a topic's metadata: permanent when
 // the topic is missing, invalid or not authorized, else transient.
 func classifyTopic(topic string, err error) error {
-	if topicLevelKError(err) {
+	if failure.KafkaTopicLevel(err) {
 		return permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %w", topic, err))
 	}
 	return fmt.Errorf("relay: metadata of topic %q: %w", topic, err)
-}
-
-// topicLevelKError reports a broker error that condemns a whole topic.
-func topicLevelKError(err error) bool {
-	return errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) ||
-		errors.Is(err, sarama.ErrTopicAuthorizationFailed)
 }
 
 // acquire takes the partition locks of the active lanes that are free and
@@ -540,7 +534,7 @@ func (pr *Producer) resolve(s *sent, lanes []*plane, failed map[int]error, store
 			b := l.head()
 			b.assigned, b.rb = false, nil
 			again(l, err)
-		case topicLevelKError(kerr):
+		case failure.KafkaTopicLevel(kerr):
 			pr.failTopic(l.tp.topic, lanes, err, failed)
 		case recordLevelKError(kerr):
 			pr.rejected(l, permanent(err), failed)

@@ -2,6 +2,7 @@ package partition_test
 
 import (
 	"context"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"os"
 	"slices"
 	"sync"
@@ -27,7 +28,7 @@ func TestMeasureUpkeep(t *testing.T) {
 	prev := l.Parts[1]
 	const rows = 200000
 	fill := func(from, to time.Time, n int) {
-		if _, err := pool.Exec(ctx, "INSERT INTO "+e.Table.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+		if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(e.Table)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 			" SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(gen_random_uuid()::text, 16))::uuid"+
 			", 'order', g::text, 'e', '{\"cents\": 1250}', 't', (g % 100)::text"+
 			" FROM generate_series(0, $3 - 1) g, lpad(to_hex($1::bigint + (g::bigint * ($2::bigint - $1::bigint)) / $3), 12, '0') h",

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Ahead is how many intervals past now the upkeep keeps partitions for,
@@ -116,7 +117,7 @@ var boundRE = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'[0-9a-f-]{36}')\
 func Load(ctx context.Context, q Querier, table outbox.Table) (Layout, error) {
 	var l Layout
 	err := q.QueryRow(ctx, "SELECT c.relkind = 'p', n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
-		table.Ident()).Scan(&l.Partitioned, &l.Schema, &l.Base)
+		sqlname.Ident(table)).Scan(&l.Partitioned, &l.Schema, &l.Base)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, nil // no table: not partitioned (what uses it says it is missing)
 	}
@@ -124,7 +125,7 @@ func Load(ctx context.Context, q Querier, table outbox.Table) (Layout, error) {
 		return l, err
 	}
 	rows, err := q.Query(ctx, "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,"+
-		" coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)", table.Ident())
+		" coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)", sqlname.Ident(table))
 	if err != nil {
 		return l, err
 	}

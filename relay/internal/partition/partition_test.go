@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
@@ -49,7 +50,7 @@ func idAt(t testing.TB, at time.Time) uuid.UUID {
 
 func insert(ctx context.Context, pool *pgxpool.Pool, e partition.Env, id uuid.UUID, key string) (string, error) {
 	var part string
-	err := pool.QueryRow(ctx, "INSERT INTO "+e.Table.Ident()+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
+	err := pool.QueryRow(ctx, "INSERT INTO "+sqlname.Ident(e.Table)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" VALUES ($1, 'a', $2, 'e', '{}', 't', $2) RETURNING tableoid::regclass::text", id, key).Scan(&part)
 	return part, err
 }
@@ -200,7 +201,7 @@ func TestExtendLeavesFarAheadTail(t *testing.T) {
 // position records every lane (one) as having delivered all committed rows.
 func position(t *testing.T, pool *pgxpool.Pool, e partition.Env) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), "INSERT INTO "+e.Cursor.Ident()+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"+
+	if _, err := pool.Exec(context.Background(), "INSERT INTO "+sqlname.Ident(e.Cursor)+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"+
 		" ON CONFLICT (lane) DO UPDATE SET done = excluded.done"); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestRetire(t *testing.T) {
 	if _, err := insert(ctx, pool, e, idAt(t, parts[2].Lo.Add(2*time.Minute)), "late"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "UPDATE "+e.Table.Ident()+" SET parked_at = now() WHERE event_id >= $1::uuid AND event_id < $2::uuid", parts[3].LoID, parts[3].HiID); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(e.Table)+" SET parked_at = now() WHERE event_id >= $1::uuid AND event_id < $2::uuid", parts[3].LoID, parts[3].HiID); err != nil {
 		t.Fatal(err)
 	}
 	at := parts[5].Lo.Add(time.Minute) // parts[0..3] past Retention; parts[4] inside it
@@ -268,7 +269,7 @@ func TestRetireLockTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+e.Table.Ident()); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+sqlname.Ident(e.Table)); err != nil {
 		t.Fatal(err)
 	}
 	at := l.Parts[3].Lo.Add(time.Minute) // the previous hour is past Retention

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,7 +84,7 @@ func noteTx(ctx context.Context, db DB, l Layout, p Part, note string) error {
 // lanes' done snapshots is, so only the rest is read, through the (txid,
 // id) index.
 func (e Env) blocker(ctx context.Context, q Querier, ident string) (string, error) {
-	c := e.Cursor.Ident()
+	c := sqlname.Ident(e.Cursor)
 	var parked int64
 	var lane *int64
 	err := q.QueryRow(ctx, "WITH k AS MATERIALIZED (SELECT min(pg_snapshot_xmin(done)) AS xmin, max(lanes) AS lanes FROM "+c+")"+

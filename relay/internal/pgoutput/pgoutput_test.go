@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
@@ -45,7 +46,7 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 	go conn.Read(rctx)
 	defer func() { stop(); <-conn.Done() }()
 
-	insert := "INSERT INTO " + table.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
+	insert := "INSERT INTO " + sqlname.Ident(table) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
 		" VALUES ($1, 'order', $2, 'order.created', $3, 'orders', $2)"
 	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
 	tx, err := pool.Begin(ctx)

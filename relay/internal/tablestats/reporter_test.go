@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -21,7 +22,7 @@ func TestParkedGaugeGroupsByTopicAndReason(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+	_, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, published_at, parked_at, last_error)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || (g % 500), 'a.b', '{}', 't' || (g % 7), 'k' || (g % 500),"+
 		" CASE WHEN g % 1000 <> 7 THEN now() END, CASE WHEN g % 1000 = 7 THEN now() END, CASE WHEN g % 1000 = 7 THEN '[kafka.message_too_large] permanent: x' END"+
@@ -29,7 +30,7 @@ func TestParkedGaugeGroupsByTopicAndReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tbl.Ident()); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sqlname.Ident(tbl)); err != nil {
 		t.Fatal(err)
 	}
 	r := New(Config{DB: pool, Table: tbl})
@@ -61,9 +62,9 @@ func TestParkedGaugeInCursorMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{
-		"INSERT INTO " + migrations.CursorTable(tbl).Ident() + " (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g",
-		"INSERT INTO " + tbl.Ident() + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES (gen_random_uuid(), 'a', 'k', 'a.b', '{}', 't', 'k')",
-		"INSERT INTO " + migrations.ParkedTable(tbl).Ident() + " (id, event_id, topic, reason, last_error, attempts, last_try_at)" +
+		"INSERT INTO " + sqlname.Ident(migrations.CursorTable(tbl)) + " (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g",
+		"INSERT INTO " + sqlname.Ident(tbl) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES (gen_random_uuid(), 'a', 'k', 'a.b', '{}', 't', 'k')",
+		"INSERT INTO " + sqlname.Ident(migrations.ParkedTable(tbl)) + " (id, event_id, topic, reason, last_error, attempts, last_try_at)" +
 			" SELECT g, gen_random_uuid(), 't' || (g % 3), CASE WHEN g % 2 = 0 THEN '[kafka.message_too_large] x' ELSE 'no type' END, 'the error', 1, now()" +
 			" FROM generate_series(1, 12) g",
 	} {
@@ -93,7 +94,7 @@ func TestOneReporterPerTableAndTakeover(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "INSERT INTO "+tbl.Ident()+
+	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+
 		" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" SELECT gen_random_uuid(), 'a', 'k', 'a.b', '{}', 't', 'k' FROM generate_series(1, 3)"); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,9 @@
-package relay
+// Package failure classifies the relay's failures: the low-cardinality
+// error.type of an error (Type), the stable reason stored for a failed
+// event (Reason), and which failures condemn a whole topic (TopicLevel).
+// The relay and its producer (kafkaproducer) share it, so that a cause has
+// one name wherever it is reported.
+package failure
 
 import (
 	"context"
@@ -6,14 +11,40 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/fxoutbox/outbox/internal/dberr"
-	"github.com/fxoutbox/outbox/internal/tablesql"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
-// The error.type values the relay reports, on metrics (error.type), on
+// ErrHeld is reported for a message not sent, or not marked, because an
+// earlier event of its key failed in the same batch (or, from the
+// producer, an earlier record of its partition was rejected). It is
+// transient and not counted against the event. The relay exports it as
+// relay.ErrHeld.
+var ErrHeld = errors.New("relay: held behind a failed event of the same key")
+
+// ErrCannotSend marks a message the relay refuses before sending: no retry
+// can change it, so it is parked at once (unless the policy is Hold).
+var ErrCannotSend = errors.New("cannot be sent")
+
+// TopicLevel reports a permanent error that condemns every message to the
+// topic, not one message: it is charged to each event without isolating
+// it.
+func TopicLevel(err error) bool {
+	return KafkaTopicLevel(err) || errors.Is(err, ErrCannotSend)
+}
+
+// KafkaTopicLevel reports a broker error that condemns a whole topic: the
+// topic is missing, its name invalid, or producing to it not authorized.
+func KafkaTopicLevel(err error) bool {
+	return errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) ||
+		errors.Is(err, sarama.ErrTopicAuthorizationFailed)
+}
+
+// The error.type values the relay reports (Type), on metrics (error.type), on
 // failed publish spans and in its logs, and stores at the start of an
 // event's last_error ("[kafka.message_too_large] the broker refused ...", see Reason). They name
 // the cause, never a message, so the set stays small:
@@ -46,26 +77,26 @@ import (
 // Database values appear only on errors of the relay's database steps
 // (claim, mark, commit, cleanup, table statistics); an error that carries
 // an ErrorType() string method (as semconv.ErrorType reads it) reports that
-// value.
+// value. docs/operating.md lists them for users.
 const (
-	ErrorTypeBrokerUnreachable = "broker_unreachable"
-	ErrorTypeAuthentication    = "authentication"
-	ErrorTypeTLS               = "tls"
-	ErrorTypeInvalidTopic      = "invalid_topic"
-	ErrorTypeMessageTooLarge   = "message_too_large"
-	ErrorTypeInvalidHeaders    = "invalid_headers"
-	ErrorTypeConfiguration     = "configuration"
-	ErrorTypeHeld              = "held"
-	ErrorTypeDatabase          = "database"
-	ErrorTypeTimeout           = "timeout"
-	ErrorTypeCanceled          = "canceled"
-	ErrorTypeOther             = tablesql.ErrorTypeOther
+	BrokerUnreachable = "broker_unreachable"
+	Authentication    = "authentication"
+	TLS               = "tls"
+	InvalidTopic      = "invalid_topic"
+	MessageTooLarge   = "message_too_large"
+	InvalidHeaders    = "invalid_headers"
+	Configuration     = "configuration"
+	Held              = "held"
+	Database          = "database"
+	Timeout           = "timeout"
+	Canceled          = "canceled"
+	Other             = tablesql.ErrorTypeOther
 )
 
-// ErrorType classifies err by its cause into one of the low-cardinality
-// values listed above; "" for nil. The relay uses it for metrics, spans and
-// logs alike; use it to label your own logs of relay errors the same way.
-func ErrorType(err error) string {
+// Type classifies err by its cause into one of the low-cardinality values
+// listed above; "" for nil. The relay uses it for metrics, spans, logs and
+// the reasons it stores alike.
+func Type(err error) string {
 	if err == nil {
 		return ""
 	}
@@ -76,35 +107,35 @@ func ErrorType(err error) string {
 		}
 	}
 	if errors.Is(err, ErrHeld) {
-		return ErrorTypeHeld
+		return Held
 	}
-	if errors.Is(err, errCannotSend) {
-		var tl tooLargeError
+	if errors.Is(err, ErrCannotSend) {
+		var tl TooLarge
 		if errors.As(err, &tl) {
-			return ErrorTypeMessageTooLarge
+			return MessageTooLarge
 		}
-		if errors.As(err, new(headersError)) {
-			return ErrorTypeInvalidHeaders
+		if errors.As(err, new(BadHeaders)) {
+			return InvalidHeaders
 		}
-		return ErrorTypeInvalidTopic
+		return InvalidTopic
 	}
 	if errors.Is(err, sarama.ErrSASLAuthenticationFailed) || errors.Is(err, sarama.ErrUnsupportedSASLMechanism) ||
 		errors.Is(err, sarama.ErrIllegalSASLState) || errors.Is(err, sarama.ErrUnknownScramMechanism) {
-		return ErrorTypeAuthentication
+		return Authentication
 	}
 	if isTLS(err) {
-		return ErrorTypeTLS
+		return TLS
 	}
 	var kerr sarama.KError
 	if errors.As(err, &kerr) {
 		if name, ok := kafkaErrorNames[kerr]; ok {
 			return "kafka." + name
 		}
-		return ErrorTypeOther
+		return Other
 	}
 	var cerr sarama.ConfigurationError
 	if errors.As(err, &cerr) {
-		return ErrorTypeConfiguration
+		return Configuration
 	}
 	// A database error reaching here did not come through a database step
 	// (e.g. a Publisher that writes to PostgreSQL): still name it.
@@ -114,29 +145,29 @@ func ErrorType(err error) string {
 	switch {
 	case errors.Is(err, sarama.ErrOutOfBrokers) || errors.Is(err, sarama.ErrNotConnected) ||
 		errors.Is(err, sarama.ErrBrokerNotFound) || errors.Is(err, sarama.ErrClosedClient) || dberr.IsConnection(err):
-		return ErrorTypeBrokerUnreachable
+		return BrokerUnreachable
 	case errors.Is(err, context.DeadlineExceeded):
-		return ErrorTypeTimeout
+		return Timeout
 	case errors.Is(err, context.Canceled):
-		return ErrorTypeCanceled
+		return Canceled
 	}
-	return ErrorTypeOther
+	return Other
 }
 
-// databaseErrorType classifies an error of a database step.
-func databaseErrorType(err error) string {
+// DatabaseType classifies an error of one of the relay's database steps.
+func DatabaseType(err error) string {
 	if t := dberr.PgType(err); t != "" {
 		return t
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
-		return ErrorTypeCanceled
+		return Canceled
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
 		return dberr.Timeout
 	case dberr.IsConnection(err):
 		return dberr.Connection
 	}
-	return ErrorTypeDatabase
+	return Database
 }
 
 // isTLS reports a failed TLS handshake or certificate verification.
@@ -154,33 +185,34 @@ func isTLS(err error) bool {
 		errors.As(err, &he) || errors.As(err, &ci) || errors.As(err, &se)
 }
 
-// tooLargeError is the relay's refusal of a record over MaxMessageBytes.
-type tooLargeError struct{ size, max int }
+// TooLarge is the relay's refusal of a record of Size bytes, over its
+// MaxMessageBytes (Max).
+type TooLarge struct{ Size, Max int }
 
-func (e tooLargeError) Error() string {
-	return fmt.Sprintf("message of %d bytes exceeds MaxMessageBytes %d", e.size, e.max)
+func (e TooLarge) Error() string {
+	return fmt.Sprintf("message of %d bytes exceeds MaxMessageBytes %d", e.Size, e.Max)
 }
 
-// headersError is the relay's refusal of a row whose stored headers are
-// not a JSON object of strings; its text is the wrapped error's.
-type headersError struct{ err error }
+// BadHeaders is the relay's refusal of a row whose stored headers are not
+// a JSON object of strings; its text is Err's.
+type BadHeaders struct{ Err error }
 
-func (e headersError) Error() string { return e.err.Error() }
-func (e headersError) Unwrap() error { return e.err }
+func (e BadHeaders) Error() string { return e.Err.Error() }
+func (e BadHeaders) Unwrap() error { return e.Err }
 
-// dbError marks an error of one of the relay's database steps, so that
-// ErrorType (and semconv.ErrorType) name it by its database cause. Its text
-// is the wrapped error's.
-type dbError struct{ err error }
+// DBStep marks Err as an error of one of the relay's database steps, so
+// that Type (and semconv.ErrorType) name it by its database cause. Its text
+// is Err's.
+type DBStep struct{ Err error }
 
-func (e *dbError) Error() string     { return e.err.Error() }
-func (e *dbError) Unwrap() error     { return e.err }
-func (e *dbError) ErrorType() string { return databaseErrorType(e.err) }
+func (e *DBStep) Error() string     { return e.Err.Error() }
+func (e *DBStep) Unwrap() error     { return e.Err }
+func (e *DBStep) ErrorType() string { return DatabaseType(e.Err) }
 
-// fromDatabase reports an error of a database step, or one from
-// PostgreSQL or the connection to it.
-func fromDatabase(err error) bool {
-	return errors.As(err, new(*dbError)) || dberr.Is(err)
+// FromDatabase reports an error of a database step, or one from PostgreSQL
+// or the connection to it.
+func FromDatabase(err error) bool {
+	return errors.As(err, new(*DBStep)) || dberr.Is(err)
 }
 
 // kafkaErrorNames are the Kafka protocol's names of its error codes
