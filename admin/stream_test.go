@@ -315,7 +315,7 @@ func TestCheckStreamServerSettings(t *testing.T) {
 		t.Fatalf("the slot's wal_status is %q after 20 WAL segments, want lost", status)
 	}
 	err := admin.CheckStream(ctx, pool, tbl)
-	wantSetupError(t, err, admin.CheckSlotLost, "was invalidated (wal_status lost)", "falls back to polling",
+	wantSetupError(t, err, admin.CheckSlotLost, "was invalidated (wal_status lost)", "drops the lost slot and creates a new one",
 		"SELECT pg_drop_replication_slot('"+slot+"')", "outboxctl stream drop-slot", "max_slot_wal_keep_size")
 	if !errors.Is(err, outbox.ErrSlotInvalidated) {
 		t.Fatalf("%v does not match ErrSlotInvalidated", err)

@@ -380,10 +380,15 @@ func (e *env) startCluster(ctx context.Context, name, level string) (*walCluster
 		}
 	}
 	if level == "logical" {
-		if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{e.table.Publication()}.Sanitize()+
-			" FOR TABLE "+ident(e.table)+" WITH (publish = 'insert')"); err != nil {
-			c.stop()
-			return nil, err
+		// The stream runs on the cursor table (it publishes what it
+		// decodes under cursor progress); the marks table's publication
+		// serves the levels' comparison.
+		for _, t := range []outbox.Table{e.table, e.ctable} {
+			if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{t.Publication()}.Sanitize()+
+				" FOR TABLE "+ident(t)+" WITH (publish = 'insert')"); err != nil {
+				c.stop()
+				return nil, err
+			}
 		}
 	}
 	log.Printf("%s: started a wal_level=%s cluster on 127.0.0.1:%d (%s)", name, level, port, c.dir)
@@ -512,6 +517,23 @@ func (c *walCluster) waitPublished(ctx context.Context, limit time.Duration) (fl
 	}
 }
 
+// waitDrained is waitPublished with the backlog read by lag.
+func (c *walCluster) waitDrained(ctx context.Context, lag func(context.Context) (float64, int, error), limit time.Duration) (float64, error) {
+	deadline := time.Now().Add(limit)
+	worst := 0.0
+	for {
+		age, n, err := lag(ctx)
+		if err != nil {
+			return worst, err
+		}
+		worst = max(worst, age)
+		if n == 0 || time.Now().After(deadline) {
+			return worst, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // walRelay is one relay process of the section.
 type walRelay struct {
 	c       *walCluster
@@ -529,7 +551,7 @@ func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string,
 	extra := []string{"DATABASE_URL=" + c.url, "FXBENCH_APP=" + relayApp, "FXBENCH_TABLE=" + c.e.tableOf(mode).Name}
 	switch mode {
 	case "stream":
-		extra = append(extra, "FXBENCH_MODE=stream")
+		extra = append(extra, "FXBENCH_MODE=stream", "FXBENCH_PROGRESS=cursor")
 	case "cursor":
 		extra = append(extra, "FXBENCH_PROGRESS=cursor")
 	}
@@ -551,7 +573,7 @@ func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string,
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			var active bool
-			err := c.e.pool.QueryRow(ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)", benchSlot(ctx, c.e.pool, c.e.table)).Scan(&active)
+			err := c.e.pool.QueryRow(ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)", benchSlot(ctx, c.e.pool, c.e.tableOf("stream"))).Scan(&active)
 			if err == nil && active {
 				break
 			}
@@ -561,7 +583,7 @@ func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string,
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		time.Sleep(200 * time.Millisecond) // past its start-up sweep of the (empty) table
+		time.Sleep(time.Second) // past its start-up handover (the polling of the empty table)
 	}
 	return r, nil
 }
@@ -573,12 +595,12 @@ func (r *walRelay) stop(ctx context.Context) error {
 	if r.mode == "stream" {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			_, derr := r.c.e.pool.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", benchSlot(ctx, r.c.e.pool, r.c.e.table))
+			_, derr := r.c.e.pool.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", benchSlot(ctx, r.c.e.pool, r.c.e.tableOf("stream")))
 			if derr == nil {
 				break
 			}
 			if time.Now().After(deadline) {
-				err = errors.Join(err, fmt.Errorf("drop slot %s: %w", benchSlot(ctx, r.c.e.pool, r.c.e.table), derr))
+				err = errors.Join(err, fmt.Errorf("drop slot %s: %w", benchSlot(ctx, r.c.e.pool, r.c.e.tableOf("stream")), derr))
 				break
 			}
 			time.Sleep(50 * time.Millisecond) // its walsender is still ending
@@ -682,7 +704,7 @@ func relayMode(mode string) string {
 // tableOf is the table a mode writes and relays: the cursor table for
 // cursor progress, the marks table otherwise.
 func (e *env) tableOf(mode string) outbox.Table {
-	if mode == "cursor" || mode == "writers-cursor" {
+	if mode == "cursor" || mode == "writers-cursor" || mode == "stream" {
 		return e.ctable
 	}
 	return e.table
@@ -912,7 +934,7 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 		return run, err
 	}
 	defer func() { _ = r.stop(ctx) }()
-	w, err := e.startWriterProc(ctx, c.url, topic)
+	w, err := e.startWriterProc(ctx, c.url, topic, "FXBENCH_TABLE="+e.tableOf(mode).Name)
 	if err != nil {
 		return run, err
 	}
@@ -921,6 +943,23 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 	for _, rate := range wp.steps {
 		c.resetStatements(ctx)
 		cpu0, lsn0, acked0 := c.backendCPU(ctx), c.walLSN(ctx), r.acked.Load()
+		lag := c.lag
+		if mode == "stream" {
+			// The stream writes no marks and its checkpoint trails by a
+			// second or two: its backlog is what the writers committed
+			// and the relay has not had acknowledged, its lag that backlog
+			// at the offered rate.
+			var id0 int64
+			if err := e.pool.QueryRow(ctx, "SELECT coalesce(max(id), 0) FROM "+ident(e.tableOf(mode))).Scan(&id0); err != nil {
+				return run, err
+			}
+			lag = func(ctx context.Context) (float64, int, error) {
+				var top int64
+				err := e.pool.QueryRow(ctx, "SELECT coalesce(max(id), 0) FROM "+ident(e.tableOf(mode))).Scan(&top)
+				n := max(0, int(top-id0)-int(r.acked.Load()-acked0))
+				return float64(n) / float64(rate), n, err
+			}
+		}
 		// Sample the lag while the writers run.
 		var worst atomic.Value
 		worst.Store(0.0)
@@ -942,7 +981,7 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 				if e.p.walStatements {
 					c.sampleWaits(sctx, waits)
 				}
-				age, n, err := c.lag(sctx)
+				age, n, err := lag(sctx)
 				if err != nil {
 					continue
 				}
@@ -960,7 +999,7 @@ func (c *walCluster) maxRateRound(ctx context.Context, mode, warm string, wp wal
 		if err != nil {
 			return run, err
 		}
-		tail, err := c.waitPublished(ctx, 20*time.Second)
+		tail, err := c.waitDrained(ctx, lag, 20*time.Second)
 		if err != nil {
 			return run, err
 		}

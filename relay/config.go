@@ -61,7 +61,8 @@ type Config struct {
 	// Progress is ProgressMarks (default: published_at is set on each
 	// delivered row) or ProgressCursor (the lanes' positions are recorded
 	// once per batch, and nothing is written per event; it needs the cursor
-	// migration, Mode Poll and Ordering PerKey).
+	// migration and Ordering PerKey; in Stream mode it is what lets the
+	// stream publish what it decodes, see docs/streaming.md).
 	// Default marks [OUTBOX_PROGRESS].
 	Progress Progress
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:

@@ -295,7 +295,6 @@ func TestCursorRefusals(t *testing.T) {
 	s := newSetup(t)
 	for _, cfg := range []relay.Config{
 		{Progress: relay.ProgressCursor, Ordering: relay.Unordered},
-		{Progress: relay.ProgressCursor, Mode: relay.Stream},
 		{Progress: relay.Progress(7)},
 	} {
 		cfg.Table = s.table

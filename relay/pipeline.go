@@ -349,18 +349,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 		limits := make([]int32, len(failed))
 		for j, i := range failed {
 			fids[j] = rows[i].id
-			switch {
-			case r.cfg.Poison == outbox.Hold:
-				limits[j] = 0 // never park
-			case errors.Is(errs[i], failure.ErrCannotSend):
-				limits[j] = 1 // can never be sent: park at once
-			case slices.Contains(alone, i) && refusedForGood(errs[i]):
-				limits[j] = 1 // refused alone, for good: park at once
-			case errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition):
-				limits[j] = 1 // the topic does not exist: park at once
-			default:
-				limits[j] = int32(r.cfg.MaxAttempts)
-			}
+			limits[j] = r.parkLimit(errs[i], slices.Contains(alone, i))
 		}
 		attempt, args := r.q.attempt, []any{fids, reasons, limits}
 		if cur != nil {
@@ -404,6 +393,23 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 		}
 	}
 	return parked, nil
+}
+
+// parkLimit is the attempts after which an event that failed permanently
+// with err is parked (0: never, under Hold); alone says it failed when sent
+// alone.
+func (r *Relay) parkLimit(err error, alone bool) int32 {
+	switch {
+	case r.cfg.Poison == outbox.Hold:
+		return 0 // never park
+	case errors.Is(err, failure.ErrCannotSend):
+		return 1 // can never be sent: park at once
+	case alone && refusedForGood(err):
+		return 1 // refused alone, for good: park at once
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
+		return 1 // the topic does not exist: park at once
+	}
+	return int32(r.cfg.MaxAttempts)
 }
 
 // lastErrorMax is how much of a parked event's last error (beside its

@@ -30,7 +30,9 @@ const (
 	// docs/progress.md): one small UPDATE of the lanes' rows per batch and
 	// nothing per event, so an event costs the table its INSERT. An open
 	// transaction holds back only its own events. It needs the cursor
-	// migration (migrations.UpCursor), Mode Poll and Ordering PerKey; under
+	// migration (migrations.UpCursor) and Ordering PerKey; in Stream mode
+	// the relay publishes what the slot decodes and the positions are its
+	// checkpoint, once a second (docs/streaming.md); under
 	// ExactlyOnce each lane's position also travels in the progress record
 	// of its Kafka transaction. A parked event moves to the parked table
 	// (<name>_parked) in the transaction that moves its lane past it; a
@@ -70,8 +72,6 @@ func (c Config) validateProgress() error {
 		return nil
 	case c.Progress != ProgressCursor:
 		return bad("use relay.ProgressMarks or relay.ProgressCursor")
-	case c.Mode != Poll:
-		return bad("needs Mode Poll for now: the streaming relay marks the rows it claims; use Poll, or marks")
 	case c.Ordering != PerKey:
 		return bad("needs Ordering PerKey: the positions are kept per lane")
 	}

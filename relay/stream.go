@@ -68,7 +68,10 @@ type StreamConfig struct {
 	// SweepInterval is the period at which the streaming relay claims the
 	// unpublished rows behind the stream's position, as the polling relay
 	// would: events requeued by an operator, and events that failed and wait
-	// for a retry (while some do, it sweeps every PollInterval). Default 2s.
+	// for a retry (while some do, it sweeps every PollInterval). Under
+	// cursor progress there is no sweep (failed events wait in the relay, a
+	// requeued event is a new insert the stream decodes) and it is not used.
+	// Default 2s.
 	SweepInterval time.Duration
 	// Linger is how long the first event of a batch waits for more before
 	// the batch is published (or less, once MaxBatchSize events wait):
@@ -76,9 +79,11 @@ type StreamConfig struct {
 	// Default 1ms.
 	Linger time.Duration
 	// RetryInterval is how long a relay whose slot was invalidated (it fell
-	// further behind than the server's max_slot_wal_keep_size) publishes by
-	// polling before it looks at the slot again; a slot an operator dropped
-	// meanwhile is created anew and streaming resumes. Default 1m.
+	// further behind than the server's max_slot_wal_keep_size) and that could
+	// not drop it publishes by polling before it tries again. (A relay drops
+	// the lost slot itself and creates a new one, polling meanwhile; its role
+	// has REPLICATION, which suffices unless another role owns the slot.)
+	// Default 1m.
 	RetryInterval time.Duration
 }
 
@@ -148,7 +153,9 @@ const (
 	// StandbyRetry and takes over when it is free.
 	StreamStandby
 	// StreamFallback: the slot was invalidated; this relay publishes by
-	// polling and looks at the slot again every RetryInterval.
+	// polling (from its last checkpoint) while it drops the slot and makes
+	// a new one, until it streams again (or, when it cannot drop it, looks
+	// at the slot again every RetryInterval).
 	StreamFallback
 	// StreamRetrying: the replication connection failed (the database
 	// restarts, the network); the relay reconnects with backoff.
@@ -183,6 +190,13 @@ type StreamStatus struct {
 	// finished (0 when there is none). Both are 0 unless Streaming.
 	LagBytes int64
 	Lag      time.Duration
+	// Checkpoint is when the stream last wrote its checkpoint (zero before
+	// the first): under cursor progress, the lanes' positions where a
+	// relay that cannot stream resumes by polling.
+	Checkpoint time.Time
+	// SlotLost counts the times this relay found its slot invalidated and
+	// made a new one, resuming from the table meanwhile.
+	SlotLost int64
 }
 
 // StreamStatus returns the stream's state; a relay in Poll mode returns the
@@ -201,6 +215,9 @@ type streamInfo struct {
 	state    atomic.Int32
 	progress pgoutput.Progress // the positions confirmed and reported by the server
 	oldest   atomic.Int64      // unix nanoseconds of the oldest unfinished transaction's commit, 0 when none
+	// checkpointAt: unix nanoseconds of the last checkpoint written.
+	checkpointAt atomic.Int64
+	slotLost     atomic.Int64
 }
 
 func (s *streamInfo) slotName() string {
@@ -211,7 +228,10 @@ func (s *streamInfo) slotName() string {
 }
 
 func (s *streamInfo) status() StreamStatus {
-	st := StreamStatus{State: StreamState(s.state.Load()), Confirmed: s.progress.Confirmed()}
+	st := StreamStatus{State: StreamState(s.state.Load()), Confirmed: s.progress.Confirmed(), SlotLost: s.slotLost.Load()}
+	if at := s.checkpointAt.Load(); at > 0 {
+		st.Checkpoint = time.Unix(0, at)
+	}
 	if st.State == Streaming {
 		if end := s.progress.WALEnd(); end > st.Confirmed {
 			st.LagBytes = int64(end - st.Confirmed)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -69,8 +70,20 @@ func (r *Relay) runStream(ctx context.Context) {
 		case errors.Is(err, outbox.ErrSlotInvalidated):
 			b.Reset()
 			r.stream.state.Store(int32(StreamFallback))
-			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size); publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
-				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "retry_in", r.cfg.Stream.RetryInterval)
+			// The table holds every event and the lanes' positions (or the
+			// marks) say which were delivered: drop the lost slot and
+			// create a new one; meanwhile, and until the new slot's
+			// handover, the relay publishes by polling from there.
+			derr := r.dropLostSlot(ctx)
+			if derr == nil {
+				r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size, or was dropped and made anew); dropped it: publishing from the table by polling, from the last checkpoint, while a new slot is created, then streaming again",
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err)
+				r.stream.slotLost.Add(1)
+				continue
+			}
+			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size), and dropping it failed; publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
+				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "drop_error", derr, "retry_in", r.cfg.Stream.RetryInterval)
+			r.stream.slotLost.Add(1)
 			until := make(chan struct{})
 			t := time.AfterFunc(r.cfg.Stream.RetryInterval, func() { close(until) })
 			r.loop(ctx, 0, until)
@@ -93,6 +106,24 @@ func (r *Relay) runStream(ctx context.Context) {
 	}
 }
 
+// dropLostSlot drops the relay's slot if the server invalidated it (its
+// wal_status is lost); a slot that is not there (dropped meanwhile) is no
+// error.
+func (r *Relay) dropLostSlot(ctx context.Context) error {
+	slot := r.stream.slot.Load()
+	if slot == nil {
+		return errors.New("relay: the slot's name is not known")
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active AND wal_status = 'lost'", *slot); err != nil {
+			return fmt.Errorf("relay: drop the invalidated slot %s: %w", *slot, err)
+		}
+		return nil
+	})
+}
+
 // replicationConfig returns the replication connection's configuration
 // (pgoutput.Connect adds the replication parameters to a copy).
 func (r *Relay) replicationConfig() (*pgconn.Config, error) {
@@ -110,7 +141,7 @@ func (r *Relay) replicationConfig() (*pgconn.Config, error) {
 // events waiting in the table, then follows the stream until an error or
 // Stop. It returns nil only when the relay is stopping.
 func (r *Relay) streamOnce(ctx context.Context) error {
-	if r.stream.state.Load() != int32(StreamStandby) {
+	if st := r.stream.state.Load(); st != int32(StreamStandby) && st != int32(StreamFallback) {
 		r.stream.state.Store(int32(StreamStarting))
 	}
 	cfg, err := r.replicationConfig()
@@ -127,14 +158,29 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	slot := conn.Slot()
 	r.stream.slot.Store(&slot)
 	s := &streamer{r: r, conn: conn}
-	if err := s.start(ctx); err != nil {
-		return err
+	if r.cur != nil {
+		// Cursor progress: publish what the stream decodes (see feed).
+		if err := s.createSlot(ctx); err != nil {
+			return err
+		}
+		if err := conn.StartReplication(ctx); err != nil {
+			return err
+		}
+		if r.stream.state.Load() != int32(StreamFallback) {
+			r.stream.state.Store(int32(StreamStarting))
+		}
+		r.cfg.Logger.Info("outbox relay: streaming from the replication slot, publishing what it decodes", "table", r.cfg.Table.String(), "slot", conn.Slot(), "publication", r.cfg.Table.Publication())
+		err = r.runFeed(ctx, conn)
+	} else {
+		if err := s.start(ctx); err != nil {
+			return err
+		}
+		rctx, stopReader := context.WithCancel(ctx)
+		go conn.Read(rctx)
+		err = s.follow(ctx)
+		stopReader()
+		<-conn.Done()
 	}
-	rctx, stopReader := context.WithCancel(ctx)
-	go conn.Read(rctx)
-	err = s.follow(ctx)
-	stopReader()
-	<-conn.Done()
 	if err == nil && r.stopping() {
 		// A last report of the position before the connection closes.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

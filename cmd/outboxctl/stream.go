@@ -100,6 +100,10 @@ func printStreamStatus(e env, st admin.StreamSetup) {
 			fmt.Fprintf(w, ", wal_status %s", sl.WALStatus)
 		}
 		fmt.Fprintln(w)
+		if sl.WALStatus == "lost" {
+			fmt.Fprintln(w, "  LOST       the server removed WAL the slot needed: a streaming relay drops it and creates a new one,\n"+
+				"             publishing from the table by polling meanwhile (from its last checkpoint); nothing is lost")
+		}
 		if sl.LagBytes != nil {
 			fmt.Fprintf(w, "  behind     %s of WAL since the position the relay confirmed (%s)\n", bytesText(*sl.LagBytes), sl.ConfirmedFlushLSN)
 		}
@@ -109,6 +113,11 @@ func printStreamStatus(e env, st admin.StreamSetup) {
 		if sl.SafeWALSize != nil {
 			fmt.Fprintf(w, "  headroom   %s more WAL before max_slot_wal_keep_size invalidates the slot\n", bytesText(*sl.SafeWALSize))
 		}
+	}
+	if cp := st.Checkpoint; cp != nil {
+		fmt.Fprintf(w, "Checkpoint   lanes' positions (cursor progress), oldest written %.1f s ago, %d open window(s): where a relay that cannot stream resumes by polling\n", cp.AgeSeconds, cp.OpenWindows)
+	} else {
+		fmt.Fprintln(w, "Checkpoint   the rows' marks (published_at): marks progress")
 	}
 	keep := st.MaxSlotWALKeepSize
 	switch {

@@ -61,10 +61,11 @@
 // three times (OUTBOX_FAULTTEST_KILLS).
 //
 // The streaming relay (relay.Stream) has three: on the tests' own
-// PostgreSQL cluster, TestStreamSlotInvalidatedFallsBackToPolling (the
-// server invalidates the slot: max_slot_wal_keep_size 1MB for the test,
-// reset after; the relay publishes by polling, then streams from a new slot
-// once the old one is dropped) and TestStreamSurvivesPostgresCrash (pg_ctl
+// PostgreSQL cluster, TestStreamSlotInvalidatedResumesFromTheTable (with
+// marks and with cursor progress: the server invalidates the slot while the
+// relay is stopped, max_slot_wal_keep_size 1MB for the test, reset after;
+// the relay drops the lost slot, publishes from the table by polling from
+// its last checkpoint, and streams from a new slot) and TestStreamSurvivesPostgresCrash (pg_ctl
 // stop -m immediate under load); with the package's broker (real broker
 // only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
 // relay confirms never passes the WAL position at which the broker died).

@@ -42,7 +42,7 @@ func testProgress(t testing.TB) relay.Progress {
 
 // progressFor is the progress of a scenario's relays: OUTBOX_TEST_PROGRESS,
 // unless the scenario's relays cannot record cursor progress (exactly-once
-// delivery, streaming), in which case it logs that the scenario runs with
+// delivery), in which case it logs that the scenario runs with
 // marks and returns ProgressMarks.
 func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.Progress {
 	t.Helper()
@@ -52,8 +52,8 @@ func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.P
 	}
 	var why string
 	switch {
-	case mode != relay.Poll:
-		why = "the streaming relay"
+	case delivery != relay.AtLeastOnce && mode != relay.Poll:
+		why = "exactly-once streaming"
 	case delivery != relay.AtLeastOnce:
 		why = "exactly-once delivery"
 	default:

@@ -307,7 +307,7 @@ func (w *world) waiting() string   { return waitingSQL(w.table, w.progress) }
 func (w *world) noCursor(t *testing.T, delivery relay.Delivery, mode relay.Mode) {
 	t.Helper()
 	w.delivery = delivery
-	if w.progress == relay.ProgressCursor {
+	if w.progress == relay.ProgressCursor && delivery != relay.AtLeastOnce {
 		w.progress = progressFor(t, delivery, mode)
 	}
 }

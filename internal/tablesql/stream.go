@@ -235,7 +235,7 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 			fmt.Sprintf("if nothing uses it, drop it from the database %q: %s", textcut.Clip(str(r.Database), 60), drop))
 	case r.lost():
 		return fail(CheckSlotLost, fmt.Sprintf("the replication slot %s was invalidated (wal_status lost): it fell further behind than max_slot_wal_keep_size allows and PostgreSQL removed WAL it still needed", slot),
-			"the relay falls back to polling, which publishes every event still waiting in the table; to stream again, drop the slot and restart the relay, which creates a new one: "+drop+
+			"a streaming relay drops the lost slot and creates a new one by itself, publishing meanwhile from the table by polling (from the marks, or from the lanes' positions its last checkpoint wrote); a relay that cannot drop it (no REPLICATION) polls until an operator does: "+drop+
 				"; if the relay fell that far behind in normal operation, raise max_slot_wal_keep_size")
 	}
 	return nil
@@ -282,10 +282,26 @@ type StreamSetup struct {
 	PublicationOK       bool                   `json:"publication_ok"`
 	PublicationProblems []string               `json:"publication_problems"`
 	Slot                SlotStatus             `json:"slot"`
+	// Checkpoint is, for a table in cursor mode, where a relay that cannot
+	// stream (its slot lost or dropped) resumes by polling: the lanes'
+	// positions, which the streaming relay writes once a second. Nil for a
+	// table in marks mode, whose marks say it.
+	Checkpoint *StreamCheckpoint `json:"checkpoint,omitempty"`
 	// Setup is what CheckStream says: "" when the setup is right, else its
 	// error (Check names the failed check).
 	Setup      string `json:"setup_error,omitempty"`
 	SetupCheck string `json:"setup_check,omitempty"`
+}
+
+// StreamCheckpoint is the lanes' positions of a table in cursor mode.
+type StreamCheckpoint struct {
+	// Oldest is when the least recently written lane's position was
+	// written; AgeSeconds is its age on the server's clock.
+	Oldest     time.Time `json:"oldest"`
+	AgeSeconds float64   `json:"age_seconds"`
+	// OpenWindows counts the lanes a polling relay is delivering (a
+	// streaming relay leaves none open).
+	OpenWindows int `json:"open_windows"`
 }
 
 // SlotStatus is the table's replication slot, from pg_replication_slots.
@@ -377,6 +393,22 @@ func readStream(ctx context.Context, db Querier, table outbox.Table, st StreamSe
 		sl.Active, sl.ActivePID, sl.WALStatus = r.Active, r.ActivePID, str(r.WALStatus)
 		sl.ConfirmedFlushLSN, sl.RestartLSN = str(r.ConfirmedFlushLSN), str(r.RestartLSN)
 		sl.LagBytes, sl.RetainedBytes, sl.SafeWALSize = lag, retained, r.SafeWALSize
+	}
+
+	cursor, err := InCursorMode(ctx, db, table)
+	if err != nil {
+		return st, err
+	}
+	if cursor {
+		var cp StreamCheckpoint
+		rows, err := db.Query(ctx, "SELECT min(updated_at), coalesce(extract(epoch FROM now() - min(updated_at))::float8, 0), count(*) FILTER (WHERE upto IS NOT NULL)::int FROM "+sqlname.Ident(migrations.CursorTable(table)))
+		if err == nil {
+			_, err = pgx.ForEachRow(rows, []any{&cp.Oldest, &cp.AgeSeconds, &cp.OpenWindows}, func() error { return nil })
+		}
+		if err != nil {
+			return st, err
+		}
+		st.Checkpoint = &cp
 	}
 
 	if err := checkStream(ctx, db, table); err != nil {

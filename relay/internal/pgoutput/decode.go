@@ -97,6 +97,10 @@ func (c *Conn) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) R
 			var a int64
 			a, err = strconv.ParseInt(string(v), 10, 32)
 			x.Attempts = int(a)
+		case "last_error":
+			x.LastError = string(v)
+		case "txid":
+			x.Txid, err = strconv.ParseUint(string(v), 10, 64)
 		case "created_at":
 			err = c.types.Scan(rc.DataType, pgtype.TextFormatCode, v, &x.CreatedAt)
 		}

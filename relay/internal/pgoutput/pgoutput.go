@@ -95,6 +95,12 @@ type Row struct {
 	Headers   []byte
 	Attempts  int
 	CreatedAt time.Time
+	// LastError is the row's last_error ("" when NULL): a row inserted
+	// with attempts 0 and a last error was requeued by an operator.
+	LastError string
+	// Txid is the writing transaction's id (the txid column of a table
+	// in cursor mode, 0 without it).
+	Txid uint64
 	// Err says the row could not be decoded; ID is set when that much
 	// could be read.
 	Err error

@@ -1,0 +1,240 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
+)
+
+// checkpoint writes the stream's progress into the lanes' positions, at
+// most once per checkpointEvery: every lane's done snapshot becomes the
+// candidate taken at an earlier checkpoint, once the confirmed position
+// passed the WAL insert position read after that snapshot (so every
+// transaction the snapshot sees ended before a confirmed position: its rows
+// are acknowledged or parked). It then takes the next candidate. Nothing is
+// written while no row was resolved since the last write. final (at Stop)
+// writes and takes no candidate. A failure is logged and tried again at the
+// next period: the checkpoint only bounds what a restart sends again.
+func (f *feed) checkpoint(ctx context.Context, final bool) {
+	r := f.r
+	f.cpAt = time.Now()
+	// Rows resolved before the candidate was taken are seen by its
+	// snapshot (they were acknowledged after their commit was decoded).
+	write := f.cand != nil && f.resolved > f.written && f.passed(f.cand)
+	take := !final && (f.cand == nil || f.passed(f.cand))
+	if !write && !take {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.BatchTimeout, 5*time.Second))
+	defer cancel()
+	var next *checkpointCand
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if write {
+			// Another relay polling the table (a relay in Poll mode, or
+			// one that lost its slot) holds lanes: their positions are its.
+			var busy int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock($1, g)) FROM generate_series(0, $2 - 1) g",
+				r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
+				return err
+			}
+			if busy > 0 {
+				if !f.cpWarned {
+					f.cpWarned = true
+					r.cfg.Logger.Warn("outbox relay: another relay holds lanes of the streamed table (a relay polling it?): the stream's checkpoint waits; run every relay of a table in the same mode",
+						"table", r.cfg.Table.String(), "lanes_held", busy)
+				}
+				write = false
+			} else {
+				f.cpWarned = false
+				b.Queue("UPDATE "+sqlname.Ident(cursorTable(r.cfg.Table))+" SET done = @done::pg_snapshot, upto = NULL, base = greatest(base, @base), pos = 0, floor = 0, top = 0, skip = '{}', updated_at = now()"+
+					" WHERE upto IS NULL AND pg_snapshot_xmax(done) <= pg_snapshot_xmax(@done::pg_snapshot)",
+					pgx.NamedArgs{"done": f.cand.snap, "base": f.cand.base})
+			}
+		}
+		if take {
+			b.Queue("SELECT pg_current_snapshot()::text, coalesce((SELECT max(id) FROM " + sqlname.Ident(r.cfg.Table) + "), 0), pg_current_wal_insert_lsn()::text").QueryRow(func(row pgx.Row) error {
+				var c checkpointCand
+				var lsn string
+				if err := row.Scan(&c.snap, &c.base, &lsn); err != nil {
+					return err
+				}
+				l, err := pglogrepl.ParseLSN(lsn)
+				if err != nil {
+					return err
+				}
+				c.lsn, c.seq, next = l, f.resolved, &c
+				return nil
+			})
+		}
+		if b.Len() == 0 {
+			return nil
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		r.cfg.Logger.Warn("outbox relay: writing the stream's checkpoint failed; tried again in a second (a restart sends again what the stream published since the last one)",
+			"table", r.cfg.Table.String(), "error", err, "error.type", failure.Type(err))
+		return
+	}
+	if write {
+		r.cur.forget() // the positions changed outside a batch: read them again
+		f.written = f.cand.seq
+		r.stream.checkpointAt.Store(time.Now().UnixNano())
+	}
+	if next != nil {
+		f.cand = next
+	}
+}
+
+// passed reports whether every transaction that ended at or before c's
+// position is resolved: the confirmed position is past it, or a later
+// transaction arrived (the stream sends them in commit order) and none
+// that ended before it waits.
+func (f *feed) passed(c *checkpointCand) bool {
+	if f.r.stream.progress.Confirmed() >= c.lsn {
+		return true
+	}
+	return f.lastEnd > c.lsn && (len(f.txs) == 0 || f.txs[0].end > c.lsn)
+}
+
+// stopDrain bounds how long a stopping relay goes on publishing the
+// transactions that its last checkpoint covers.
+const stopDrain = 3 * time.Second
+
+// finish is the feed's end at Stop, after the batch in flight: it takes a
+// checkpoint candidate now, publishes the transactions that ended before
+// it (those that ended after it stay in the slot), and writes it, so that a
+// restart sends nothing again. Failing keys, or stopDrain passing, leave
+// the last checkpoint that was passed.
+func (f *feed) finish(ctx context.Context) {
+	r := f.r
+	if f.cand != nil && f.passed(f.cand) {
+		f.checkpoint(ctx, false) // writes it and takes the next one, from now
+	} else {
+		f.checkpoint(ctx, true)
+	}
+	c := f.cand
+	if c == nil {
+		return
+	}
+	deadline := time.Now().Add(stopDrain)
+	txs := f.conn.Txs()
+	for !f.passed(c) && time.Now().Before(deadline) {
+		now := time.Now()
+		if !f.busy {
+			if batch := f.next(now.Add(r.cfg.Stream.Linger)); len(batch) > 0 {
+				f.busy = true
+				go f.publish(ctx, batch)
+			}
+		}
+		t := time.NewTimer(max(0, min(time.Until(deadline), f.wait(now))))
+		select {
+		case tx, ok := <-txs:
+			switch {
+			case !ok:
+				txs = nil
+			case tx.End > c.lsn:
+				f.lastEnd, txs = tx.End, nil // it stays in the slot
+			default:
+				f.take(tx)
+			}
+		case res := <-f.results:
+			f.busy = false
+			if err := f.settle(ctx, res); err != nil {
+				t.Stop()
+				return
+			}
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if f.busy {
+		res := <-f.results
+		f.busy = false
+		if f.settle(ctx, res) != nil {
+			return
+		}
+	}
+	f.checkpoint(ctx, true)
+}
+
+// snapshot is a pg_snapshot: a transaction id below xmin is finished,
+// one from xmax on is not seen, and those in xip (sorted) were running.
+type snapshot struct {
+	xmin, xmax uint64
+	xip        []uint64
+}
+
+// parseSnapshot parses pg_snapshot's text form, xmin:xmax:xip,xip,...
+func parseSnapshot(s string) (snapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return snapshot{}, fmt.Errorf("relay: snapshot %q: want xmin:xmax:xip", s)
+	}
+	var sn snapshot
+	var err error
+	if sn.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
+	}
+	if sn.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
+			}
+			sn.xip = append(sn.xip, v)
+		}
+	}
+	slices.Sort(sn.xip)
+	return sn, nil
+}
+
+// visible reports whether a committed transaction x is seen by s (as
+// pg_visible_in_snapshot). The zero snapshot sees nothing.
+func (s snapshot) visible(x uint64) bool {
+	if x < s.xmin {
+		return true
+	}
+	if x >= s.xmax {
+		return false
+	}
+	_, running := slices.BinarySearch(s.xip, x)
+	return !running
+}
+
+// intersect returns the snapshot that sees what all of snaps see: the
+// lowest xmin and xmax, and every transaction any of them saw running below
+// that xmax.
+func intersect(snaps []snapshot) snapshot {
+	if len(snaps) == 0 {
+		return snapshot{}
+	}
+	out := snapshot{xmin: snaps[0].xmin, xmax: snaps[0].xmax}
+	for _, s := range snaps[1:] {
+		out.xmin, out.xmax = min(out.xmin, s.xmin), min(out.xmax, s.xmax)
+	}
+	for _, s := range snaps {
+		for _, x := range s.xip {
+			if x < out.xmax {
+				out.xip = append(out.xip, x)
+			}
+		}
+	}
+	slices.Sort(out.xip)
+	out.xip = slices.Compact(out.xip)
+	out.xmin = min(out.xmin, out.xmax)
+	return out
+}
