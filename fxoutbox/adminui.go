@@ -50,7 +50,7 @@ func NewAdminUI(p AdminUIParams) (*adminui.Handler, error) {
 		c.Tables = []outbox.Table{p.Config.Table}
 	}
 	if c.Lanes == 0 {
-		c.Lanes = p.Config.Lanes
+		c.Lanes = p.Config.Relay.Lanes
 	}
 	if c.Logger == nil {
 		c.Logger = p.Logger
