@@ -181,7 +181,7 @@ func TestStartErrorNamesOutbox(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	fresh := outbox.Table{Schema: tbl.Schema, Name: "fresh_outbox"}
-	cfg := fxoutbox.Config{Service: "svc", Table: fresh, Brokers: []string{"127.0.0.1:1"}}
+	cfg := fxoutbox.Config{Table: fresh, Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}}
 	for _, tc := range []struct {
 		want string
 		opts []fx.Option
@@ -242,11 +242,11 @@ func TestModuleConfigErrorClean(t *testing.T) {
 		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{}), fxoutbox.WriterModule, fx.Invoke(func(*unitofwork.UnitOfWork) {})}},
 		{`fxoutbox "default": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
-			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc"}), fxoutbox.RelayModule}},
+			[]fx.Option{fx.Supply(fxoutbox.Config{Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.RelayModule}},
 		{`fxoutbox "default": outbox: config BatchSize [OUTBOX_BATCH_SIZE]`,
-			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc", Brokers: []string{"127.0.0.1:1"}, BatchSize: 20000}), fxoutbox.Module}},
+			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{BatchSize: 20000}}), fxoutbox.Module}},
 		{`fxoutbox "audit": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
-			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit"})}},
+			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Writer: unitofwork.Config{Service: "audit"}})}},
 	} {
 		log := &fxLog{}
 		app := fx.New(append(tc.opts, log.option(), fx.Supply(pool))...)
@@ -266,8 +266,8 @@ func TestModuleConfigErrorClean(t *testing.T) {
 	// A publisher from fx makes the brokers unnecessary, named or not.
 	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
 	for _, opts := range [][]fx.Option{
-		{fx.Supply(fxoutbox.Config{Service: "svc", Table: testenv.Table(t, pool)}), fx.Provide(func() relay.Publisher { return pub }), fxoutbox.Module},
-		{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: testenv.Table(t, pool)}),
+		{fx.Supply(fxoutbox.Config{Table: testenv.Table(t, pool), Writer: unitofwork.Config{Service: "svc"}}), fx.Provide(func() relay.Publisher { return pub }), fxoutbox.Module},
+		{fxoutbox.Named("audit", fxoutbox.Config{Table: testenv.Table(t, pool), Writer: unitofwork.Config{Service: "audit"}}),
 			fx.Provide(fx.Annotate(func() relay.Publisher { return pub }, fx.ResultTags(`name:"audit"`)))},
 	} {
 		app := fxtest.New(t, append(opts, fx.NopLogger, fx.Supply(pool))...)

@@ -21,8 +21,8 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
-	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )

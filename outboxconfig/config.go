@@ -145,6 +145,12 @@ func init() {
 		c := cfg.(Config)
 		return c.env, c.warnings
 	}
+	envconfig.Read = func(prefix string, lookup func(string) (string, bool), environ ...string) (any, error) {
+		return fromEnv(prefix, lookup, environ...)
+	}
+	envconfig.ReadInbox = func(lookup func(string) (string, bool), environ ...string) (any, error) {
+		return inboxFromEnv(lookup, environ...)
+	}
 }
 
 // EventType declares an event a service writes, so that its topic is known

@@ -24,6 +24,14 @@ import (
 // outboxconfig sets it, so that neither needs an exported accessor.
 var Of func(cfg any) (Names, []string)
 
+// Read and ReadInbox are outboxconfig's readers with the environment given
+// as a lookup function and a list of NAME=value (environ is scanned for
+// typos): the seam fxoutbox's tests read their settings through.
+var (
+	Read      func(prefix string, lookup func(string) (string, bool), environ ...string) (any, error)
+	ReadInbox func(lookup func(string) (string, bool), environ ...string) (any, error)
+)
+
 // ValidateBrokers checks that every address is host:port with a port
 // number; field names the setting in errors.
 func ValidateBrokers(brokers []string, field string) error {
