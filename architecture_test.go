@@ -12,28 +12,31 @@ import (
 // A package missing from it fails the test, so a new package is placed on
 // the map when it is added.
 var mayImport = map[string][]string{
-	".":                            {"internal/textcut"},
-	"unitofwork":                   {".", "internal/record"},
-	"relay":                        {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
-	"relay/internal/cursor":        {"."},
-	"relay/internal/kafkaproducer": nil,
-	"relay/internal/pgoutput":      {"."},
-	"relay/internal/tablestats":    {".", "internal/tablesql"},
-	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
-	"admin":                        {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut"},
-	"adminui":                      {".", "admin", "migrations", "internal/tablesql"},
-	"migrations":                   {".", "internal/textcut"},
-	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "adminui", "internal/envconfig", "internal/textcut"},
-	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
-	"cmd/outboxctl":                {".", "admin", "adminui", "migrations", "internal/envconfig", "internal/textcut"},
-	"internal/envconfig":           {".", "relay", "inbox", "internal/textcut"},
-	"internal/record":              {".", "internal/textcut"},
-	"internal/tablesql":            {".", "migrations", "internal/textcut"},
-	"internal/backoff":             nil,
-	"internal/dberr":               nil,
-	"internal/locks":               nil,
-	"internal/parklog":             nil,
-	"internal/textcut":             nil,
+	".":                                    {"internal/textcut"},
+	"unitofwork":                           {".", "internal/record"},
+	"relay":                                {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut"},
+	"relay/internal/cursor":                {"."},
+	"relay/internal/kafkaproducer":         nil,
+	"relay/internal/pgoutput":              {"."},
+	"relay/internal/tablestats":            {".", "internal/tablesql"},
+	"inbox":                                {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut"},
+	"admin":                                {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut"},
+	"adminui":                              {".", "admin", "migrations", "internal/tablesql"},
+	"migrations":                           {".", "internal/textcut"},
+	"fxoutbox":                             {".", "unitofwork", "relay", "inbox", "migrations", "adminui", "outboxconfig", "internal/envconfig", "internal/textcut"},
+	"outboxtest":                           {".", "unitofwork", "migrations", "internal/record", "internal/textcut"},
+	"cmd/outboxctl":                        {".", "admin", "adminui", "migrations", "outboxconfig", "internal/envconfig", "internal/textcut"},
+	"internal/envconfig":                   {".", "internal/textcut"},
+	"outboxconfig":                         {".", "unitofwork", "relay", "inbox", "internal/envconfig", "internal/textcut"},
+	"internal/settingsdoc":                 {".", "outboxconfig"},
+	"internal/settingsdoc/cmd/gensettings": {"internal/settingsdoc"},
+	"internal/record":                      {".", "internal/textcut"},
+	"internal/tablesql":                    {".", "migrations", "internal/textcut"},
+	"internal/backoff":                     nil,
+	"internal/dberr":                       nil,
+	"internal/locks":                       nil,
+	"internal/parklog":                     nil,
+	"internal/textcut":                     nil,
 	// Test set-up and test-only packages: anything but cmd and examples.
 	"internal/testenv":    {"*"},
 	"internal/nestjs":     {"*"},
@@ -86,7 +89,7 @@ func TestImportsFollowTheMap(t *testing.T) {
 	}
 	for _, d := range strings.Fields(string(deps)) {
 		if strings.HasPrefix(d, "go.uber.org/fx") {
-			t.Errorf("cmd/outboxctl links %s: the command reads its settings through internal/envconfig, not fx", d)
+			t.Errorf("cmd/outboxctl links %s: the command reads its settings through outboxconfig, not fx", d)
 		}
 	}
 }
