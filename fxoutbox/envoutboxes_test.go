@@ -106,8 +106,8 @@ func TestEventTypesFromEnvErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cfg.TopicNames(); err == nil || !strings.Contains(err.Error(), "EventTypes[0] [OUTBOX_EVENT_TYPES]") {
-		t.Errorf("TopicNames of a type without a topic under explicit naming = %v, want an error naming OUTBOX_EVENT_TYPES", err)
+	if _, err := cfg.TopicNames(); err == nil || !strings.Contains(err.Error(), "EventTypes[0] [AUDIT_OUTBOX_EVENT_TYPES]") {
+		t.Errorf("TopicNames of a type without a topic under explicit naming = %v, want an error naming AUDIT_OUTBOX_EVENT_TYPES (the variable as set)", err)
 	}
 }
 
@@ -154,9 +154,9 @@ func TestNamedConfigErrorReportedOnce(t *testing.T) {
 			if !errors.Is(err, outbox.ErrInvalidConfig) {
 				t.Fatalf("Start = %v, want the configuration error", err)
 			}
-			field := "Service [OUTBOX_SERVICE]"
+			field := "Writer.Service [OUTBOX_SERVICE]"
 			if name == "env" {
-				field = "Service [AUDIT_OUTBOX_SERVICE]"
+				field = "Writer.Service [AUDIT_OUTBOX_SERVICE]"
 			}
 			msg := err.Error()
 			if !strings.HasPrefix(msg, `fxoutbox "audit": outbox: config `+field+": is empty") || strings.Count(msg, "is empty") != 1 {
@@ -237,13 +237,13 @@ func TestModuleConfigErrorClean(t *testing.T) {
 		want string
 		opts []fx.Option
 	}{
-		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+		{`fxoutbox "default": outbox: config Writer.Service [OUTBOX_SERVICE]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}}), fxoutbox.Module}},
-		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+		{`fxoutbox "default": outbox: config Writer.Service [OUTBOX_SERVICE]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{}), fxoutbox.WriterModule, fx.Invoke(func(*unitofwork.UnitOfWork) {})}},
 		{`fxoutbox "default": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.RelayModule}},
-		{`fxoutbox "default": outbox: config BatchSize [OUTBOX_BATCH_SIZE]`,
+		{`fxoutbox "default": outbox: config Relay.BatchSize [OUTBOX_BATCH_SIZE]`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{BatchSize: 20000}}), fxoutbox.Module}},
 		{`fxoutbox "audit": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
 			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Writer: unitofwork.Config{Service: "audit"}})}},
