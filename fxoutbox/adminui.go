@@ -22,7 +22,7 @@ import (
 //	}),
 //
 // Empty fields of the adminui.Config are filled from the application: DB
-// from the *pgxpool.Pool, Tables from Config.Table, Lanes from Config.Lanes,
+// from the *pgxpool.Pool, Tables from Config.Table, Lanes from Config.Relay.Lanes,
 // Logger from the *slog.Logger. OnStop ends the bulk actions still running.
 var AdminUIModule = fx.Module("fxoutbox.adminui",
 	fx.Provide(NewAdminUI),

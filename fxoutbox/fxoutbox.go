@@ -163,8 +163,8 @@ func NewRelay(p RelayParams) (*relay.Relay, error) {
 //
 //	fx.New(
 //		fx.Provide(newPool),
-//		fxoutbox.Named("payments", fxoutbox.Config{Service: "payment-service", Brokers: brokers}),
-//		fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: outbox.Table{Name: "audit_outbox"}, Brokers: brokers}),
+//		fxoutbox.Named("payments", fxoutbox.Config{Writer: unitofwork.Config{Service: "payment-service"}, Brokers: brokers}),
+//		fxoutbox.Named("audit", fxoutbox.Config{Writer: unitofwork.Config{Service: "audit"}, Table: outbox.Table{Name: "audit_outbox"}, Brokers: brokers}),
 //		fx.Invoke(fx.Annotate(newHandlers, fx.ParamTags(`name:"payments"`, `name:"audit"`))),
 //	)
 //

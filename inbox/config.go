@@ -215,7 +215,7 @@ type Config struct {
 	// (without identity, redelivered) sends none. It must not be a topic
 	// the consumer routes. Create the topic as you create the others: the
 	// relay parks events whose topic does not exist (with fxoutbox, list it
-	// in Config.EventTypes as fxoutbox.EventType{Topic: ...} for
+	// in Config.EventTypes as outboxconfig.EventType{Topic: ...} for
 	// OUTBOX_TOPICS=check or create to cover it). Default "" (none).
 	DeadLetterTopic string `env:"OUTBOX_INBOX_DEAD_LETTER_TOPIC,topic"`
 	// ParkUnrouted parks records of a topic whose x-event-type no route
