@@ -370,8 +370,9 @@ var fromShared = map[string]string{
 
 // fieldError makes a ConfigError whose Field is a path under prefix (in
 // Config) name the whole path and its variables; head, when not empty, is
-// put in front of the error's own field ("Limits" for outbox.Limits'
-// errors, which name "MaxPayloadBytes"... or "Limits.MaxPayloadBytes").
+// put in front of the error's own field unless it starts with it ("Limits"
+// for outbox.Limits' errors, which name "Limits" or
+// "Limits.MaxPayloadBytes").
 func fieldError(err error, prefix, head string) error {
 	var ce *outbox.ConfigError
 	if !errors.As(err, &ce) {
