@@ -12,32 +12,35 @@ import (
 // A package missing from it fails the test, so a new package is placed on
 // the map when it is added.
 var mayImport = map[string][]string{
-	".":                            {"internal/textcut"},
-	"unitofwork":                   {".", "internal/record", "internal/sqlname"},
-	"relay":                        {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner"},
-	"relay/internal/cursor":        {".", "internal/sqlname"},
-	"relay/internal/partition":     {".", "internal/sqlname"},
-	"relay/internal/failure":       {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
-	"relay/internal/kafkaproducer": {"relay/internal/failure"},
-	"relay/internal/pgoutput":      {"."},
-	"relay/internal/tablestats":    {".", "internal/tablesql"},
-	"inbox":                        {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut", "internal/sqlname"},
-	"admin":                        {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut", "internal/sqlname"},
-	"adminui":                      {".", "admin", "migrations", "internal/tablesql", "internal/sqlname"},
-	"migrations":                   {".", "internal/textcut", "internal/sqlname"},
-	"fxoutbox":                     {".", "unitofwork", "relay", "inbox", "migrations", "adminui", "internal/envconfig", "internal/textcut", "internal/partitioner"},
-	"outboxtest":                   {".", "unitofwork", "migrations", "internal/record", "internal/textcut", "internal/sqlname"},
-	"cmd/outboxctl":                {".", "admin", "adminui", "migrations", "internal/envconfig", "internal/textcut", "internal/sqlname"},
-	"internal/envconfig":           {".", "relay", "inbox", "internal/textcut", "internal/partitioner"},
-	"internal/record":              {".", "internal/textcut"},
-	"internal/tablesql":            {".", "migrations", "internal/textcut", "internal/sqlname"},
-	"internal/backoff":             nil,
-	"internal/dberr":               nil,
-	"internal/locks":               nil,
-	"internal/parklog":             nil,
-	"internal/textcut":             nil,
-	"internal/partitioner":         nil,
-	"internal/sqlname":             {"."},
+	".":                                    {"internal/textcut"},
+	"unitofwork":                           {".", "internal/record", "internal/sqlname"},
+	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner"},
+	"relay/internal/cursor":                {".", "internal/sqlname"},
+	"relay/internal/partition":             {".", "internal/sqlname"},
+	"relay/internal/failure":               {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
+	"relay/internal/kafkaproducer":         {"relay/internal/failure"},
+	"relay/internal/pgoutput":              {"."},
+	"relay/internal/tablestats":            {".", "internal/tablesql"},
+	"inbox":                                {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut", "internal/sqlname"},
+	"admin":                                {".", "migrations", "internal/locks", "internal/tablesql", "internal/textcut", "internal/sqlname"},
+	"adminui":                              {".", "admin", "migrations", "internal/tablesql", "internal/sqlname"},
+	"migrations":                           {".", "internal/textcut", "internal/sqlname"},
+	"fxoutbox":                             {".", "unitofwork", "relay", "inbox", "migrations", "adminui", "outboxconfig", "internal/envconfig", "internal/textcut", "internal/partitioner"},
+	"outboxtest":                           {".", "unitofwork", "migrations", "internal/record", "internal/textcut", "internal/sqlname"},
+	"cmd/outboxctl":                        {".", "admin", "adminui", "migrations", "outboxconfig", "internal/envconfig", "internal/textcut", "internal/sqlname"},
+	"internal/envconfig":                   {".", "internal/textcut", "internal/partitioner"},
+	"outboxconfig":                         {".", "unitofwork", "relay", "inbox", "internal/envconfig", "internal/textcut", "internal/partitioner"},
+	"internal/settingsdoc":                 {".", "outboxconfig"},
+	"internal/settingsdoc/cmd/gensettings": {"internal/settingsdoc"},
+	"internal/record":                      {".", "internal/textcut"},
+	"internal/tablesql":                    {".", "migrations", "internal/textcut", "internal/sqlname"},
+	"internal/backoff":                     nil,
+	"internal/dberr":                       nil,
+	"internal/locks":                       nil,
+	"internal/parklog":                     nil,
+	"internal/textcut":                     nil,
+	"internal/partitioner":                 nil,
+	"internal/sqlname":                     {"."},
 	// Test set-up and test-only packages: anything but cmd and examples.
 	"internal/testenv":    {"*"},
 	"internal/nestjs":     {"*"},
@@ -90,7 +93,7 @@ func TestImportsFollowTheMap(t *testing.T) {
 	}
 	for _, d := range strings.Fields(string(deps)) {
 		if strings.HasPrefix(d, "go.uber.org/fx") {
-			t.Errorf("cmd/outboxctl links %s: the command reads its settings through internal/envconfig, not fx", d)
+			t.Errorf("cmd/outboxctl links %s: the command reads its settings through outboxconfig, not fx", d)
 		}
 	}
 }

@@ -67,15 +67,15 @@ const maxCloudEventsSourceBytes = 1024
 // same value (the fxoutbox module does). The zero value is off.
 type CloudEvents struct {
 	// Mode is CloudEventsOff (default) or CloudEventsBinary
-	// [OUTBOX_CLOUDEVENTS=off|binary].
-	Mode CloudEventsMode
+	// (environment: off or binary).
+	Mode CloudEventsMode `env:"OUTBOX_CLOUDEVENTS"`
 	// Source is the ce_source attribute of every event: a URI-reference
 	// naming the context the events come from, e.g. "/order-service" or
 	// "urn:acme:order-service". Consumers take source and id together as
 	// an event's identity. Required with CloudEventsBinary, at most 1024
-	// bytes, no white space [OUTBOX_CLOUDEVENTS_SOURCE]. Default none
-	// (fxoutbox: "/" + its Service).
-	Source string
+	// bytes, no white space. Default none
+	// (fxoutbox: "/" + Config.Writer.Service).
+	Source string `env:"OUTBOX_CLOUDEVENTS_SOURCE"`
 }
 
 // Validate reports an unknown Mode, or a Source that is missing or not a

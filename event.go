@@ -82,34 +82,34 @@ type Limits struct {
 	// producer compression the broker counts the compressed batch, which
 	// for incompressible payloads can be slightly larger: leave a margin.
 	// Default DefaultMaxRecordBytes (1,048,588, the broker's default).
-	MaxRecordBytes int
+	MaxRecordBytes int `env:"OUTBOX_MAX_RECORD_BYTES"`
 	// MaxPayloadBytes caps the payload alone, as PostgreSQL's jsonb stores
 	// and prints it (numbers in full, ": " and ", " separators), which can
 	// be larger than the JSON given. It must not exceed MaxRecordBytes.
 	// Default MaxRecordBytes: only the record limit applies.
-	MaxPayloadBytes int
+	MaxPayloadBytes int `env:"OUTBOX_MAX_PAYLOAD_BYTES"`
 	// MaxHeaders caps the number of extra headers. Default 32.
-	MaxHeaders int
+	MaxHeaders int `env:"OUTBOX_MAX_HEADERS"`
 	// MaxHeaderBytes caps the size of one header's name plus value. Default 4 KiB.
-	MaxHeaderBytes int
+	MaxHeaderBytes int `env:"OUTBOX_MAX_HEADER_BYTES"`
 	// MaxTypeBytes caps Type, which the relay sends as the x-event-type
 	// header and logs when it parks an event. Default 255.
-	MaxTypeBytes int
+	MaxTypeBytes int `env:"OUTBOX_MAX_TYPE_BYTES"`
 	// MaxAggregateTypeBytes caps AggregateType. Default 255.
-	MaxAggregateTypeBytes int
+	MaxAggregateTypeBytes int `env:"OUTBOX_MAX_AGGREGATE_TYPE_BYTES"`
 	// MaxAggregateIDBytes caps AggregateID, the default partition key.
 	// Default 1024: room for composite ids, and small enough that an index
 	// on (aggregate_type, aggregate_id) stays under PostgreSQL's btree entry
 	// limit (2704 bytes).
-	MaxAggregateIDBytes int
+	MaxAggregateIDBytes int `env:"OUTBOX_MAX_AGGREGATE_ID_BYTES"`
 	// MaxKeyBytes caps Key, the Kafka record key. Default 1024.
-	MaxKeyBytes int
+	MaxKeyBytes int `env:"OUTBOX_MAX_KEY_BYTES"`
 	// CloudEvents is the relay's CloudEvents setting
 	// (relay.Config.CloudEvents). With CloudEventsBinary, MaxRecordBytes
 	// counts the six headers the relay adds (ce_specversion, ce_id,
 	// ce_source, ce_type, ce_time at its widest, content-type), and an
 	// event's own header of one of those names is refused. The fxoutbox
-	// module sets it from its Config.CloudEvents. Default: off.
+	// module sets it from Config.Relay.CloudEvents. Default: off.
 	CloudEvents CloudEvents
 }
 

@@ -22,7 +22,7 @@ import (
 //	}),
 //
 // Empty fields of the adminui.Config are filled from the application: DB
-// from the *pgxpool.Pool, Tables from Config.Table, Lanes from Config.Lanes,
+// from the *pgxpool.Pool, Tables from Config.Table, Lanes from Config.Relay.Lanes,
 // Logger from the *slog.Logger. OnStop ends the bulk actions still running.
 var AdminUIModule = fx.Module("fxoutbox.adminui",
 	fx.Provide(newAdminUI),
@@ -50,7 +50,7 @@ func newAdminUI(p adminUIParams) (*adminui.Handler, error) {
 		c.Tables = []outbox.Table{p.Config.Table}
 	}
 	if c.Lanes == 0 {
-		c.Lanes = p.Config.Lanes
+		c.Lanes = p.Config.Relay.Lanes
 	}
 	if c.Logger == nil {
 		c.Logger = p.Logger

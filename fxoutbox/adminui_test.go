@@ -1,6 +1,7 @@
 package fxoutbox_test
 
 import (
+	"github.com/fxoutbox/outbox/relay"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -25,7 +26,7 @@ func TestAdminUIModule(t *testing.T) {
 	var ui *adminui.Handler
 	app := fxtest.New(t,
 		fx.WithLogger(func() fxevent.Logger { return fxevent.NopLogger }),
-		fx.Supply(pool, fxoutbox.Config{Table: table, Lanes: 16}, adminui.Config{Authorizer: auth}),
+		fx.Supply(pool, fxoutbox.Config{Table: table, Relay: relay.Config{Lanes: 16}}, adminui.Config{Authorizer: auth}),
 		fxoutbox.AdminUIModule,
 		fx.Populate(&ui),
 	)

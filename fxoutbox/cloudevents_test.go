@@ -2,10 +2,13 @@ package fxoutbox
 
 import (
 	"errors"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"strings"
 	"testing"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
 
 // OUTBOX_CLOUDEVENTS and OUTBOX_CLOUDEVENTS_SOURCE set Config.CloudEvents;
@@ -18,22 +21,22 @@ func TestCloudEventsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, err = c.withDefaults(); err != nil {
+	if c, err = c.WithDefaults(); err != nil {
 		t.Fatal(err)
 	}
 	want := outbox.CloudEvents{Mode: outbox.CloudEventsBinary, Source: "/order-service"}
-	if c.CloudEvents != want || c.Limits.CloudEvents != want {
-		t.Errorf("CloudEvents %+v, Limits.CloudEvents %+v; want both %+v", c.CloudEvents, c.Limits.CloudEvents, want)
+	if c.Relay.CloudEvents != want || c.Writer.Limits.CloudEvents != want {
+		t.Errorf("CloudEvents %+v, Limits.CloudEvents %+v; want both %+v", c.Relay.CloudEvents, c.Writer.Limits.CloudEvents, want)
 	}
 	env["OUTBOX_CLOUDEVENTS_SOURCE"] = "urn:acme:orders"
 	if c, err = configFrom(lookup); err == nil {
-		c, err = c.withDefaults()
+		c, err = c.WithDefaults()
 	}
-	if err != nil || c.CloudEvents.Source != "urn:acme:orders" || c.Limits.CloudEvents.Source != "urn:acme:orders" {
-		t.Errorf("source from OUTBOX_CLOUDEVENTS_SOURCE: %+v, %v", c.CloudEvents, err)
+	if err != nil || c.Relay.CloudEvents.Source != "urn:acme:orders" || c.Writer.Limits.CloudEvents.Source != "urn:acme:orders" {
+		t.Errorf("source from OUTBOX_CLOUDEVENTS_SOURCE: %+v, %v", c.Relay.CloudEvents, err)
 	}
-	if c, err := (Config{}).withDefaults(); err != nil || c.CloudEvents != (outbox.CloudEvents{}) || c.Limits.CloudEvents != (outbox.CloudEvents{}) {
-		t.Errorf("default: %+v, %+v, %v; want off", c.CloudEvents, c.Limits.CloudEvents, err)
+	if c, err := (Config{}).WithDefaults(); err != nil || c.Relay.CloudEvents != (outbox.CloudEvents{}) || c.Writer.Limits.CloudEvents != (outbox.CloudEvents{}) {
+		t.Errorf("default: %+v, %+v, %v; want off", c.Relay.CloudEvents, c.Writer.Limits.CloudEvents, err)
 	}
 
 	env = map[string]string{"OUTBOX_CLOUDEVENTS": "structured"}
@@ -41,14 +44,13 @@ func TestCloudEventsConfig(t *testing.T) {
 		t.Errorf("OUTBOX_CLOUDEVENTS=structured: %v, want a ConfigError naming the variable", err)
 	}
 	for _, bad := range []Config{
-		{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary}, Topics: ExplicitTopics}, // no service for the default source
-		{Service: "svc", CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary, Source: "a b"}},
-		{Service: "svc", CloudEvents: outbox.CloudEvents{Mode: 9}},
-		{Service: "svc", CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary},
-			Limits: outbox.Limits{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary, Source: "/other"}}},
+		{Writer: unitofwork.Config{Topics: outboxconfig.ExplicitTopics}, Relay: relay.Config{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary}}}, // no service for the default source
+		{Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary, Source: "a b"}}},
+		{Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{CloudEvents: outbox.CloudEvents{Mode: 9}}},
+		{Writer: unitofwork.Config{Service: "svc", Limits: outbox.Limits{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary, Source: "/other"}}}, Relay: relay.Config{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary}}},
 	} {
-		if _, err := bad.withDefaults(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "CloudEvents") {
-			t.Errorf("withDefaults(%+v) = %v, want a ConfigError on CloudEvents", bad.CloudEvents, err)
+		if _, err := bad.WithDefaults(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "CloudEvents") {
+			t.Errorf("withDefaults(%+v) = %v, want a ConfigError on CloudEvents", bad.Relay.CloudEvents, err)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package fxoutbox
 
 import (
 	"errors"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"reflect"
 	"strings"
 	"testing"
@@ -43,16 +44,16 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
-		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.PollInterval != 100*time.Millisecond ||
-		c.BatchSize != 200 || c.MaxBatchSize != 2000 || c.Workers != 2 || !c.SynchronousCommit || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Ordering != relay.Unordered ||
-		c.Lanes != 128 || c.Retention >= 0 || c.MaxAttempts != 9 || c.Poison != outbox.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
+	if c.Writer.Service != "order-service" || c.Table != (outbox.Table{Schema: "app", Name: "events"}) || !c.Migrate ||
+		!reflect.DeepEqual(c.Brokers, []string{"a:9092", "b:9092"}) || c.Relay.PollInterval != 100*time.Millisecond ||
+		c.Relay.BatchSize != 200 || c.Relay.MaxBatchSize != 2000 || c.Relay.Workers != 2 || !c.Relay.SynchronousCommit || !c.DisableRelay || !c.DisableNotify || c.DisableListen || c.Relay.Ordering != relay.Unordered ||
+		c.Relay.Lanes != 128 || c.Relay.Retention >= 0 || c.Relay.MaxAttempts != 9 || c.Relay.Poison != outbox.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
-	if c.Mode != relay.Stream || c.Stream != (relay.StreamConfig{MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
-		t.Errorf("stream settings: mode %v, %+v", c.Mode, c.Stream)
+	if c.Relay.Mode != relay.Stream || c.Relay.Stream != (relay.StreamConfig{MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
+		t.Errorf("stream settings: mode %v, %+v", c.Relay.Mode, c.Relay.Stream)
 	}
-	if topic, _ := c.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {
+	if topic, _ := c.Writer.Topics("svc", outbox.Event{AggregateType: "Order", Type: "order.created"}); topic != "svc.order" {
 		t.Errorf("per-aggregate naming not applied: %s", topic)
 	}
 	for k, v := range map[string]string{
@@ -85,27 +86,27 @@ func TestOneRecordSizeSetting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err = c.withDefaults()
+	c, err = c.WithDefaults()
 	want := outbox.Limits{MaxRecordBytes: 500000, MaxPayloadBytes: 100000, MaxTypeBytes: 64, MaxAggregateTypeBytes: 65,
 		MaxAggregateIDBytes: 66, MaxKeyBytes: 67, MaxHeaders: 3, MaxHeaderBytes: 68}
-	if err != nil || c.Limits != want {
-		t.Errorf("limits = %+v, %v; want %+v", c.Limits, err, want)
+	if err != nil || c.Writer.Limits != want {
+		t.Errorf("limits = %+v, %v; want %+v", c.Writer.Limits, err, want)
 	}
 
-	if c, err := (Config{}).withDefaults(); err != nil || c.Limits.MaxRecordBytes != outbox.DefaultMaxRecordBytes || c.Limits.MaxPayloadBytes != outbox.DefaultMaxRecordBytes {
-		t.Errorf("default limits = %+v, %v", c.Limits, err)
+	if c, err := (Config{}).WithDefaults(); err != nil || c.Writer.Limits.MaxRecordBytes != outbox.DefaultMaxRecordBytes || c.Writer.Limits.MaxPayloadBytes != outbox.DefaultMaxRecordBytes {
+		t.Errorf("default limits = %+v, %v", c.Writer.Limits, err)
 	}
 	sc := relay.DefaultSaramaConfig()
 	sc.Producer.MaxMessageBytes = 2 << 20
-	if c, err := (Config{Sarama: sc}).withDefaults(); err != nil || c.Limits.MaxRecordBytes != 2<<20 {
-		t.Errorf("sarama's MaxMessageBytes not adopted: %+v, %v", c.Limits, err)
+	if c, err := (Config{Sarama: sc}).WithDefaults(); err != nil || c.Writer.Limits.MaxRecordBytes != 2<<20 {
+		t.Errorf("sarama's MaxMessageBytes not adopted: %+v, %v", c.Writer.Limits, err)
 	}
 	for _, bad := range []Config{
-		{Sarama: sc, Limits: outbox.Limits{MaxRecordBytes: 1 << 20}},
-		{Limits: outbox.Limits{MaxPayloadBytes: 2 << 20}},
+		{Sarama: sc, Writer: unitofwork.Config{Limits: outbox.Limits{MaxRecordBytes: 1 << 20}}},
+		{Writer: unitofwork.Config{Limits: outbox.Limits{MaxPayloadBytes: 2 << 20}}},
 	} {
-		if _, err := bad.withDefaults(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "MaxRecordBytes") {
-			t.Errorf("withDefaults(%+v) = %v, want a ConfigError naming MaxRecordBytes", bad.Limits, err)
+		if _, err := bad.WithDefaults(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "MaxRecordBytes") {
+			t.Errorf("withDefaults(%+v) = %v, want a ConfigError naming MaxRecordBytes", bad.Writer.Limits, err)
 		}
 	}
 }
@@ -129,8 +130,8 @@ func TestUnknownVariables(t *testing.T) {
 	if err != nil {
 		t.Fatalf("configFrom = %v, want only warnings", err)
 	}
-	if len(c.warnings) != 9 || strings.Contains(strings.Join(c.warnings, " "), "OUTBOX_PG_PORT") || strings.Contains(strings.Join(c.warnings, " "), "KAFKA_HEAP_OPTS") {
-		t.Errorf("warnings = %q, want one per unknown OUTBOX_/KAFKA_ variable but the scripts' (9)", c.warnings)
+	if len(warningsOf(c)) != 9 || strings.Contains(strings.Join(warningsOf(c), " "), "OUTBOX_PG_PORT") || strings.Contains(strings.Join(warningsOf(c), " "), "KAFKA_HEAP_OPTS") {
+		t.Errorf("warnings = %q, want one per unknown OUTBOX_/KAFKA_ variable but the scripts' (9)", warningsOf(c))
 	}
 	for typo, want := range map[string]string{
 		"OUTBOX_BATCHSIZE": "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVALL": "OUTBOX_POLL_INTERVAL", "outbox_service": "",

@@ -36,14 +36,14 @@ func TestConfigFromEnvPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Service != "audit" || c.Table != (outbox.Table{Name: "audit_outbox"}) || c.BatchSize != 20 || c.Limits.MaxTypeBytes != 40 {
+	if c.Writer.Service != "audit" || c.Table != (outbox.Table{Name: "audit_outbox"}) || c.Relay.BatchSize != 20 || c.Writer.Limits.MaxTypeBytes != 40 {
 		t.Errorf("prefixed settings not read: %+v", c)
 	}
-	if c.PollInterval != 0 || c.Topics != nil {
-		t.Errorf("the unprefixed OUTBOX_ settings leaked into the prefixed outbox: poll %v, topics set %v", c.PollInterval, c.Topics != nil)
+	if c.Relay.PollInterval != 0 || c.Writer.Topics != nil {
+		t.Errorf("the unprefixed OUTBOX_ settings leaked into the prefixed outbox: poll %v, topics set %v", c.Relay.PollInterval, c.Writer.Topics != nil)
 	}
-	if !reflect.DeepEqual(c.Brokers, []string{"a:9092"}) || c.Sarama == nil || c.Sarama.ClientID != "payments" || len(c.warnings) != 0 {
-		t.Errorf("shared Kafka settings: brokers %v, sarama %v, warnings %q", c.Brokers, c.Sarama, c.warnings)
+	if !reflect.DeepEqual(c.Brokers, []string{"a:9092"}) || c.Sarama == nil || c.Sarama.ClientID != "payments" || len(warningsOf(c)) != 0 {
+		t.Errorf("shared Kafka settings: brokers %v, sarama %v, warnings %q", c.Brokers, c.Sarama, warningsOf(c))
 	}
 	uc, err := c.UnitOfWork()
 	if err != nil || uc.Service != "audit" || uc.Table.Name != "audit_outbox" || uc.Limits.MaxTypeBytes != 40 || uc.Limits.MaxRecordBytes != outbox.DefaultMaxRecordBytes {
@@ -51,8 +51,8 @@ func TestConfigFromEnvPrefix(t *testing.T) {
 	}
 	// The unprefixed read is unchanged and does not see the prefixed variables.
 	p, err := configFrom(envList(env), env...)
-	if err != nil || p.Service != "payment-service" || p.PollInterval != time.Second || len(p.warnings) != 0 {
-		t.Errorf("ConfigFromEnv beside a prefixed outbox: %+v, %v, warnings %q", p, err, p.warnings)
+	if err != nil || p.Writer.Service != "payment-service" || p.Relay.PollInterval != time.Second || len(warningsOf(p)) != 0 {
+		t.Errorf("ConfigFromEnv beside a prefixed outbox: %+v, %v, warnings %q", p, err, warningsOf(p))
 	}
 
 	// A prefixed KAFKA_ variable: all Kafka settings come from the prefix.
@@ -99,8 +99,8 @@ func TestConfigFromEnvPrefixErrors(t *testing.T) {
 	// Other unknown variables under the prefix are warnings.
 	set := []string{"AUDIT_OUTBOX_SOMETHING_ELSE_ENTIRELY=1", "AUDIT_KAFKA_OPTS=x"}
 	c, err := configFromPrefix("AUDIT_", envList(set), set...)
-	if err != nil || len(c.warnings) != 2 {
-		t.Errorf("unknown prefixed variables: %v, warnings %q; want 2 warnings", err, c.warnings)
+	if err != nil || len(warningsOf(c)) != 2 {
+		t.Errorf("unknown prefixed variables: %v, warnings %q; want 2 warnings", err, warningsOf(c))
 	}
 	// Found at start: the service the writer needs.
 	_, err = c.UnitOfWork()

@@ -106,8 +106,8 @@ func TestEventTypesFromEnvErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cfg.TopicNames(); err == nil || !strings.Contains(err.Error(), "EventTypes[0] [OUTBOX_EVENT_TYPES]") {
-		t.Errorf("TopicNames of a type without a topic under explicit naming = %v, want an error naming OUTBOX_EVENT_TYPES", err)
+	if _, err := cfg.TopicNames(); err == nil || !strings.Contains(err.Error(), "EventTypes[0] [AUDIT_OUTBOX_EVENT_TYPES]") {
+		t.Errorf("TopicNames of a type without a topic under explicit naming = %v, want an error naming AUDIT_OUTBOX_EVENT_TYPES (the variable as set)", err)
 	}
 }
 
@@ -154,9 +154,9 @@ func TestNamedConfigErrorReportedOnce(t *testing.T) {
 			if !errors.Is(err, outbox.ErrInvalidConfig) {
 				t.Fatalf("Start = %v, want the configuration error", err)
 			}
-			field := "Service [OUTBOX_SERVICE]"
+			field := "Writer.Service [OUTBOX_SERVICE]"
 			if name == "env" {
-				field = "Service [AUDIT_OUTBOX_SERVICE]"
+				field = "Writer.Service [AUDIT_OUTBOX_SERVICE]"
 			}
 			msg := err.Error()
 			if !strings.HasPrefix(msg, `fxoutbox "audit": outbox: config `+field+": is empty") || strings.Count(msg, "is empty") != 1 {
@@ -181,7 +181,7 @@ func TestStartErrorNamesOutbox(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	fresh := outbox.Table{Schema: tbl.Schema, Name: "fresh_outbox"}
-	cfg := fxoutbox.Config{Service: "svc", Table: fresh, Brokers: []string{"127.0.0.1:1"}}
+	cfg := fxoutbox.Config{Table: fresh, Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}}
 	for _, tc := range []struct {
 		want string
 		opts []fx.Option
@@ -237,16 +237,16 @@ func TestModuleConfigErrorClean(t *testing.T) {
 		want string
 		opts []fx.Option
 	}{
-		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+		{`fxoutbox "default": outbox: config Writer.Service [OUTBOX_SERVICE]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}}), fxoutbox.Module}},
-		{`fxoutbox "default": outbox: config Service [OUTBOX_SERVICE]: is empty`,
+		{`fxoutbox "default": outbox: config Writer.Service [OUTBOX_SERVICE]: is empty`,
 			[]fx.Option{fx.Supply(fxoutbox.Config{}), fxoutbox.WriterModule, fx.Invoke(func(*unitofwork.UnitOfWork) {})}},
 		{`fxoutbox "default": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
-			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc"}), fxoutbox.RelayModule}},
-		{`fxoutbox "default": outbox: config BatchSize [OUTBOX_BATCH_SIZE]`,
-			[]fx.Option{fx.Supply(fxoutbox.Config{Service: "svc", Brokers: []string{"127.0.0.1:1"}, BatchSize: 20000}), fxoutbox.Module}},
+			[]fx.Option{fx.Supply(fxoutbox.Config{Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.RelayModule}},
+		{`fxoutbox "default": outbox: config Relay.BatchSize [OUTBOX_BATCH_SIZE]`,
+			[]fx.Option{fx.Supply(fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{BatchSize: 20000}}), fxoutbox.Module}},
 		{`fxoutbox "audit": outbox: config Brokers [KAFKA_BROKERS]: is empty`,
-			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit"})}},
+			[]fx.Option{fxoutbox.Named("audit", fxoutbox.Config{Writer: unitofwork.Config{Service: "audit"}})}},
 	} {
 		log := &fxLog{}
 		app := fx.New(append(tc.opts, log.option(), fx.Supply(pool))...)
@@ -266,8 +266,8 @@ func TestModuleConfigErrorClean(t *testing.T) {
 	// A publisher from fx makes the brokers unnecessary, named or not.
 	pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
 	for _, opts := range [][]fx.Option{
-		{fx.Supply(fxoutbox.Config{Service: "svc", Table: testenv.Table(t, pool)}), fx.Provide(func() relay.Publisher { return pub }), fxoutbox.Module},
-		{fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: testenv.Table(t, pool)}),
+		{fx.Supply(fxoutbox.Config{Table: testenv.Table(t, pool), Writer: unitofwork.Config{Service: "svc"}}), fx.Provide(func() relay.Publisher { return pub }), fxoutbox.Module},
+		{fxoutbox.Named("audit", fxoutbox.Config{Table: testenv.Table(t, pool), Writer: unitofwork.Config{Service: "audit"}}),
 			fx.Provide(fx.Annotate(func() relay.Publisher { return pub }, fx.ResultTags(`name:"audit"`)))},
 	} {
 		app := fxtest.New(t, append(opts, fx.NopLogger, fx.Supply(pool))...)

@@ -33,7 +33,7 @@ func Example() {
 
 	app := fx.New(
 		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: table}),
+		fx.Supply(pool, fxoutbox.Config{Table: table, Writer: unitofwork.Config{Service: "order-service"}}),
 		fx.Supply(fx.Annotate(printer, fx.As(new(relay.Publisher)))),
 		fxoutbox.Module,
 		fx.Invoke(func(lc fx.Lifecycle, uow *unitofwork.UnitOfWork) {
@@ -87,8 +87,8 @@ func ExampleNamed() {
 	app := fx.New(
 		fx.NopLogger,
 		fx.Supply(pool),
-		fxoutbox.Named("payments", fxoutbox.Config{Service: "payment-service", Table: payments}),
-		fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: audit, Migrate: true}),
+		fxoutbox.Named("payments", fxoutbox.Config{Table: payments, Writer: unitofwork.Config{Service: "payment-service"}}),
+		fxoutbox.Named("audit", fxoutbox.Config{Table: audit, Migrate: true, Writer: unitofwork.Config{Service: "audit"}}),
 		fx.Supply(
 			fx.Annotate(printer("payments"), fx.As(new(relay.Publisher)), fx.ResultTags(`name:"payments"`)),
 			fx.Annotate(printer("audit"), fx.As(new(relay.Publisher)), fx.ResultTags(`name:"audit"`)),

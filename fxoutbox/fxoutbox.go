@@ -19,8 +19,10 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -68,8 +70,8 @@ func (k configCheck) run(p checkParams) error {
 	if p.Publisher != nil {
 		pub = publisherGiven
 	}
-	in := &instance{cfg: Config{env: p.Config.env}}
-	return in.fail(p.Config.check(k.writes, k.publishes, pub))
+	in := &instance{cfg: p.Config}
+	return in.fail(check(p.Config, k.writes, k.publishes, pub))
 }
 
 // publisherKnown says whether the application supplies a relay.Publisher,
@@ -161,8 +163,8 @@ func newRelay(p relayParams) (*relay.Relay, error) {
 //
 //	fx.New(
 //		fx.Provide(newPool),
-//		fxoutbox.Named("payments", fxoutbox.Config{Service: "payment-service", Brokers: brokers}),
-//		fxoutbox.Named("audit", fxoutbox.Config{Service: "audit", Table: outbox.Table{Name: "audit_outbox"}, Brokers: brokers}),
+//		fxoutbox.Named("payments", fxoutbox.Config{Writer: unitofwork.Config{Service: "payment-service"}, Brokers: brokers}),
+//		fxoutbox.Named("audit", fxoutbox.Config{Writer: unitofwork.Config{Service: "audit"}, Table: outbox.Table{Name: "audit_outbox"}, Brokers: brokers}),
 //		fx.Invoke(fx.Annotate(newHandlers, fx.ParamTags(`name:"payments"`, `name:"audit"`))),
 //	)
 //
@@ -181,8 +183,9 @@ func Named(name string, cfg Config) fx.Option {
 	if !nameRE.MatchString(name) {
 		return fx.Error(&outbox.ConfigError{Field: "Named", Reason: fmt.Sprintf("name %s is not usable: use 1-64 letters, digits, '-', '_' or '.'", textcut.Quote(name, 64))})
 	}
-	if err := cfg.check(true, true, publisherUnknown); err != nil {
-		return fx.Error(fmt.Errorf("fxoutbox %q: %w", name, cfg.env.Rename(err)))
+	if err := check(cfg, true, true, publisherUnknown); err != nil {
+		names, _ := namesOf(cfg)
+		return fx.Error(fmt.Errorf("fxoutbox %q: %w", name, names.Rename(err)))
 	}
 	n := &named{name: name, cfg: cfg}
 	tag := `name:"` + name + `"`
@@ -203,8 +206,8 @@ func (n *named) checkBrokers(pub relay.Publisher) error {
 	if pub != nil {
 		return nil
 	}
-	in := &instance{name: n.name, cfg: Config{env: n.cfg.env}}
-	return in.fail(validateBrokers(n.cfg.Brokers, "Brokers [KAFKA_BROKERS]"))
+	in := &instance{name: n.name, cfg: n.cfg}
+	return in.fail(envconfig.ValidateBrokers(n.cfg.Brokers, "Brokers [KAFKA_BROKERS]"))
 }
 
 // NamedFromEnv is Named with the Config read by ConfigFromEnvPrefix(prefix):
@@ -305,8 +308,8 @@ func (in *instance) telemetry(tp trace.TracerProvider, sdkTP *sdktrace.TracerPro
 }
 
 func (in *instance) configure(c Config) error {
-	in.cfg.env = c.env
-	cfg, err := c.withDefaults()
+	in.cfg = c
+	cfg, err := c.WithDefaults()
 	if err != nil {
 		return err
 	}
@@ -325,7 +328,8 @@ func (in *instance) fail(err error) error {
 	if name == "" {
 		name = "default"
 	}
-	return fmt.Errorf("fxoutbox %q: %w", name, in.cfg.env.Rename(err))
+	names, _ := namesOf(in.cfg)
+	return fmt.Errorf("fxoutbox %q: %w", name, names.Rename(err))
 }
 
 // check returns the first configuration error of c for a module that
@@ -335,33 +339,31 @@ func (in *instance) fail(err error) error {
 // checked, the relay settings'. Named runs it when the option is built, so
 // that fx reports the error once, as it is (fx.Error), instead of as a
 // constructor's, in reflection frames; the unnamed modules run it first
-// thing (configCheck). Its errors name the variables unprefixed
-// (Names.Rename prefixes them).
-func (c Config) check(writes, publishes bool, pub publisherKnown) error {
-	cfg, err := c.withDefaults()
-	if err != nil {
+// thing (configCheck).
+func check(c Config, writes, publishes bool, pub publisherKnown) error {
+	if _, err := c.WithDefaults(); err != nil {
 		return err
 	}
 	if writes {
-		if err := cfg.validateWriter(); err != nil {
+		if _, err := c.UnitOfWork(); err != nil {
 			return err
 		}
 	}
 	if !publishes {
 		return nil
 	}
-	if pub == publisherNone || (pub == publisherUnknown && len(cfg.Brokers) > 0) {
-		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
+	if pub == publisherNone || (pub == publisherUnknown && len(c.Brokers) > 0) {
+		if err := envconfig.ValidateBrokers(c.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
 			return err
 		}
 	}
-	if cfg.TopicCheck != TopicsOff {
-		if _, err := cfg.declaredTopics(); err != nil {
+	if c.TopicCheck != outboxconfig.TopicsOff {
+		if _, err := declaredTopics(c); err != nil {
 			return err
 		}
 	}
-	rc := (&instance{}).relayConfig(cfg)
-	return settingError(rc.Validate(), relaySettings)
+	_, err := c.RelayConfig()
+	return err
 }
 
 // writer builds the unit of work; it wakes r, if any, after commits.
@@ -378,8 +380,14 @@ func (in *instance) writer(lc fx.Lifecycle, r *relay.Relay, relayChecks bool) (*
 			return nil, err
 		}
 	}
-	w := &writerHooks{in: in, relay: r, notifier: notifier, relayChecks: relayChecks}
-	uc.Propagator, uc.OnCommit, uc.Logger = in.prop, w.onCommit, in.log
+	w := &writerHooks{in: in, relay: r, notifier: notifier, relayChecks: relayChecks, onCommitted: uc.OnCommit}
+	uc.OnCommit = w.onCommit
+	if uc.Propagator == nil {
+		uc.Propagator = in.prop
+	}
+	if uc.Logger == nil {
+		uc.Logger = in.log
+	}
 	u, err := unitofwork.New(in.pool, &uc)
 	if err != nil {
 		return nil, err
@@ -395,16 +403,20 @@ type writerHooks struct {
 	notifier    *unitofwork.Notifier
 	uow         *unitofwork.UnitOfWork
 	relayChecks bool
+	onCommitted func(events int) // Config.Writer.OnCommit
 }
 
 // onCommit wakes the relay of this process and, through a NOTIFY after
 // the commit, those of other processes.
-func (w *writerHooks) onCommit(int) {
+func (w *writerHooks) onCommit(events int) {
 	if w.relay != nil {
 		w.relay.Wake()
 	}
 	if w.notifier != nil {
 		w.notifier.Notify()
+	}
+	if w.onCommitted != nil {
+		w.onCommitted(events)
 	}
 }
 
@@ -433,46 +445,58 @@ func (in *instance) relay(lc fx.Lifecycle) (*relay.Relay, error) {
 		return nil, &outbox.ConfigError{Field: "Partitioner [OUTBOX_PARTITIONER]", Reason: "is " + cfg.Partitioner.String() +
 			", but the relay publishes through a relay.Publisher from fx, which chooses partitions itself: configure the partitioner there, or unset this"}
 	}
+	names, _ := namesOf(cfg)
 	if pub == nil {
-		if err := validateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
+		if err := envconfig.ValidateBrokers(cfg.Brokers, "Brokers [KAFKA_BROKERS]"); err != nil {
 			return nil, err
 		}
-		sc, err := cfg.saramaConfig()
+		sc, err := cfg.SaramaConfig()
 		if err != nil {
 			return nil, err
 		}
-		// The one size rule: sarama, which counts a record without its
-		// batch header, takes every record the relay sends.
-		sc.Producer.MaxMessageBytes = cfg.Limits.MaxRecordBytes
 		if h.owned, err = relay.NewSaramaPublisher(cfg.Brokers, sc); err != nil {
 			return nil, err
 		}
-		h.owned.NameBrokers(cfg.env.Name("KAFKA_BROKERS"))
+		h.owned.NameBrokers(names.Name("KAFKA_BROKERS"))
 		pub, h.sarama = h.owned, sc
 	}
-	if cfg.TopicCheck != TopicsOff {
+	if cfg.TopicCheck != outboxconfig.TopicsOff {
 		if h.sarama == nil {
 			return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "needs the sarama producer the module builds from Brokers; " +
 				"with a relay.Publisher of your own, check topics yourself or set OUTBOX_TOPICS=off"}
 		}
-		names, err := cfg.declaredTopics()
+		topics, err := declaredTopics(cfg)
 		if err != nil {
 			return nil, err
 		}
-		h.topics = names
+		h.topics = topics
 	}
-	rc := in.relayConfig(cfg)
-	r, err := relay.New(in.pool, pub, &rc)
-	err = settingError(err, relaySettings)
+	rc, err := cfg.RelayConfig()
+	if err == nil {
+		rc.Logger, rc.TracerProvider, rc.MeterProvider, rc.Propagator = orElse(rc.Logger, in.log), orElse(rc.TracerProvider, in.tp),
+			orElse(rc.MeterProvider, in.mp), orElse(rc.Propagator, in.prop)
+		var r *relay.Relay
+		if r, err = relay.New(in.pool, pub, &rc); err == nil {
+			h.relay = r
+		}
+	}
 	if err != nil {
 		if h.owned != nil {
 			_ = h.owned.Close()
 		}
 		return nil, err
 	}
-	h.relay = r
 	lc.Append(fx.Hook{OnStart: h.start, OnStop: h.stop})
-	return r, nil
+	return h.relay, nil
+}
+
+// orElse is v, or else (v is nil) from fx.
+func orElse[T comparable](v, fromFx T) T {
+	var zero T
+	if v == zero {
+		return fromFx
+	}
+	return v
 }
 
 type relayHooks struct {
@@ -490,7 +514,8 @@ func (h *relayHooks) start(ctx context.Context) error {
 		return in.fail(err)
 	}
 	if cfg.DisableRelay {
-		in.log.Info("outbox relay not started ("+cfg.env.Name("OUTBOX_RELAY")+"=off); this process only writes", "table", cfg.Table.String())
+		names, _ := namesOf(cfg)
+		in.log.Info("outbox relay not started ("+names.Name("OUTBOX_RELAY")+"=off); this process only writes", "table", cfg.Table.String())
 		return nil
 	}
 	if len(h.topics) > 0 {
@@ -552,7 +577,7 @@ func (in *instance) summary(h *relayHooks) []any {
 	if rc.Ordering == relay.Unordered {
 		ordering = "unordered"
 	}
-	service := cfg.Service
+	service := cfg.Writer.Service
 	if service == "" {
 		service = "(none: events name their topics)"
 	}
@@ -610,7 +635,8 @@ func lagBytes(n int64) string {
 // warnings logs, once per start, what ConfigFromEnv found doubtful but not
 // wrong enough to fail on.
 func (in *instance) warnings() {
-	for _, w := range in.cfg.warnings {
+	_, warnings := namesOf(in.cfg)
+	for _, w := range warnings {
 		in.log.Warn("outbox config: " + w)
 	}
 }
@@ -620,7 +646,7 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 		if err := migrations.Up(ctx, pool, cfg.Table); err != nil {
 			return err
 		}
-		if cfg.Progress == relay.ProgressCursor {
+		if cfg.Relay.Progress == relay.ProgressCursor {
 			return migrations.UpCursor(ctx, pool, cfg.Table)
 		}
 		return nil

@@ -34,7 +34,7 @@ func TestModuleEndToEnd(t *testing.T) {
 	var uow *unitofwork.UnitOfWork
 	app := fxtest.New(t,
 		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, Migrate: true, PollInterval: time.Hour}),
+		fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, Migrate: true, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{PollInterval: time.Hour}}),
 		fx.Supply(fx.Annotate(propagation.TraceContext{}, fx.As(new(propagation.TextMapPropagator)))),
 		fxoutbox.Module,
 		fx.Populate(&uow),
@@ -62,7 +62,7 @@ func TestWriterModuleRunsNoRelay(t *testing.T) {
 	var r *relay.Relay
 	app := fxtest.New(t,
 		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl}), // no brokers: a writer needs none
+		fx.Supply(pool, fxoutbox.Config{Table: tbl, Writer: unitofwork.Config{Service: "svc"}}), // no brokers: a writer needs none
 		fxoutbox.WriterModule,
 		fx.Populate(&uow),
 		fx.Invoke(fx.Annotate(func(rr *relay.Relay) { r = rr }, fx.ParamTags(`optional:"true"`))),
@@ -98,9 +98,7 @@ func TestConfigReachesTheRelay(t *testing.T) {
 		cfg  fxoutbox.Config
 		want relay.Config
 	}{
-		{"set", fxoutbox.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
-			BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
-			Retention: time.Hour, MaxAttempts: 4, Poison: outbox.Hold, Sarama: sc},
+		{"set", fxoutbox.Config{Sarama: sc, Relay: relay.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true, BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128, Retention: time.Hour, MaxAttempts: 4, Poison: outbox.Hold}},
 			relay.Config{PollInterval: 7 * time.Second, BatchSize: 30, MaxBatchSize: 300, Workers: 3, SynchronousCommit: true,
 				BatchTimeout: 9 * time.Second, MaxBackoff: 11 * time.Second, Ordering: relay.Unordered, Lanes: 128,
 				Retention: time.Hour, MaxAttempts: 4, Poison: outbox.Hold, Listen: true, MaxMessageBytes: 12345}},
@@ -111,7 +109,7 @@ func TestConfigReachesTheRelay(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			cfg.Service, cfg.Table, cfg.Brokers, cfg.DisableRelay = "svc", tbl, []string{"127.0.0.1:1"}, true
+			cfg.Writer.Service, cfg.Table, cfg.Brokers, cfg.DisableRelay = "svc", tbl, []string{"127.0.0.1:1"}, true
 			var r *relay.Relay
 			app := fxtest.New(t, fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module, fx.Populate(&r))
 			app.RequireStart()
@@ -141,7 +139,7 @@ func TestStartFailsClearlyWithoutTable(t *testing.T) {
 	pool := testenv.Pool(t)
 	app := fx.New(
 		fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: outbox.Table{Schema: testenv.Name("missing_")}, Brokers: []string{"127.0.0.1:1"}}),
+		fx.Supply(pool, fxoutbox.Config{Table: outbox.Table{Schema: testenv.Name("missing_")}, Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}}),
 		fxoutbox.Module,
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -156,10 +154,10 @@ func TestStartFailsClearlyWithoutTable(t *testing.T) {
 func TestBadConfigFailsAtConstruction(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	for name, cfg := range map[string]fxoutbox.Config{
-		"no brokers":  {Service: "svc"},
+		"no brokers":  {Writer: unitofwork.Config{Service: "svc"}},
 		"bad table":   {Brokers: []string{"x:1"}, Table: outbox.Table{Name: "a;b"}},
-		"bad batch":   {Brokers: []string{"x:1"}, BatchSize: -5},
-		"bad service": {Brokers: []string{"x:1"}, Service: "white space"},
+		"bad batch":   {Brokers: []string{"x:1"}, Relay: relay.Config{BatchSize: -5}},
+		"bad service": {Brokers: []string{"x:1"}, Writer: unitofwork.Config{Service: "white space"}},
 	} {
 		app := fx.New(fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module, fx.Invoke(func(*unitofwork.UnitOfWork) {}))
 		if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) {

@@ -56,24 +56,6 @@ func InboxRoute(constructor any) any {
 	return fx.Annotate(constructor, fx.ResultTags(InboxRoutes))
 }
 
-// InboxConfig configures [InboxModule].
-type InboxConfig struct {
-	// Consumer is the consumer's configuration; Group is required. The
-	// routes of the InboxRoutes group are added to Consumer.Routes. Brokers
-	// default to Config.Brokers; Sarama to inbox.DefaultSaramaConfig(), with
-	// KafkaTLS and KafkaSASL applied to a copy; Logger, TracerProvider,
-	// MeterProvider and Propagator to those the application supplies.
-	Consumer inbox.Config
-	// KafkaTLS and KafkaSASL secure the consumer's connections. Default:
-	// Config.KafkaTLS and Config.KafkaSASL when Consumer.Brokers is empty
-	// (the same cluster as the relay), none otherwise.
-	KafkaTLS  KafkaTLS
-	KafkaSASL KafkaSASL
-	// Migrate applies the inbox migrations (migrations.UpInbox) at start
-	// instead of only checking that the inbox tables exist. Default false.
-	Migrate bool
-}
-
 // inboxParams are newInbox's dependencies.
 type inboxParams struct {
 	fx.In
@@ -99,27 +81,11 @@ type inboxParams struct {
 // into the lifecycle. An invalid configuration fails here, before start.
 func newInbox(p inboxParams) (*inbox.Consumer, error) {
 	ic := p.InboxConfig
-	cfg := ic.Consumer
-	cfg.Routes = append(append([]inbox.Route(nil), cfg.Routes...), p.Routes...)
-	tlsCfg, saslCfg := ic.KafkaTLS, ic.KafkaSASL
-	if len(cfg.Brokers) == 0 {
-		cfg.Brokers = p.Config.Brokers
-		if tlsCfg == (KafkaTLS{}) {
-			tlsCfg = p.Config.KafkaTLS
-		}
-		if saslCfg == (KafkaSASL{}) {
-			saslCfg = p.Config.KafkaSASL
-		}
-	}
-	if cfg.Sarama == nil {
-		cfg.Sarama = inbox.DefaultSaramaConfig()
-	} else {
-		cp := *cfg.Sarama
-		cfg.Sarama = &cp
-	}
-	if err := ApplyKafkaSecurity(cfg.Sarama, tlsCfg, saslCfg); err != nil {
+	cfg, err := ic.ConsumerConfig(p.Config)
+	if err != nil {
 		return nil, err
 	}
+	cfg.Routes = append(append([]inbox.Route(nil), cfg.Routes...), p.Routes...)
 	if cfg.Logger == nil {
 		cfg.Logger = p.Logger
 	}

@@ -46,7 +46,7 @@ func TestInboxModule(t *testing.T) {
 	newApp := func() *fxtest.App {
 		return fxtest.New(t,
 			fx.NopLogger,
-			fx.Supply(pool, fxoutbox.Config{Service: "billing", Table: tbl, Brokers: brokers, Migrate: true, DisableNotify: true}),
+			fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, Migrate: true, DisableNotify: true, Writer: unitofwork.Config{Service: "billing"}}),
 			fx.Supply(fxoutbox.InboxConfig{Consumer: inbox.Config{Group: testenv.Name("fxg_"), Name: "billing", Table: outbox.Table{Schema: tbl.Schema}}, Migrate: true}),
 			fxoutbox.WriterModule,
 			fxoutbox.InboxModule,

@@ -33,8 +33,8 @@ func TestInboxConfigFromEnv(t *testing.T) {
 	}
 	// The relay's loader knows the inbox's variables: no warning.
 	cfg, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok }, environ...)
-	if err != nil || len(cfg.warnings) != 0 {
-		t.Errorf("ConfigFromEnv with the inbox's variables: %v, warnings %v", err, cfg.warnings)
+	if err != nil || len(warningsOf(cfg)) != 0 {
+		t.Errorf("ConfigFromEnv with the inbox's variables: %v, warnings %v", err, warningsOf(cfg))
 	}
 	for k, v := range map[string]string{
 		"OUTBOX_INBOX_CONCURRENCY": "-1", "OUTBOX_INBOX_POISON": "drop", "OUTBOX_INBOX_IDENTITY": "offset", "OUTBOX_INBOX_RETENTION": "1 week",

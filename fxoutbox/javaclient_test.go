@@ -32,7 +32,7 @@ func orderKey(i int) string { return fmt.Sprintf("order-%d", i) }
 // them all, stops the application, and returns each key's event id.
 func publishOrders(t *testing.T, pool *pgxpool.Pool, brokers []string, cfg fxoutbox.Config, topic string) map[string]string {
 	t.Helper()
-	cfg.Service, cfg.Table, cfg.Brokers = "orders", testenv.Table(t, pool), brokers
+	cfg.Writer.Service, cfg.Table, cfg.Brokers = "orders", testenv.Table(t, pool), brokers
 	var uow *unitofwork.UnitOfWork
 	l, log := newLogs()
 	app := fxtest.New(t, fx.NopLogger, fx.Supply(pool, log, cfg), fxoutbox.Module, fx.Populate(&uow))
@@ -122,7 +122,7 @@ func TestStartUpLineNamesThePartitioner(t *testing.T) {
 	tbl := testenv.Table(t, pool)
 	for want, p := range map[string]relay.Partitioner{"murmur2": 0, "fnv1a": relay.FNV1a, "crc32": relay.CRC32} {
 		l, log := newLogs()
-		app := fxtest.New(t, fx.NopLogger, fx.Supply(pool, log, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, Partitioner: p}), fxoutbox.Module)
+		app := fxtest.New(t, fx.NopLogger, fx.Supply(pool, log, fxoutbox.Config{Table: tbl, Brokers: brokers, Partitioner: p, Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.Module)
 		app.RequireStart()
 		app.RequireStop()
 		var line string

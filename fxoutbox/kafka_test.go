@@ -27,7 +27,9 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 )
 
 // password is what no error, log or printed Config may contain.
@@ -124,7 +126,7 @@ func TestKafkaSecurityFromEnv(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}
+		want := outboxconfig.KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}
 		if c.KafkaTLS != want {
 			t.Errorf("KafkaTLS = %+v, want %+v", c.KafkaTLS, want)
 		}
@@ -132,7 +134,7 @@ func TestKafkaSecurityFromEnv(t *testing.T) {
 			c.KafkaSASL.Password != " "+password+" " || c.KafkaSASL.AllowPlaintext {
 			t.Errorf("KafkaSASL = %+v", c.KafkaSASL)
 		}
-		sc, err := c.saramaConfig()
+		sc, err := c.SaramaConfig()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,7 +176,7 @@ func TestKafkaSecurityDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := c.saramaConfig()
+	sc, err := c.SaramaConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +188,7 @@ func TestKafkaSecurityDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc, err = c.saramaConfig(); err != nil {
+	if sc, err = c.SaramaConfig(); err != nil {
 		t.Fatal(err)
 	}
 	if tc := sc.Net.TLS.Config; !sc.Net.TLS.Enable || tc.InsecureSkipVerify || tc.RootCAs != nil || tc.MinVersion != tls.VersionTLS12 {
@@ -199,13 +201,13 @@ func TestKafkaSecurityDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc, err = c.saramaConfig(); err != nil || !sc.Net.SASL.Enable || sc.Net.TLS.Enable {
+	if sc, err = c.SaramaConfig(); err != nil || !sc.Net.SASL.Enable || sc.Net.TLS.Enable {
 		t.Errorf("allowed plaintext SASL: %v, %+v", err, sc.Net)
 	}
 	// The caller's sarama configuration is not modified.
 	own := relay.DefaultSaramaConfig()
-	c = Config{Sarama: own, KafkaTLS: KafkaTLS{Enable: true}}
-	if _, err := c.saramaConfig(); err != nil || own.Net.TLS.Enable {
+	c = Config{Sarama: own, KafkaTLS: outboxconfig.KafkaTLS{Enable: true}}
+	if _, err := c.SaramaConfig(); err != nil || own.Net.TLS.Enable {
 		t.Errorf("Config.Sarama modified in place (err %v)", err)
 	}
 }
@@ -263,7 +265,7 @@ func TestKafkaSecurityRefusals(t *testing.T) {
 				t.Errorf("%s: ConfigFromEnv already failed: %v", tc.name, err)
 				continue
 			}
-			_, err = c.saramaConfig()
+			_, err = c.SaramaConfig()
 		}
 		checkConfigError(t, tc.name, err, tc.names)
 		if tc.isErr != nil && !errors.Is(err, tc.isErr) {
@@ -279,17 +281,17 @@ func TestKafkaSecurityRefusals(t *testing.T) {
 	ownTLS := relay.DefaultSaramaConfig()
 	ownTLS.Net.TLS.Enable = true
 	for name, c := range map[string]Config{
-		"SASL field without TLS":          {KafkaSASL: KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}},
+		"SASL field without TLS":          {KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}},
 		"SASL in Config.Sarama, no TLS":   {Sarama: own},
-		"TLS both in Sarama and KafkaTLS": {Sarama: ownTLS, KafkaTLS: KafkaTLS{Enable: true}},
-		"SASL both in Sarama and KafkaSASL": {Sarama: own, KafkaTLS: KafkaTLS{Enable: true},
-			KafkaSASL: KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}},
+		"TLS both in Sarama and KafkaTLS": {Sarama: ownTLS, KafkaTLS: outboxconfig.KafkaTLS{Enable: true}},
+		"SASL both in Sarama and KafkaSASL": {Sarama: own, KafkaTLS: outboxconfig.KafkaTLS{Enable: true},
+			KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}},
 	} {
-		_, err := c.saramaConfig()
+		_, err := c.SaramaConfig()
 		checkConfigError(t, name, err, "")
 	}
 	// SASL with TLS set directly on Config.Sarama is fine.
-	if _, err := (Config{Sarama: ownTLS, KafkaSASL: KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}}).saramaConfig(); err != nil {
+	if _, err := (Config{Sarama: ownTLS, KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "PLAIN", User: "u", Password: password}}).SaramaConfig(); err != nil {
 		t.Errorf("SASL field with TLS in Config.Sarama: %v", err)
 	}
 }
@@ -312,7 +314,7 @@ func checkConfigError(t *testing.T, name string, err error, envVar string) {
 // A Config printed or encoded, as a careless log line would, never shows the
 // password.
 func TestKafkaSASLPasswordRedacted(t *testing.T) {
-	c := Config{Service: "svc", KafkaSASL: KafkaSASL{Mechanism: "PLAIN", User: "relay", Password: password}}
+	c := Config{KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "PLAIN", User: "relay", Password: password}, Writer: unitofwork.Config{Service: "svc"}}
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%d"} {
 		for _, v := range []any{c, &c, c.KafkaSASL, &c.KafkaSASL} {
 			if s := fmt.Sprintf(verb, v); strings.Contains(s, password) || strings.Contains(s, fmt.Sprintf("%x", password)) {
@@ -323,7 +325,7 @@ func TestKafkaSASLPasswordRedacted(t *testing.T) {
 	if s := fmt.Sprintf("%+v", c.KafkaSASL); !strings.Contains(s, "User:relay") || !strings.Contains(s, "[REDACTED]") {
 		t.Errorf("redacted form lost the rest: %s", s)
 	}
-	b, err := json.Marshal(struct{ SASL KafkaSASL }{c.KafkaSASL})
+	b, err := json.Marshal(struct{ SASL outboxconfig.KafkaSASL }{c.KafkaSASL})
 	if err != nil || strings.Contains(string(b), password) || !strings.Contains(string(b), `"User":"relay"`) {
 		t.Errorf("JSON: %s, %v", b, err)
 	}
@@ -336,8 +338,7 @@ func TestSCRAMClient(t *testing.T) {
 		name string
 		hash scram.HashGeneratorFcn
 	}{{"SCRAM-SHA-256", scram.SHA256}, {"SCRAM-SHA-512", scram.SHA512}} {
-		sc := relay.DefaultSaramaConfig()
-		err := ApplyKafkaSecurity(sc, KafkaTLS{Enable: true}, KafkaSASL{Mechanism: mech.name, User: "relay", Password: password})
+		sc, err := Config{KafkaTLS: outboxconfig.KafkaTLS{Enable: true}, KafkaSASL: outboxconfig.KafkaSASL{Mechanism: mech.name, User: "relay", Password: password}}.SaramaConfig()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -442,24 +443,24 @@ func TestKafkaTLSHandshake(t *testing.T) {
 		"MetadataRequest": sarama.NewMockMetadataResponse(rec).SetBroker(broker.Addr(), broker.BrokerID()),
 	})
 
-	full := KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}
+	full := outboxconfig.KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}
 	for _, tc := range []struct {
 		name    string
-		tls     KafkaTLS
+		tls     outboxconfig.KafkaTLS
 		ok      bool
 		refused func(error) bool // the verification error a plain tls.Dial with the same config gets
 	}{
 		{"CA, server name and client certificate", full, true, nil},
-		{"no CA file: system roots do not know the CA", KafkaTLS{Enable: true, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}, false,
+		{"no CA file: system roots do not know the CA", outboxconfig.KafkaTLS{Enable: true, CertFile: p.certFile, KeyFile: p.keyFile, ServerName: brokerName}, false,
 			func(err error) bool { var e x509.UnknownAuthorityError; return errors.As(err, &e) }},
-		{"no server name: the address 127.0.0.1 is not in the certificate", KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile}, false,
+		{"no server name: the address 127.0.0.1 is not in the certificate", outboxconfig.KafkaTLS{Enable: true, CAFile: p.caFile, CertFile: p.certFile, KeyFile: p.keyFile}, false,
 			func(err error) bool { var e x509.HostnameError; return errors.As(err, &e) }},
-		{"no client certificate: the broker refuses", KafkaTLS{Enable: true, CAFile: p.caFile, ServerName: brokerName}, false, nil},
-		{"insecure skip verify accepts the unknown CA", KafkaTLS{Enable: true, CertFile: p.certFile, KeyFile: p.keyFile, InsecureSkipVerify: true}, true, nil},
+		{"no client certificate: the broker refuses", outboxconfig.KafkaTLS{Enable: true, CAFile: p.caFile, ServerName: brokerName}, false, nil},
+		{"insecure skip verify accepts the unknown CA", outboxconfig.KafkaTLS{Enable: true, CertFile: p.certFile, KeyFile: p.keyFile, InsecureSkipVerify: true}, true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{KafkaTLS: tc.tls}
-			sc, err := c.saramaConfig()
+			sc, err := c.SaramaConfig()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -497,14 +498,14 @@ func TestNewRelayAppliesKafkaSecurity(t *testing.T) {
 	p := newPKI(t)
 	lc := fxtest.NewLifecycle(t)
 	_, err := newRelay(relayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
-		KafkaTLS: KafkaTLS{Enable: true, CAFile: "/nonexistent/ca.pem"}}})
+		KafkaTLS: outboxconfig.KafkaTLS{Enable: true, CAFile: "/nonexistent/ca.pem"}}})
 	checkConfigError(t, "newRelay with a missing CA file", err, "KAFKA_TLS_CA_FILE")
 	_, err = newRelay(relayParams{Lifecycle: lc, Config: Config{Brokers: []string{"localhost:9093"},
-		KafkaSASL: KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
+		KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
 	checkConfigError(t, "newRelay with SASL and no TLS", err, "KAFKA_SASL_ALLOW_PLAINTEXT")
 	_, err = newRelay(relayParams{Lifecycle: lc, Pool: &pgxpool.Pool{}, Config: Config{Brokers: []string{"localhost:9093"},
-		KafkaTLS:  KafkaTLS{Enable: true, CAFile: p.caFile},
-		KafkaSASL: KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
+		KafkaTLS:  outboxconfig.KafkaTLS{Enable: true, CAFile: p.caFile},
+		KafkaSASL: outboxconfig.KafkaSASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: password}}})
 	if err != nil {
 		t.Errorf("newRelay with TLS and SCRAM: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkCommitToConsume(b *testing.B) {
 			tbl := testenv.Table(b, pool)
 			topic := testenv.Topic(b, brokers, 1)
 			cons := testenv.Consume(b, brokers, topic)
-			cfg := fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, PollInterval: 250 * time.Millisecond}
+			cfg := fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{PollInterval: 250 * time.Millisecond}}
 			var uow *unitofwork.UnitOfWork
 			var apps []*fxtest.App
 			if mode == "same_process" {

@@ -62,7 +62,7 @@ func TestPartitionerRule(t *testing.T) {
 		if tc.cfg.Sarama != nil {
 			before, _ = partitionerOf(tc.cfg.Sarama.Producer.Partitioner)
 		}
-		sc, err := tc.cfg.saramaConfig()
+		sc, err := tc.cfg.SaramaConfig()
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
@@ -84,7 +84,7 @@ func TestPartitionerRule(t *testing.T) {
 		"both set, sarama's of your own": {Partitioner: relay.FNV1a, Sarama: withPartitioner(sarama.NewRandomPartitioner)},
 		"invalid":                        {Partitioner: relay.Partitioner(7)},
 	} {
-		_, err := c.saramaConfig()
+		_, err := c.SaramaConfig()
 		checkConfigError(t, name, err, "OUTBOX_PARTITIONER")
 	}
 }

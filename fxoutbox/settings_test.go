@@ -1,15 +1,9 @@
 package fxoutbox
 
 import (
-	"context"
 	"errors"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"reflect"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,17 +12,19 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
-	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
 // TestEverySettingReachable walks relay.Config, unitofwork.Config and
-// inbox.Config by reflection: each field must have a setting (a path in
-// fxoutbox's Config or InboxConfig of the same type, and environment
-// variables that the loader reads) or be listed as code-only (loggers,
-// providers, functions, a *sarama.Config). A field added to an engine's
-// Config without either fails here.
+// inbox.Config by reflection: each field must be a setting (reachable from
+// fxoutbox's Config or InboxConfig, where they are nested, with a variable
+// the loader reads: its env tag, or that of the shared setting Config sets
+// it from) or be listed as code-only (loggers, providers, functions, a
+// *sarama.Config). A field added to an engine's Config without an env tag
+// or a place in the code-only list fails here; with the tag it needs
+// nothing else.
 func TestEverySettingReachable(t *testing.T) {
 	read := map[string]bool{}
 	record := func(k string) (string, bool) { read[k] = true; return "", false }
@@ -38,86 +34,89 @@ func TestEverySettingReachable(t *testing.T) {
 	if _, err := inboxConfigFrom(record); err != nil {
 		t.Fatal(err)
 	}
+	vars := map[string][]string{} // "Config.Relay.BatchSize" -> its variables
+	for _, v := range outboxconfig.Variables() {
+		if !read[v.Name] {
+			t.Errorf("%s.%s: the environment loader does not read %s", v.Config, v.Field, v.Name)
+		}
+		for path := v.Config + "." + v.Field; path != v.Config; path = path[:strings.LastIndexByte(path, '.')] {
+			vars[path] = append(vars[path], v.Name)
+		}
+	}
+	// The engines' fields Config sets from one shared setting.
+	shared := map[string]string{
+		"Config.Relay.Table": "Config.Table", "Config.Writer.Table": "Config.Table",
+		"Config.Relay.MaxMessageBytes": "Config.Writer.Limits.MaxRecordBytes", "Config.Relay.Listen": "Config.DisableListen",
+	}
 	for _, engine := range []struct {
 		name     string
 		typ      reflect.Type
-		fx       reflect.Type
-		settings []setting
+		path     string // where Config or InboxConfig nests it
 		codeOnly []string
 	}{
-		{"relay.Config", reflect.TypeFor[relay.Config](), reflect.TypeFor[Config](), relaySettings, relayFromFx},
-		{"unitofwork.Config", reflect.TypeFor[unitofwork.Config](), reflect.TypeFor[Config](), unitOfWorkSettings, unitOfWorkFromFx},
-		{"inbox.Config", reflect.TypeFor[inbox.Config](), reflect.TypeFor[InboxConfig](), inboxSettings, inboxCodeOnly},
+		{"relay.Config", reflect.TypeFor[relay.Config](), "Config.Relay", []string{"Logger", "TracerProvider", "MeterProvider", "Propagator"}},
+		{"unitofwork.Config", reflect.TypeFor[unitofwork.Config](), "Config.Writer", []string{"Propagator", "OnCommit", "Logger", "TxOptions"}},
+		{"inbox.Config", reflect.TypeFor[inbox.Config](), "InboxConfig.Consumer", []string{"Sarama", "Routes", "Logger", "TracerProvider", "MeterProvider", "Propagator"}},
 	} {
-		byField := map[string]setting{}
-		for _, s := range engine.settings {
-			if _, ok := engine.typ.FieldByName(s.Field); !ok {
-				t.Errorf("%s has no field %s, which a setting names", engine.name, s.Field)
-			}
-			byField[s.Field] = s
+		if ft, ok := fieldType(reflect.TypeFor[Config](), reflect.TypeFor[InboxConfig](), engine.path); !ok || ft != engine.typ {
+			t.Fatalf("%s is not a %s", engine.path, engine.name)
 		}
 		for _, f := range reflect.VisibleFields(engine.typ) {
-			s, ok := byField[f.Name]
+			path := engine.path + "." + f.Name
 			code := slices.Contains(engine.codeOnly, f.Name)
+			_, tagged := f.Tag.Lookup("env")
+			from := shared[path]
 			switch {
-			case ok && code:
+			case code && (tagged || from != ""):
 				t.Errorf("%s.%s is both a setting and code-only", engine.name, f.Name)
 			case code:
-			case !ok:
-				t.Errorf("%s.%s has no fx path and no environment variable: add it to fxoutbox's Config and ConfigFromEnv "+
-					"(and the settings table of docs/configuration.md), or list it as code-only", engine.name, f.Name)
-			default:
-				if s.Fx == "" && s.Env == "" {
-					t.Errorf("%s.%s: setting with neither an fx path nor a variable", engine.name, f.Name)
+			case tagged && from != "":
+				t.Errorf("%s.%s has an env tag but Config sets it from %s", engine.name, f.Name, from)
+			case from != "":
+				if len(vars[from]) == 0 {
+					t.Errorf("%s.%s: its setting %s has no variable", engine.name, f.Name, from)
 				}
-				if s.Fx != "" {
-					if ft, ok := fieldType(engine.fx, s.Fx); !ok {
-						t.Errorf("%s.%s: fx path %s.%s does not exist", engine.name, f.Name, engine.fx.Name(), s.Fx)
-					} else if ft != f.Type {
-						t.Errorf("%s.%s is a %v but %s.%s a %v", engine.name, f.Name, f.Type, engine.fx.Name(), s.Fx, ft)
-					}
-				}
-				for _, v := range strings.Split(s.Env, ", ") {
-					if v != "" && !read[v] {
-						t.Errorf("%s.%s: the environment loader does not read %s", engine.name, f.Name, v)
-					}
-				}
+			case !tagged:
+				t.Errorf("%s.%s has no environment variable: give it an env tag (e.g. `env:\"OUTBOX_...\"`), or list it as code-only", engine.name, f.Name)
+			case len(vars[path]) == 0:
+				t.Errorf("%s.%s: its env tag names no variable the loader reads", engine.name, f.Name)
 			}
 		}
 	}
 }
 
-// fieldType follows a dotted path of fields from t.
-func fieldType(t reflect.Type, path string) (reflect.Type, bool) {
-	for _, name := range strings.Split(path, ".") {
+// fieldType follows a dotted path of fields from Config or InboxConfig.
+func fieldType(cfg, inboxCfg reflect.Type, path string) (reflect.Type, bool) {
+	head, rest, _ := strings.Cut(path, ".")
+	t := map[string]reflect.Type{"Config": cfg, "InboxConfig": inboxCfg}[head]
+	for _, name := range strings.Split(rest, ".") {
 		f, ok := t.FieldByName(name)
 		if !ok {
 			return nil, false
 		}
 		t = f.Type
 	}
-	if path == "DisableListen" { // relay.Config.Listen, inverted
-		return reflect.TypeFor[bool](), true
-	}
 	return t, true
 }
 
-// The relay settings that fx and the environment could not reach before
-// (CleanupInterval, CleanupBatch, StatsInterval) reach the relay, and so do
-// the others, through the one mapping.
+// The relay settings reach the relay from the environment, the shared ones
+// (the table, the largest record, LISTEN) from where Config sets them.
 func TestRelayConfigFromSettings(t *testing.T) {
 	env := map[string]string{
-		"OUTBOX_CLEANUP_INTERVAL": "2m", "OUTBOX_CLEANUP_BATCH": "10", "OUTBOX_STATS_INTERVAL": "3s",
+		"OUTBOX_CLEANUP_INTERVAL": "2m", "OUTBOX_CLEANUP_BATCH": "10", "OUTBOX_STATS_INTERVAL": "3s", "OUTBOX_TABLE": "orders_outbox",
 		"OUTBOX_BATCH_SIZE": "7", "OUTBOX_LISTEN": "off", "OUTBOX_MAX_RECORD_BYTES": "5000",
 	}
 	c, err := configFrom(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := (&instance{}).relayConfig(c)
-	if rc.CleanupInterval != 2*time.Minute || rc.CleanupBatch != 10 || rc.StatsInterval != 3*time.Second ||
-		rc.BatchSize != 7 || rc.Listen || rc.MaxMessageBytes != 5000 {
-		t.Errorf("relay config = %+v", rc)
+	rc, err := c.RelayConfig()
+	if err != nil || rc.CleanupInterval != 2*time.Minute || rc.CleanupBatch != 10 || rc.StatsInterval != 3*time.Second ||
+		rc.BatchSize != 7 || rc.Listen || rc.MaxMessageBytes != 5000 || rc.Table.Name != "orders_outbox" {
+		t.Errorf("relay config = %+v, %v", rc, err)
+	}
+	if rc, err := (Config{}).RelayConfig(); err != nil || !rc.Listen || rc.MaxMessageBytes != outbox.DefaultMaxRecordBytes || rc.Table != (outbox.Table{}).WithDefaults() {
+		t.Errorf("default relay config: listen %t, max message bytes %d, table %v, %v", rc.Listen, rc.MaxMessageBytes, rc.Table, err)
 	}
 	for k, v := range map[string]string{"OUTBOX_CLEANUP_INTERVAL": "-1m", "OUTBOX_CLEANUP_BATCH": "0", "OUTBOX_STATS_INTERVAL": "often"} {
 		if _, err := configFrom(func(name string) (string, bool) { return v, name == k }); err == nil || !strings.Contains(err.Error(), k) {
@@ -126,106 +125,48 @@ func TestRelayConfigFromSettings(t *testing.T) {
 	}
 }
 
-// The defaults Config's field comments state for the relay's settings are
-// the relay's own (its named constants, which relay.New applies), so that
-// fxoutbox writes no default of its own.
-func TestRelayDefaultsInComments(t *testing.T) {
-	r, err := relay.New(&pgxpool.Pool{}, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defaults := reflect.ValueOf(r.Config())
-	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs := map[string]string{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		if ts, ok := n.(*ast.TypeSpec); ok && ts.Name.Name == "Config" {
-			for _, fl := range ts.Type.(*ast.StructType).Fields.List {
-				for _, id := range fl.Names {
-					docs[id.Name] = strings.Join(strings.Fields(fl.Doc.Text()), " ")
-				}
-			}
-		}
-		return true
-	})
-	re := regexp.MustCompile(`Default ([0-9][0-9a-zA-Z]*)`)
-	checked := 0
-	for _, s := range relaySettings {
-		m := re.FindStringSubmatch(docs[s.Fx])
-		if s.Fx != s.Field || m == nil {
-			continue
-		}
-		checked++
-		var got any
-		switch def := defaults.FieldByName(s.Field).Interface().(type) {
-		case time.Duration:
-			d, err := time.ParseDuration(m[1])
-			if err != nil || d != def {
-				got = m[1]
-			}
-		case int:
-			if m[1] != strconv.Itoa(def) {
-				got = m[1]
-			}
-		default:
-			t.Errorf("%s: a default of type %T in the comment", s.Fx, def)
-		}
-		if got != nil {
-			t.Errorf("Config.%s says Default %v, the relay's default is %v", s.Fx, got, defaults.FieldByName(s.Field))
+// A shared setting is set once: a nested copy with another value is an
+// error naming the field to set instead.
+func TestSharedSettingsSetOnce(t *testing.T) {
+	tbl := outbox.Table{Name: "orders_outbox"}
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Table: tbl, Relay: relay.Config{Table: outbox.Table{Name: "other"}}}, "Relay.Table"},
+		{Config{Table: tbl, Writer: unitofwork.Config{Table: outbox.Table{Name: "other"}}}, "Writer.Table"},
+		{Config{Relay: relay.Config{MaxMessageBytes: 5000}}, "Relay.MaxMessageBytes"},
+		{Config{Relay: relay.Config{Listen: true}, DisableListen: true}, "Relay.Listen"},
+	} {
+		var ce *outbox.ConfigError
+		if _, err := tc.cfg.WithDefaults(); !errors.As(err, &ce) || !strings.HasPrefix(ce.Field, tc.want) {
+			t.Errorf("%s set twice: %v, want a ConfigError on %s", tc.want, err, tc.want)
 		}
 	}
-	if checked < 10 {
-		t.Errorf("only %d comments checked", checked)
-	}
-}
-
-// envconfig.Outbox, which the environment loader fills, maps field by field
-// onto Config (configFromPrefix copies by name), and its TopicCheck values
-// are Config's.
-func TestEnvconfigMatchesConfig(t *testing.T) {
-	cfg := reflect.TypeFor[Config]()
-	for _, f := range reflect.VisibleFields(reflect.TypeFor[envconfig.Outbox]()) {
-		if f.Name == "Warnings" || f.Name == "Names" {
-			continue
-		}
-		if f.Name == "EventTypes" { // converted one by one
-			if !reflect.TypeFor[envconfig.EventType]().ConvertibleTo(reflect.TypeFor[EventType]()) {
-				t.Error("envconfig.EventType does not convert to EventType")
-			}
-			continue
-		}
-		if cf, ok := cfg.FieldByName(f.Name); !ok || !f.Type.ConvertibleTo(cf.Type) {
-			t.Errorf("envconfig.Outbox.%s (%v) has no Config field of that name and a convertible type", f.Name, f.Type)
-		}
-	}
-	if envconfig.TopicsOff != int(TopicsOff) || envconfig.TopicsCheck != int(TopicsCheck) || envconfig.TopicsCreate != int(TopicsCreate) {
-		t.Error("envconfig's TopicCheck values differ from fxoutbox's")
+	same := Config{Table: tbl, Relay: relay.Config{Table: tbl, MaxMessageBytes: outbox.DefaultMaxRecordBytes, Listen: true}, Writer: unitofwork.Config{Table: tbl}}
+	if _, err := same.WithDefaults(); err != nil {
+		t.Errorf("nested copies equal to the shared settings: %v", err)
 	}
 }
 
 // The relay's config errors reach the user naming the fxoutbox field and
 // its variable.
 func TestRelayErrorNamesVariable(t *testing.T) {
-	for field, want := range map[string]string{
-		"BatchSize":       "BatchSize [OUTBOX_BATCH_SIZE]",
-		"CleanupBatch":    "CleanupBatch [OUTBOX_CLEANUP_BATCH]",
-		"MaxMessageBytes": "Limits.MaxRecordBytes [OUTBOX_MAX_RECORD_BYTES]",
-		"Stream.MaxLag":   "Stream.MaxLag [OUTBOX_STREAM_MAX_LAG, OUTBOX_STREAM_MAX_LAG_BYTES]",
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Relay: relay.Config{BatchSize: -1}}, "Relay.BatchSize [OUTBOX_BATCH_SIZE]"},
+		{Config{Relay: relay.Config{CleanupBatch: -1}}, "Relay.CleanupBatch [OUTBOX_CLEANUP_BATCH]"},
+		{Config{Writer: unitofwork.Config{Limits: outbox.Limits{MaxPayloadBytes: 2 << 20}}}, "Writer.Limits.MaxPayloadBytes [OUTBOX_MAX_PAYLOAD_BYTES]"},
+		{Config{Relay: relay.Config{Mode: relay.Stream, Stream: relay.StreamConfig{MaxLag: -1}}}, "Relay.Stream.MaxLag [OUTBOX_STREAM_MAX_LAG]"},
+		{Config{Table: outbox.Table{Name: "a;b"}}, "Table.Name [OUTBOX_TABLE]"},
 	} {
-		err := settingError(&outbox.ConfigError{Field: field, Reason: "is -1"}, relaySettings)
+		_, err := tc.cfg.RelayConfig()
 		var ce *outbox.ConfigError
-		if !errors.As(err, &ce) || ce.Field != want {
-			t.Errorf("%s: %v, want the field %q", field, err, want)
+		if !errors.As(err, &ce) || ce.Field != tc.want {
+			t.Errorf("%v, want the field %q", err, tc.want)
 		}
-	}
-	r, _ := relay.New(&pgxpool.Pool{}, relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil }), &relay.Config{StatsInterval: -1})
-	if r != nil {
-		t.Fatal("relay.New took StatsInterval -1")
-	}
-	if settingError(nil, relaySettings) != nil {
-		t.Error("settingError(nil) is not nil")
 	}
 }
 

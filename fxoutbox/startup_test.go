@@ -2,6 +2,8 @@ package fxoutbox_test
 
 import (
 	"encoding/json"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"log/slog"
 	"strings"
 	"testing"
@@ -42,14 +44,14 @@ func TestStartUpLineNamesTheMode(t *testing.T) {
 
 	t.Run("poll", func(t *testing.T) {
 		tbl := testenv.Table(t, pool)
-		line := startUpLine(t, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, PollInterval: 250 * time.Millisecond})
+		line := startUpLine(t, fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{PollInterval: 250 * time.Millisecond}})
 		if want := "poll 250ms, wake-ups in process and by LISTEN " + tbl.Channel() + ", 1 worker(s), batch 50-500"; line["mode"] != want {
 			t.Errorf("mode = %q, want %q", line["mode"], want)
 		}
 		if _, ok := line["slot"]; ok {
 			t.Errorf("a polling relay's start-up line names a slot: %v", line)
 		}
-		line = startUpLine(t, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, DisableListen: true})
+		line = startUpLine(t, fxoutbox.Config{Table: tbl, Brokers: brokers, DisableListen: true, Writer: unitofwork.Config{Service: "svc"}})
 		if want := "poll 500ms, wake-ups in process, 1 worker(s), batch 50-500"; line["mode"] != want {
 			t.Errorf("mode without LISTEN = %q, want %q", line["mode"], want)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -13,108 +12,22 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/envconfig"
-	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
-
-// EventType declares an event a service writes, so that its topic is known
-// before the first event: Config.TopicNames lists the topics, and
-// Config.TopicCheck checks or creates them at start.
-type EventType struct {
-	// AggregateType and Type are those of the events, e.g. "payment" and
-	// "payment.created.v1"; the topic is derived from them as Config.Topics
-	// says.
-	AggregateType string
-	Type          string
-	// Topic is the topic of events that name theirs. Default "": derived.
-	Topic string
-}
-
-// TopicCheck says what the relay does at start about the topics of the
-// declared event types (Config.EventTypes).
-type TopicCheck int
-
-const (
-	// TopicsOff checks nothing (default). An event for a missing topic
-	// fails at publish: with the brokers' auto-creation off it is retried
-	// and then parked (Config.MaxAttempts).
-	TopicsOff TopicCheck = iota
-	// TopicsCheck fails the start when a topic is missing, naming it.
-	TopicsCheck
-	// TopicsCreate creates missing topics with TopicPartitions and
-	// TopicReplicationFactor, and fails the start if it cannot.
-	TopicsCreate
-)
-
-func (t TopicCheck) String() string {
-	switch t {
-	case TopicsOff:
-		return "off"
-	case TopicsCheck:
-		return "check"
-	case TopicsCreate:
-		return "create"
-	}
-	return fmt.Sprintf("TopicCheck(%d)", int(t))
-}
 
 // ErrMissingTopic is matched (errors.Is) by the start error of a relay
 // whose topic check found topics missing on the brokers.
 var ErrMissingTopic = errors.New("topic missing on the brokers")
 
-// TopicNames returns the topics of the declared event types
-// (Config.EventTypes), derived as the writer derives them, sorted and
-// without duplicates: the list to create or to grant the relay's producer
-// access to. A type whose topic cannot be derived is an error naming it.
-func (c Config) TopicNames() ([]string, error) {
-	c, err := c.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for i, et := range c.EventTypes {
-		topic := et.Topic
-		if topic == "" {
-			if topic, err = c.Topics(c.Service, outbox.Event{AggregateType: et.AggregateType, Type: et.Type}); err != nil {
-				return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d] [OUTBOX_EVENT_TYPES]", i),
-					Reason: fmt.Sprintf("(%s, %s): the topic %v", textcut.Quote(et.AggregateType, 64), textcut.Quote(et.Type, 64), err)}
-			}
-		}
-		if err := outbox.ValidateTopic(topic); err != nil {
-			return nil, &outbox.ConfigError{Field: fmt.Sprintf("EventTypes[%d] [OUTBOX_EVENT_TYPES]", i), Reason: err.Error()}
-		}
-		out = append(out, topic)
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
 // declaredTopics is TopicNames for a topic check, which needs at least one.
-func (c Config) declaredTopics() ([]string, error) {
+func declaredTopics(c Config) ([]string, error) {
 	names, err := c.TopicNames()
-	if err != nil {
-		return nil, err
-	}
-	if len(names) == 0 {
-		return nil, &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "is " + c.TopicCheck.String() +
+	if err == nil && len(names) == 0 {
+		err = &outbox.ConfigError{Field: "TopicCheck [OUTBOX_TOPICS]", Reason: "is " + c.TopicCheck.String() +
 			" but no event types are declared: list them in Config.EventTypes or OUTBOX_EVENT_TYPES " +
 			"(e.g. OUTBOX_EVENT_TYPES=payment:payment.created.v1,payment:payment.refunded.v1), or set OUTBOX_TOPICS=off"}
 	}
-	return names, nil
-}
-
-// ExplicitTopics is the TopicFunc of a service whose events all name their
-// Topic [OUTBOX_TOPIC_NAMING=explicit]: it derives none, so Config.Service
-// may stay empty, and an event without a Topic fails at Add.
-func ExplicitTopics(service string, e outbox.Event) (string, error) {
-	return envconfig.ExplicitTopics(service, e)
-}
-
-// derivesFromService reports whether f is one of the library's namings,
-// which need a service name.
-func derivesFromService(f outbox.TopicFunc) bool {
-	p := reflect.ValueOf(f).Pointer()
-	return p == reflect.ValueOf(outbox.TopicPerEvent).Pointer() || p == reflect.ValueOf(outbox.TopicPerAggregate).Pointer()
+	return names, err
 }
 
 // ensureTopics checks that topics exist on the brokers, creating the
@@ -141,9 +54,9 @@ func ensureTopics(ctx context.Context, cfg Config, producer *sarama.Config, topi
 		if len(missing) == 0 {
 			return nil
 		}
-		if cfg.TopicCheck != TopicsCreate {
+		if cfg.TopicCheck != outboxconfig.TopicsCreate {
 			return fmt.Errorf("%w: %s: create them with the partitions and replication your consumers need, "+
-				"or set OUTBOX_TOPICS=create (Config.TopicCheck = fxoutbox.TopicsCreate)", ErrMissingTopic, strings.Join(missing, ", "))
+				"or set OUTBOX_TOPICS=create (Config.TopicCheck = outboxconfig.TopicsCreate)", ErrMissingTopic, strings.Join(missing, ", "))
 		}
 		for _, t := range missing {
 			err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: cfg.TopicPartitions, ReplicationFactor: cfg.TopicReplicationFactor}, false)

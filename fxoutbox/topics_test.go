@@ -15,10 +15,11 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/fxoutbox"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-var paymentEvents = []fxoutbox.EventType{
+var paymentEvents = []outboxconfig.EventType{
 	{AggregateType: "payment", Type: "payment.created.v1"},
 	{AggregateType: "payment", Type: "payment.authorized.v1"},
 	{AggregateType: "payment", Type: "payment.created.v2"}, // same topic as v1
@@ -33,7 +34,7 @@ func TestTopicNames(t *testing.T) {
 		{nil, []string{"ledger.refunds", "pay.payment.authorized", "pay.payment.created"}},
 		{outbox.TopicPerAggregate, []string{"ledger.refunds", "pay.payment"}},
 	} {
-		got, err := fxoutbox.Config{Service: "pay", Topics: tc.naming, EventTypes: paymentEvents}.TopicNames()
+		got, err := fxoutbox.Config{EventTypes: paymentEvents, Writer: unitofwork.Config{Service: "pay", Topics: tc.naming}}.TopicNames()
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("TopicNames = %q, %v; want %q", got, err, tc.want)
 		}
@@ -55,8 +56,7 @@ func TestTopicCheckAndCreate(t *testing.T) {
 	present := svc + ".payment.created"
 	testenv.CreateTopic(t, brokers, present, 1)
 	missing := svc + ".payment.authorized"
-	cfg := fxoutbox.Config{Service: svc, Table: tbl, Brokers: brokers, TopicCheck: fxoutbox.TopicsCheck,
-		EventTypes: []fxoutbox.EventType{{AggregateType: "payment", Type: "payment.created.v1"}, {AggregateType: "payment", Type: "payment.authorized.v1"}}}
+	cfg := fxoutbox.Config{Table: tbl, Brokers: brokers, TopicCheck: outboxconfig.TopicsCheck, EventTypes: []outboxconfig.EventType{{AggregateType: "payment", Type: "payment.created.v1"}, {AggregateType: "payment", Type: "payment.authorized.v1"}}, Writer: unitofwork.Config{Service: svc}}
 
 	app := fx.New(fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -70,7 +70,7 @@ func TestTopicCheckAndCreate(t *testing.T) {
 	}
 	_ = app.Stop(ctx)
 
-	cfg.TopicCheck, cfg.TopicPartitions, cfg.PollInterval = fxoutbox.TopicsCreate, 3, time.Hour
+	cfg.TopicCheck, cfg.TopicPartitions, cfg.Relay.PollInterval = outboxconfig.TopicsCreate, 3, time.Hour
 	var uow *unitofwork.UnitOfWork
 	app2 := fxtest.New(t, fx.NopLogger, fx.Supply(pool, cfg), fxoutbox.Module, fx.Populate(&uow))
 	app2.RequireStart()
@@ -95,7 +95,7 @@ func TestTopicCheckAndCreate(t *testing.T) {
 
 func TestTopicCheckNeedsDeclaredEventTypes(t *testing.T) {
 	pool := testenv.Pool(t)
-	app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Service: "svc", Brokers: []string{"127.0.0.1:1"}, TopicCheck: fxoutbox.TopicsCheck}), fxoutbox.Module)
+	app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Brokers: []string{"127.0.0.1:1"}, TopicCheck: outboxconfig.TopicsCheck, Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.Module)
 	if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "OUTBOX_TOPICS") || !strings.Contains(err.Error(), "EventTypes") {
 		t.Errorf("app.Err() = %v, want ErrInvalidConfig naming OUTBOX_TOPICS and EventTypes", err)
 	}

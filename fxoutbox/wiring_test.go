@@ -92,9 +92,9 @@ func TestNamedInstancesSideBySide(t *testing.T) {
 	app := fxtest.New(t,
 		fx.NopLogger,
 		fx.Supply(pool),
-		fxoutbox.Named("payments", fxoutbox.Config{Service: paySvc, Table: payTbl, Brokers: brokers, PollInterval: hour}),
-		fxoutbox.Named("audit", fxoutbox.Config{Service: auditSvc, Table: auditTbl, Brokers: brokers, PollInterval: hour}),
-		fx.Supply(fxoutbox.Config{Service: "main", Table: mainTbl, Brokers: brokers, PollInterval: hour}),
+		fxoutbox.Named("payments", fxoutbox.Config{Table: payTbl, Brokers: brokers, Writer: unitofwork.Config{Service: paySvc}, Relay: relay.Config{PollInterval: hour}}),
+		fxoutbox.Named("audit", fxoutbox.Config{Table: auditTbl, Brokers: brokers, Writer: unitofwork.Config{Service: auditSvc}, Relay: relay.Config{PollInterval: hour}}),
+		fx.Supply(fxoutbox.Config{Table: mainTbl, Brokers: brokers, Writer: unitofwork.Config{Service: "main"}, Relay: relay.Config{PollInterval: hour}}),
 		fxoutbox.Module,
 		fx.Populate(&h),
 	)
@@ -161,7 +161,7 @@ func TestAddTxWakesTheRelay(t *testing.T) {
 			tbl := testenv.Table(t, pool)
 			topic := testenv.Topic(t, brokers, 1)
 			cons := testenv.Consume(t, brokers, topic)
-			cfg := fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, PollInterval: time.Hour}
+			cfg := fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{PollInterval: time.Hour}}
 			var uow *unitofwork.UnitOfWork
 			var app *fxtest.App
 			if mode == "same process" {
@@ -203,7 +203,7 @@ func TestConcreteSDKProvidersAreUsed(t *testing.T) {
 	l, log := newLogs()
 	var uow *unitofwork.UnitOfWork
 	app := fxtest.New(t, fx.NopLogger,
-		fx.Supply(pool, tp, mp, log, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers}),
+		fx.Supply(pool, tp, mp, log, fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "svc"}}),
 		fxoutbox.Module, fx.Populate(&uow))
 	app.RequireStart()
 	defer app.RequireStop()
@@ -334,7 +334,7 @@ func TestStartUpTrapsNameTheVariable(t *testing.T) {
 		app.RequireStart().RequireStop()
 	})
 	t.Run("config broker without port", func(t *testing.T) {
-		app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: []string{"localhost"}}), fxoutbox.Module)
+		app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: []string{"localhost"}, Writer: unitofwork.Config{Service: "svc"}}), fxoutbox.Module)
 		if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "KAFKA_BROKERS") {
 			t.Errorf("app.Err() = %v, want ErrInvalidConfig naming Brokers [KAFKA_BROKERS]", err)
 		}
@@ -350,7 +350,7 @@ func TestStartUpTrapsNameTheVariable(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, m := range []fx.Option{fxoutbox.Module, fxoutbox.WriterModule} {
-			app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: old, Brokers: []string{"127.0.0.1:1"}}), m,
+			app := fx.New(fx.NopLogger, fx.Supply(pool, fxoutbox.Config{Table: old, Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}}), m,
 				fx.Invoke(func(*unitofwork.UnitOfWork) {}))
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := app.Start(sctx)
@@ -383,7 +383,7 @@ func TestFxOutputNamesFunctions(t *testing.T) {
 			names = append(names, e.FunctionName)
 		}
 	}))
-	cfg := fxoutbox.Config{Service: "svc", Table: tbl, Brokers: []string{"127.0.0.1:1"}}
+	cfg := fxoutbox.Config{Table: tbl, Brokers: []string{"127.0.0.1:1"}, Writer: unitofwork.Config{Service: "svc"}}
 	app := fxtest.New(t, fx.WithLogger(func() fxevent.Logger { return logger }),
 		fx.Supply(pool, cfg), fxoutbox.Module, fxoutbox.Named("audit", cfg))
 	app.RequireStart().RequireStop()

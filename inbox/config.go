@@ -141,13 +141,13 @@ func EventIDOrPosition(m *sarama.ConsumerMessage) (string, error) {
 // Config configures a Consumer.
 type Config struct {
 	// Group is the Kafka consumer group id. Required.
-	Group string
+	Group string `env:"OUTBOX_INBOX_GROUP"`
 	// Name is the consumer's name in the inbox table: each event is applied
 	// once per Name. Two groups that must each apply every event need two
 	// names. Default: Group.
-	Name string
+	Name string `env:"OUTBOX_INBOX_NAME"`
 	// Brokers are the Kafka bootstrap addresses, host:port. Required.
-	Brokers []string
+	Brokers []string `env:"OUTBOX_INBOX_BROKERS,brokers"`
 	// Sarama is the consumer group's configuration. Default:
 	// DefaultSaramaConfig(). Its Consumer.Group.Rebalance.Timeout must be
 	// below Net.ReadTimeout (IBM/sarama#2820), and DrainTimeout below it.
@@ -164,13 +164,13 @@ type Config struct {
 	Routes []Route
 	// Table is the inbox table (its parked records are in <name>_parked).
 	// Default: outbox_inbox in the search_path.
-	Table outbox.Table
+	Table outbox.Table `env:"OUTBOX_INBOX_"`
 	// Concurrency is how many records of one partition are processed at
 	// once, on distinct keys (records of one key are applied in partition
 	// order, one at a time). An idle worker takes the next record whose key
 	// has nothing earlier in progress, reading up to Concurrency x 64
 	// records ahead of the lowest one not yet done. 1-1024. Default 16.
-	Concurrency int
+	Concurrency int `env:"OUTBOX_INBOX_CONCURRENCY"`
 	// BatchSize is how many records of a partition one transaction may
 	// apply (default 1: a transaction per record). Above 1, a worker that
 	// takes a record also takes the records ready at that moment (of
@@ -194,17 +194,17 @@ type Config struct {
 	// breaks fails the whole batch at COMMIT. TryTimeout bounds the batch's
 	// transaction; a partition's batches halve after one failed and grow
 	// again as they commit. 1-1000. Default 1.
-	BatchSize int
+	BatchSize int `env:"OUTBOX_INBOX_BATCH_SIZE"`
 	// MaxAttempts is how many handler errors a record may have before it is
 	// parked (or held). Default 5.
-	MaxAttempts int
+	MaxAttempts int `env:"OUTBOX_INBOX_MAX_ATTEMPTS"`
 	// Poison is outbox.Park (default) or outbox.Hold (see
 	// outbox.PoisonPolicy for what each does to a record).
-	Poison outbox.PoisonPolicy
+	Poison outbox.PoisonPolicy `env:"OUTBOX_INBOX_POISON"`
 	// Identity gives each record the id it is deduplicated on. Default
 	// EventID (x-event-id, or a CloudEvent's ce_source and ce_id; other
 	// records are parked); EventIDOrPosition accepts the others too.
-	Identity IdentityFunc
+	Identity IdentityFunc `env:"OUTBOX_INBOX_IDENTITY"`
 	// DeadLetterTopic, if set, is where a parked record is also announced:
 	// the transaction that parks it records an outbox event (type
 	// DeadLetterEventType, payload DeadLetter: the record's exact key, value
@@ -215,19 +215,19 @@ type Config struct {
 	// (without identity, redelivered) sends none. It must not be a topic
 	// the consumer routes. Create the topic as you create the others: the
 	// relay parks events whose topic does not exist (with fxoutbox, list it
-	// in Config.EventTypes as fxoutbox.EventType{Topic: ...} for
+	// in Config.EventTypes as outboxconfig.EventType{Topic: ...} for
 	// OUTBOX_TOPICS=check or create to cover it). Default "" (none).
-	DeadLetterTopic string
+	DeadLetterTopic string `env:"OUTBOX_INBOX_DEAD_LETTER_TOPIC,topic"`
 	// ParkUnrouted parks records of a topic whose x-event-type no route
 	// takes, instead of skipping them. Default false: they are skipped
 	// (counted as ignored) and their offsets committed.
-	ParkUnrouted bool
+	ParkUnrouted bool `env:"OUTBOX_INBOX_PARK_UNROUTED"`
 	// MinBackoff is the first wait between tries of a failing record; the
 	// wait doubles up to MaxBackoff. Default 100ms.
-	MinBackoff time.Duration
+	MinBackoff time.Duration `env:"OUTBOX_INBOX_MIN_BACKOFF"`
 	// MaxBackoff caps the wait between tries of a failing record. Default
 	// 30s, or MinBackoff if longer.
-	MaxBackoff time.Duration
+	MaxBackoff time.Duration `env:"OUTBOX_INBOX_MAX_BACKOFF"`
 	// TryTimeout bounds one try at a record (its transaction, handler
 	// included): at the deadline the transaction is cancelled and rolls
 	// back, and the record is retried like after any timeout, with backoff
@@ -235,20 +235,20 @@ type Config struct {
 	// must not get records parked). A handler that never finishes in time
 	// therefore holds its key; it is logged with error.type=timeout at each
 	// try. Default 60s.
-	TryTimeout time.Duration
+	TryTimeout time.Duration `env:"OUTBOX_INBOX_TRY_TIMEOUT"`
 	// DrainTimeout is how long records in progress may take to finish when
 	// their partition is revoked or the consumer stops; then their
 	// transactions are cancelled (rolled back) and the records are left
 	// to the next owner. Default 5s.
-	DrainTimeout time.Duration
+	DrainTimeout time.Duration `env:"OUTBOX_INBOX_DRAIN_TIMEOUT"`
 	// Retention is how long inbox rows are kept; older ones are deleted in
 	// bounded batches every CleanupInterval. Keep it longer than the topics'
 	// retention.ms plus the longest offset reset you may do: an event
 	// redelivered after its row was deleted is applied again. Negative keeps
 	// rows forever. Default 720h (30 days; Kafka's default retention is 7).
-	Retention time.Duration
+	Retention time.Duration `env:"OUTBOX_INBOX_RETENTION,forever"`
 	// CleanupInterval is the period of the retention deletes. Default 10m.
-	CleanupInterval time.Duration
+	CleanupInterval time.Duration `env:"OUTBOX_INBOX_CLEANUP_INTERVAL"`
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// TracerProvider makes the process spans. Default: the global one.

@@ -20,15 +20,15 @@ type Config struct {
 	// Mode is Poll (default: claim unpublished rows from the table) or
 	// Stream (follow the table's inserts in a logical replication slot;
 	// see Stream and the package documentation).
-	Mode Mode
+	Mode Mode `env:"OUTBOX_RELAY_MODE"`
 	// Stream configures the Stream mode.
-	Stream StreamConfig
+	Stream StreamConfig `env:""`
 	// PollInterval is the period of the relay's ticker: the longest an event
 	// waits when no wake-up reaches the relay. Default 500ms.
-	PollInterval time.Duration
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL"`
 	// BatchSize is the most rows one claim takes when the relay is keeping
 	// up (1-10000). Default 50.
-	BatchSize int
+	BatchSize int `env:"OUTBOX_BATCH_SIZE"`
 	// MaxBatchSize is the most rows one claim takes while a backlog drains:
 	// after a full batch the next claim takes twice as many, up to
 	// MaxBatchSize, and the first claim that is not full returns to
@@ -37,7 +37,7 @@ type Config struct {
 	// 500 is about 2.4x faster than with batches of 50. A crash then repeats
 	// up to MaxBatchSize events instead of BatchSize. Set it to BatchSize
 	// for fixed batches. BatchSize-10000. Default 500, or BatchSize if larger.
-	MaxBatchSize int
+	MaxBatchSize int `env:"OUTBOX_MAX_BATCH_SIZE"`
 	// Workers is how many batches one relay has in flight, each in its own
 	// transaction on its own lanes (under PerKey ordering a lane is still
 	// published by one worker at a time, so order holds). A second worker
@@ -47,60 +47,60 @@ type Config struct {
 	// process repeats up to Workers batches instead of one. In Stream mode
 	// one goroutine follows the stream and Workers is not used. 1-64.
 	// Default 1.
-	Workers int
+	Workers int `env:"OUTBOX_WORKERS"`
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
-	Ordering Ordering
+	Ordering Ordering `env:"OUTBOX_ORDERING"`
 	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
 	// lane's events, in a Kafka transaction with the lane's progress, for
 	// read_committed consumers that see each event once (see
 	// docs/exactly-once.md). ExactlyOnce needs Mode Poll, Ordering PerKey and a
 	// SaramaPublisher, and commits each batch's marks synchronously.
-	// Default at-least-once [OUTBOX_DELIVERY].
-	Delivery Delivery
+	// Default at-least-once.
+	Delivery Delivery `env:"OUTBOX_DELIVERY"`
 	// Progress is ProgressMarks (default: published_at is set on each
 	// delivered row) or ProgressCursor (the lanes' positions are recorded
 	// once per batch, and nothing is written per event; it needs the cursor
 	// migration and Ordering PerKey; in Stream mode it is what lets the
 	// stream publish what it decodes, see docs/streaming.md).
-	// Default marks [OUTBOX_PROGRESS].
-	Progress Progress
+	// Default marks.
+	Progress Progress `env:"OUTBOX_PROGRESS"`
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
 	// a relay that dies mid-transaction holds read_committed consumers of
 	// the partitions it wrote back at most this long (plus the broker's
 	// transaction.abort.timed.out.transaction.cleanup.interval.ms) when no
 	// other relay takes its lane first. At most BatchTimeout, and at most the broker's
 	// transaction.max.timeout.ms. Default 10s.
-	TransactionTimeout time.Duration
+	TransactionTimeout time.Duration `env:"OUTBOX_TRANSACTION_TIMEOUT"`
 	// ProgressTopic is the compacted, one-partition topic where
 	// ExactlyOnce writes each lane's progress; the relay creates it when
 	// missing. Default "fxoutbox.progress.<table>" with no Table.Schema
 	// (e.g. fxoutbox.progress.outbox_event), "fxoutbox.progress.<schema>.<table>"
 	// with one; characters Kafka does not take in a topic name become '_'.
-	ProgressTopic string
+	ProgressTopic string `env:"OUTBOX_PROGRESS_TOPIC"`
 	// TransactionalID is the prefix of ExactlyOnce's Kafka transactional
 	// ids: "<TransactionalID>.<relay>.<n>", where <relay> is random per
 	// relay and <n> numbers its workers. No other producer may use ids
 	// with this prefix. Default "fxoutbox.<table>" with no Table.Schema,
 	// "fxoutbox.<schema>.<table>" with one.
-	TransactionalID string
+	TransactionalID string `env:"OUTBOX_TRANSACTIONAL_ID"`
 	// Lanes is the number of lanes keys are hashed into under PerKey
 	// ordering: the unit one relay replica claims. More lanes spread keys
 	// over more replicas; every relay on a table must use the same number
 	// (change it only with all relays stopped). 1-4096. Default 64.
-	Lanes int
+	Lanes int `env:"OUTBOX_LANES"`
 	// MaxAttempts is how many permanent failures (see outbox.PermanentError) an
 	// event may have before it is parked; its attempts are paced like its
 	// retries (see Failures in the package documentation). Events the relay
 	// cannot read or send, those the broker refuses alone for good (too
 	// large for the topic) and those for a missing topic are parked at once.
 	// Default 5.
-	MaxAttempts int
+	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS"`
 	// Poison says what happens to an event that keeps failing permanently:
 	// Park (default) sets it aside, so its key's later events flow on
 	// without it; Hold retries it forever, keeping its key's order but
 	// blocking the key until an operator acts.
-	Poison outbox.PoisonPolicy
+	Poison outbox.PoisonPolicy `env:"OUTBOX_POISON"`
 	// MaxMessageBytes is the largest record the relay sends, counted as
 	// the writers count it (key, value, headers, and the record and
 	// batch overhead a broker compares with message.max.bytes); larger
@@ -127,18 +127,18 @@ type Config struct {
 	// table (migrations.UpPartitioned) the relay deletes no row: it drops a
 	// partition once Retention has passed since its upper bound and every
 	// lane delivered it (docs/partitions.md).
-	Retention time.Duration
+	Retention time.Duration `env:"OUTBOX_RETENTION,forever"`
 	// CleanupInterval is the period of the deletion of old published rows.
 	// Default 1m.
-	CleanupInterval time.Duration
+	CleanupInterval time.Duration `env:"OUTBOX_CLEANUP_INTERVAL"`
 	// CleanupBatch is the most rows one deletion statement removes, so it
 	// never holds many locks or a long transaction. 1-100000. Default 1000.
-	CleanupBatch int
+	CleanupBatch int `env:"OUTBOX_CLEANUP_BATCH"`
 	// BatchTimeout bounds one batch: claim, publish, mark and commit. On
 	// expiry the batch is abandoned and its rows stay unpublished. It also
 	// sets the server-side idle_in_transaction_session_timeout of the batch's
 	// transaction (BatchTimeout + 5s). Default 30s.
-	BatchTimeout time.Duration
+	BatchTimeout time.Duration `env:"OUTBOX_BATCH_TIMEOUT"`
 	// SynchronousCommit makes each batch's COMMIT wait for its WAL flush,
 	// as the session's synchronous_commit says. By default a batch commits
 	// with synchronous_commit=off: its marks are all it writes, and marks
@@ -147,11 +147,11 @@ type Config struct {
 	// as at-least-once delivery allows (same x-event-id, order kept). The
 	// relay then does not wait for a disk flush per batch, and its commits do
 	// not queue behind the writers' flushes. Default false.
-	SynchronousCommit bool
+	SynchronousCommit bool `env:"OUTBOX_SYNCHRONOUS_COMMIT"`
 	// MaxBackoff caps the wait after consecutive failed batches, and between
 	// the retries of a failed event; the wait starts at PollInterval and
 	// doubles, with jitter. Default 30s (or PollInterval, if longer).
-	MaxBackoff time.Duration
+	MaxBackoff time.Duration `env:"OUTBOX_MAX_BACKOFF"`
 	// Logger receives the relay's logs: one line when publishing starts to
 	// fail, and one when it recovers. No payloads or header values are
 	// logged. Default: slog.Default().
@@ -169,7 +169,7 @@ type Config struct {
 	// other DB every relay reports). After a slow read (a large backlog to
 	// count) the next waits at least ten times as long as it took.
 	// Default 1s.
-	StatsInterval time.Duration
+	StatsInterval time.Duration `env:"OUTBOX_STATS_INTERVAL"`
 	// Propagator reads the stored trace context and writes the publish
 	// span's into the Kafka headers. Default: W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
@@ -183,8 +183,8 @@ type Config struct {
 	// of those six names is replaced by the relay's. Give the writers the
 	// same value (outbox.Limits.CloudEvents) so that they count these
 	// headers in MaxRecordBytes. Both modes, Poll and Stream, send them.
-	// Default: off [OUTBOX_CLOUDEVENTS, OUTBOX_CLOUDEVENTS_SOURCE].
-	CloudEvents outbox.CloudEvents
+	// Default: off.
+	CloudEvents outbox.CloudEvents `env:""`
 }
 
 // The defaults and bounds of Config: the one place each is written. The

@@ -52,11 +52,11 @@ type StreamConfig struct {
 	// MaxLagBytes makes Health fail (check "stream") when the WAL written
 	// since the position the relay confirmed exceeds it: the slot pins that
 	// WAL on the server. Default 1 GiB.
-	MaxLagBytes int64
+	MaxLagBytes int64 `env:"OUTBOX_STREAM_MAX_LAG_BYTES"`
 	// MaxLag makes Health fail (check "stream") when the oldest transaction
 	// the relay received and has not finished committed longer ago than
 	// this. Default 30s.
-	MaxLag time.Duration
+	MaxLag time.Duration `env:"OUTBOX_STREAM_MAX_LAG"`
 	// StandbyRetry is how often a relay whose slot another relay holds
 	// tries to take it over: the most a standby waits after the streaming
 	// relay died or stopped. Default 1s.

@@ -66,17 +66,17 @@ type Config struct {
 	// Service is the first part of derived topic names
 	// ("<service>.<aggregate-type>.<event-name>"), e.g. "order-service".
 	// Default: "" (events must then name their Topic).
-	Service string
+	Service string `env:"OUTBOX_SERVICE"`
 	// Table is the outbox table. Default: outbox_event in the search_path.
 	Table outbox.Table
 	// Topics derives the topic of an event without one. Default:
 	// outbox.TopicPerEvent; outbox.TopicPerAggregate is the alternative.
-	Topics outbox.TopicFunc
+	Topics outbox.TopicFunc `env:"OUTBOX_TOPIC_NAMING"`
 	// Limits bounds what one event may carry: the Kafka record it becomes
 	// (MaxRecordBytes: give the relay the same number as its
 	// MaxMessageBytes), the payload as stored, headers and text fields.
 	// Default: see outbox.Limits.
-	Limits outbox.Limits
+	Limits outbox.Limits `env:""`
 	// Propagator writes the trace context of ctx into each event's headers.
 	// Default: W3C trace context and baggage, the same default as the relay,
 	// whatever the global otel propagator is.

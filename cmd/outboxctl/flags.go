@@ -15,8 +15,8 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
-	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
 
 // command holds what every subcommand parses.
@@ -169,7 +169,7 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 }
 
 // config reads the services' configuration, with --prefix when given.
-func (c *command) config() (envconfig.Outbox, error) {
+func (c *command) config() (outboxconfig.Config, error) {
 	if c.prefix == "" {
 		return c.e.config()
 	}
@@ -188,7 +188,7 @@ func (c *command) connect(ctx context.Context) (conn *pgx.Conn, table outbox.Tab
 		fmt.Fprintf(c.e.stderr, "outboxctl: configuration: %v\n", err)
 		return nil, table, 0, exitUsage
 	}
-	table, lanes = cfg.Table.WithDefaults(), cfg.Lanes
+	table, lanes = cfg.Table.WithDefaults(), cfg.Relay.Lanes
 	conn, code = c.dial(ctx, "outbox", func(err error) string { return explain(err, table, "") })
 	return conn, table, lanes, code
 }

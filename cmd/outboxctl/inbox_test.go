@@ -11,8 +11,8 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
-	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
 
 // inboxWorld is a world with the inbox tables (default name, outbox_inbox)
@@ -82,9 +82,9 @@ func (w *inboxWorld) runInbox(table outbox.Table, stdin string, interactive bool
 			}
 			return ""
 		},
-		config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
-		inboxConfig: func() (envconfig.Inbox, error) {
-			return envconfig.Inbox{Consumer: inbox.Config{Table: table}}, nil
+		config: func() (outboxconfig.Config, error) { return outboxconfig.Config{Table: w.table}, nil },
+		inboxConfig: func() (outboxconfig.InboxConfig, error) {
+			return outboxconfig.InboxConfig{Consumer: inbox.Config{Table: table}}, nil
 		},
 	})
 	return result{code, out.String(), errb.String()}

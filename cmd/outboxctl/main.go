@@ -32,6 +32,7 @@ import (
 
 	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
 
 // Exit codes.
@@ -55,13 +56,13 @@ type env struct {
 	progress bool
 	getenv   func(string) string
 	// config reads the services' configuration (the OUTBOX_* variables).
-	config func() (envconfig.Outbox, error)
+	config func() (outboxconfig.Config, error)
 	// prefixConfig reads it with prefix in front of the names (--prefix);
 	// nil reads the environment.
-	prefixConfig func(prefix string) (envconfig.Outbox, error)
+	prefixConfig func(prefix string) (outboxconfig.Config, error)
 	// inboxConfig reads the consuming services' (OUTBOX_INBOX_*); nil reads
 	// the environment.
-	inboxConfig func() (envconfig.Inbox, error)
+	inboxConfig func() (outboxconfig.InboxConfig, error)
 }
 
 func main() {
@@ -230,17 +231,17 @@ func run(ctx context.Context, args []string, e env) int {
 
 // readConfig reads the services' settings as fxoutbox.ConfigFromEnv does
 // (the same code, in a package that does not link fx).
-func readConfig() (envconfig.Outbox, error) { return readPrefixConfig("") }
+func readConfig() (outboxconfig.Config, error) { return readPrefixConfig("") }
 
 // readPrefixConfig reads them as fxoutbox.ConfigFromEnvPrefix(prefix) does.
-func readPrefixConfig(prefix string) (envconfig.Outbox, error) {
-	return envconfig.Read(prefix, os.LookupEnv, os.Environ()...)
+func readPrefixConfig(prefix string) (outboxconfig.Config, error) {
+	return outboxconfig.FromEnvPrefix(prefix)
 }
 
 // readInboxConfig reads the inbox settings as fxoutbox.InboxConfigFromEnv
 // does.
-func readInboxConfig() (envconfig.Inbox, error) {
-	return envconfig.ReadInbox(os.LookupEnv, os.Environ()...)
+func readInboxConfig() (outboxconfig.InboxConfig, error) {
+	return outboxconfig.InboxFromEnv()
 }
 
 // hoistPrefix moves a --prefix given before the command (outboxctl

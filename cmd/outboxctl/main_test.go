@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -83,7 +83,7 @@ func (w *world) run(stdin string, interactive bool, args ...string) result {
 			}
 			return ""
 		},
-		config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
+		config: func() (outboxconfig.Config, error) { return outboxconfig.Config{Table: w.table}, nil },
 	})
 	return result{code, out.String(), errb.String()}
 }
@@ -460,7 +460,7 @@ func TestInterruptedRequeueKeepsWhatItDid(t *testing.T) {
 	errw := &cancelOnWrite{cancel: cancel}
 	code := run(ctx, []string{"parked", "requeue", "--all", "--yes", "--chunk", "100"}, env{
 		stdin: strings.NewReader(""), stdout: &out, stderr: errw, progress: true,
-		getenv: os.Getenv, config: func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
+		getenv: os.Getenv, config: func() (outboxconfig.Config, error) { return outboxconfig.Config{Table: w.table}, nil },
 	})
 	if code != exitError || !strings.Contains(errw.String(), "interrupted after 100 of 3,000 parked events") || !strings.Contains(errw.String(), "run the same command again") {
 		t.Fatalf("exit %d, stderr: %s", code, errw.String())

@@ -84,7 +84,7 @@ func cmdUI(ctx context.Context, args []string, e env) int {
 	}
 	log := slog.New(slog.NewTextHandler(c.e.stderr, nil))
 	h, err := adminui.NewHandler(adminui.Config{DB: pool, Tables: []outbox.Table{table}, Inboxes: inboxes, Authorizer: auth,
-		Logger: log, Lanes: cfg.Lanes, TraceURL: *traceURL})
+		Logger: log, Lanes: cfg.Relay.Lanes, TraceURL: *traceURL})
 	if err != nil {
 		fmt.Fprintf(c.e.stderr, "outboxctl ui: %v\n", err)
 		return exitUsage

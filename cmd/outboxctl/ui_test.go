@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fxoutbox/outbox/internal/envconfig"
 	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/outboxconfig"
 )
 
 type lockedBuffer struct {
@@ -49,8 +49,8 @@ func (w *world) startUI(vars map[string]string, args ...string) (string, *locked
 				}
 				return vars[k]
 			},
-			config:      func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
-			inboxConfig: func() (envconfig.Inbox, error) { return envconfig.Inbox{}, nil },
+			config:      func() (outboxconfig.Config, error) { return outboxconfig.Config{Table: w.table}, nil },
+			inboxConfig: func() (outboxconfig.InboxConfig, error) { return outboxconfig.InboxConfig{}, nil },
 		})
 	}()
 	w.t.Cleanup(func() {
@@ -149,8 +149,8 @@ func TestUIRefusesAWeakToken(t *testing.T) {
 		getenv: func(k string) string {
 			return map[string]string{"DATABASE_URL": os.Getenv("DATABASE_URL"), "OUTBOX_UI_TOKEN": "short"}[k]
 		},
-		config:      func() (envconfig.Outbox, error) { return envconfig.Outbox{Table: w.table}, nil },
-		inboxConfig: func() (envconfig.Inbox, error) { return envconfig.Inbox{}, nil },
+		config:      func() (outboxconfig.Config, error) { return outboxconfig.Config{Table: w.table}, nil },
+		inboxConfig: func() (outboxconfig.InboxConfig, error) { return outboxconfig.InboxConfig{}, nil },
 	})
 	if code != exitUsage || !strings.Contains(errb.String(), "at least 16 bytes") {
 		t.Fatalf("a short OUTBOX_UI_TOKEN: %d %s", code, errb.String())

@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
@@ -89,12 +90,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DatabaseURL == "" {
 		return c, errors.New("billing: DatabaseURL is empty: set DATABASE_URL to a PostgreSQL connection string")
 	}
-	if c.Outbox.Service == "" {
-		c.Outbox.Service = ServiceName
+	if c.Outbox.Writer.Service == "" {
+		c.Outbox.Writer.Service = ServiceName
 	}
 	c.Outbox.Migrate = true
-	c.Outbox.EventTypes = append(append([]fxoutbox.EventType(nil), c.Outbox.EventTypes...),
-		fxoutbox.EventType{AggregateType: AggregateInvoice, Type: EventInvoiceCreated})
+	c.Outbox.EventTypes = append(append([]outboxconfig.EventType(nil), c.Outbox.EventTypes...),
+		outboxconfig.EventType{AggregateType: AggregateInvoice, Type: EventInvoiceCreated})
 	if c.Group == "" {
 		c.Group = ServiceName
 	}

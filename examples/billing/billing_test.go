@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"github.com/fxoutbox/outbox/outboxconfig"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"log/slog"
 	"os"
 	"strings"
@@ -104,11 +106,8 @@ func start(t *testing.T) *harness {
 
 	app := fxtest.New(t,
 		fx.Supply(billing.Config{
-			DatabaseURL: dbURL,
-			Outbox: fxoutbox.Config{
-				Service: service, Brokers: brokers, Table: outbox.Table{Schema: h.schema},
-				TopicCheck: fxoutbox.TopicsCreate, TopicPartitions: 3,
-			},
+			DatabaseURL:   dbURL,
+			Outbox:        fxoutbox.Config{Brokers: brokers, Table: outbox.Table{Schema: h.schema}, TopicCheck: outboxconfig.TopicsCreate, TopicPartitions: 3, Writer: unitofwork.Config{Service: service}},
 			Group:         h.group,
 			Topic:         h.topic,
 			Inbox:         inbox.Config{MaxAttempts: 1, MinBackoff: 10 * time.Millisecond},

@@ -95,13 +95,13 @@ func EventTopics(cfg Config) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	derive := cfg.Outbox.Topics
+	derive := cfg.Outbox.Writer.Topics
 	if derive == nil {
 		derive = outbox.TopicPerEvent
 	}
 	var topics []string
 	for _, typ := range []string{EventOrderCreated, EventOrderConfirmed} {
-		t, err := derive(cfg.Outbox.Service, outbox.Event{AggregateType: AggregateOrder, AggregateID: "-", Type: typ})
+		t, err := derive(cfg.Outbox.Writer.Service, outbox.Event{AggregateType: AggregateOrder, AggregateID: "-", Type: typ})
 		if err != nil {
 			return nil, err
 		}

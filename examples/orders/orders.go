@@ -88,8 +88,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = "127.0.0.1:8080"
 	}
-	if c.Outbox.Service == "" {
-		c.Outbox.Service = ServiceName
+	if c.Outbox.Writer.Service == "" {
+		c.Outbox.Writer.Service = ServiceName
 	}
 	c.Outbox.Migrate = true
 	if c.MaxBacklogAge == 0 {
@@ -102,7 +102,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Consumer.Brokers = c.Outbox.Brokers
 	}
 	if c.Consumer.Group == "" {
-		c.Consumer.Group = c.Outbox.Service + "-example-consumer"
+		c.Consumer.Group = c.Outbox.Writer.Service + "-example-consumer"
 	}
 	return c, nil
 }

@@ -77,8 +77,7 @@ func TestLargestCloudEventReachesKafkaThroughFx(t *testing.T) {
 
 	var uow *unitofwork.UnitOfWork
 	app := fxtest.New(t, fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, DisableListen: true, DisableNotify: true,
-			CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary}}),
+		fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, DisableListen: true, DisableNotify: true, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{CloudEvents: outbox.CloudEvents{Mode: outbox.CloudEventsBinary}}}),
 		fxoutbox.Module, fx.Populate(&uow))
 	app.RequireStart()
 	defer app.RequireStop()

@@ -143,7 +143,7 @@ func TestLargestEventReachesKafkaThroughFx(t *testing.T) {
 
 	var uow *unitofwork.UnitOfWork
 	app := fxtest.New(t, fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "svc", Table: tbl, Brokers: brokers, DisableListen: true, DisableNotify: true}),
+		fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, DisableListen: true, DisableNotify: true, Writer: unitofwork.Config{Service: "svc"}}),
 		fxoutbox.Module, fx.Populate(&uow))
 	app.RequireStart()
 	defer app.RequireStop()

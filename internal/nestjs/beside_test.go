@@ -3,6 +3,7 @@ package nestjs_test
 import (
 	"context"
 	"fmt"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"os"
 	"sync"
 	"testing"
@@ -62,8 +63,7 @@ func TestBesideTheNestJSRelay(t *testing.T) {
 			sc := relay.DefaultSaramaConfig()
 			sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
 			app := fxtest.New(t, fx.NopLogger,
-				fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: tbl, Brokers: brokers, Sarama: sc,
-					PollInterval: 5 * time.Millisecond, Ordering: ordering, BatchSize: 10, MaxBatchSize: 10}),
+				fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, Sarama: sc, Writer: unitofwork.Config{Service: "order-service"}, Relay: relay.Config{PollInterval: 5 * time.Millisecond, Ordering: ordering, BatchSize: 10, MaxBatchSize: 10}}),
 				fxoutbox.Module)
 			app.RequireStart()
 			producer := nestjs.Producer(t, brokers)

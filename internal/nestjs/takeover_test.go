@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 	"slices"
 	"sync"
 	"testing"
@@ -97,7 +99,7 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 	// partitioner: Java's murmur2, which kafkajs 2.x (the NestJS relay's
 	// client) uses too, so each key stays on its partition.
 	app := fxtest.New(t, fx.NopLogger,
-		fx.Supply(pool, fxoutbox.Config{Service: "order-service", Table: tbl, Brokers: brokers, PollInterval: 100 * time.Millisecond}),
+		fx.Supply(pool, fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "order-service"}, Relay: relay.Config{PollInterval: 100 * time.Millisecond}}),
 		fxoutbox.Module)
 	app.RequireStart()
 	wg.Wait()

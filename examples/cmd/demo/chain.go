@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"log/slog"
 	"slices"
 	"strings"
@@ -92,9 +93,9 @@ func (d *demo) startBilling(ctx context.Context, dbURL, runID string, outboxCfg 
 	d.billingSchema = schema
 	d.billingMetrics = sdkmetric.NewManualReader()
 	cfg := outboxCfg
-	cfg.Service, cfg.EventTypes = "", nil
+	cfg.Writer.Service, cfg.EventTypes = "", nil
 	cfg.Table = outbox.Table{Schema: schema}
-	cfg.TopicCheck = fxoutbox.TopicsCreate
+	cfg.TopicCheck = outboxconfig.TopicsCreate
 	app := fx.New(
 		fx.Supply(billing.Config{
 			DatabaseURL:    dbURL,

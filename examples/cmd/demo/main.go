@@ -38,6 +38,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fxoutbox/outbox/outboxconfig"
 	"io"
 	"log/slog"
 	"net/http"
@@ -143,11 +144,11 @@ func (d *demo) run(ctx context.Context, dbURL string, nOrders int, outage bool, 
 	}
 	outboxCfg.Table.Schema = schema
 	// The topics are created at start (on Apache Kafka too).
-	outboxCfg.EventTypes = []fxoutbox.EventType{
+	outboxCfg.EventTypes = []outboxconfig.EventType{
 		{AggregateType: orders.AggregateOrder, Type: orders.EventOrderCreated},
 		{AggregateType: orders.AggregateOrder, Type: orders.EventOrderConfirmed},
 	}
-	outboxCfg.TopicCheck = fxoutbox.TopicsCreate
+	outboxCfg.TopicCheck = outboxconfig.TopicsCreate
 	d.printf("fxoutbox demo: the orders service (examples/orders) and the billing service (examples/billing) end to end\n")
 	d.printf("  PostgreSQL  %s, schema %s (dropped at exit)\n", redact(dbURL), schema)
 	d.printf("  Admin UI    while it runs: DATABASE_URL=%s OUTBOX_SCHEMA=%s go run ./cmd/outboxctl ui (repository root; docs/adminui.md)\n", redact(dbURL), schema)
