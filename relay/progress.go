@@ -419,17 +419,8 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 		if err != nil || len(idle) == 0 {
 			return err
 		}
-		c, err := r.cursorRead(ctx, tx, idle, r.cfg.BatchSize, nil, 0, map[int32]bool{})
-		if err != nil {
-			return err
-		}
-		b := &pgx.Batch{}
-		r.cursorSave(ctx, b, c.cur, nil, nil, nil)
-		if b.Len() == 0 {
-			return nil
-		}
-		saved = c.cur.saved
-		return tx.SendBatch(ctx, b).Close()
+		saved, err = r.moveOn(ctx, tx, idle)
+		return err
 	})
 	if err == nil {
 		r.cur.remember(saved...)
@@ -440,6 +431,23 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 		return fmt.Errorf("relay: move on the idle lanes of %s: %w", r.cfg.Table, err)
 	}
 	return nil
+}
+
+// moveOn reads on the lanes locked in tx without publishing (see
+// cursorSweep) and writes the positions that changed, which it returns: a
+// window with no row left in it closes, one with rows stops before them,
+// for the next claim.
+func (r *Relay) moveOn(ctx context.Context, tx pgx.Tx, locked []int32) ([]cursor.Lane, error) {
+	c, err := r.cursorRead(ctx, tx, locked, r.cfg.BatchSize, nil, 0, map[int32]bool{})
+	if err != nil {
+		return nil, err
+	}
+	b := &pgx.Batch{}
+	r.cursorSave(ctx, b, c.cur, nil, nil, nil)
+	if b.Len() == 0 {
+		return nil, nil
+	}
+	return c.cur.saved, tx.SendBatch(ctx, b).Close()
 }
 
 // cursorRead is the rest of a cursor claim, on the lanes locked: it reads

@@ -253,16 +253,8 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 		if err != nil || len(open) == 0 {
 			return err
 		}
-		c, err := r.cursorRead(ctx, tx, open, r.cfg.BatchSize, nil, 0, map[int32]bool{})
-		if err != nil {
-			return err
-		}
-		b := &pgx.Batch{}
-		r.cursorSave(ctx, b, c.cur, nil, nil, nil)
-		if b.Len() == 0 {
-			return nil
-		}
-		return tx.SendBatch(ctx, b).Close()
+		_, err = r.moveOn(ctx, tx, open)
+		return err
 	})
 	r.cur.forget() // the positions changed outside a batch: read them again
 	if err != nil {
