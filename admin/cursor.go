@@ -68,7 +68,7 @@ func RebaseCursor(ctx context.Context, db interface {
 		// it was restored.
 		const high = "(SELECT max(greatest(base, pos, top)) FROM " + "%s" + ")"
 		top := fmt.Sprintf(high, c)
-		delivered := "EXISTS (SELECT FROM " + c + " c WHERE c.lane = ((hashtext(e.partition_key) & 2147483647) % c.lanes) AND (pg_visible_in_snapshot(e.txid, c.done)" +
+		delivered := "EXISTS (SELECT FROM " + c + " c WHERE c.lane = " + tablesql.Lane("e.partition_key", "c.lanes") + " AND (pg_visible_in_snapshot(e.txid, c.done)" +
 			" OR (c.upto IS NOT NULL AND pg_visible_in_snapshot(e.txid, c.upto) AND (e.id <= greatest(c.pos, c.floor - 1) OR e.id = ANY(c.skip)))))"
 		tag, err := tx.Exec(ctx, "UPDATE "+t+" e SET published_at = now() WHERE e.id <= "+top+" AND e.published_at IS NULL AND e.parked_at IS NULL AND "+delivered)
 		if err != nil {

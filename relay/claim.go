@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Ordering says what a relay promises about the order of events in Kafka.
@@ -50,7 +51,7 @@ func (o Ordering) String() string {
 // lane is the SQL expression that maps a row's partition key to its lane;
 // $lanes is the number of lanes. hashtext is stable across servers and
 // versions (PostgreSQL 12+).
-const lane = "((hashtext(partition_key) & 2147483647) % @lanes)"
+var lane = tablesql.Lane("partition_key", "@lanes")
 
 // streamTakes is the stream claim's condition on a streamed row e (see
 // streamer.claim): its lane is this transaction's or becomes it (the lanes

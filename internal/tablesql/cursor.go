@@ -78,7 +78,7 @@ func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, 
 // is not counted.
 func Delivered(table outbox.Table) string {
 	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + sqlname.Ident(migrations.CursorTable(table)) + " c" +
-		" WHERE c.lane = ((hashtext(partition_key) & 2147483647) % c.lanes) AND pg_visible_in_snapshot(txid, c.done)))"
+		" WHERE c.lane = " + Lane("partition_key", "c.lanes") + " AND pg_visible_in_snapshot(txid, c.done)))"
 }
 
 // cursorWaiting selects (id, created_at) of the rows some lane has yet to
@@ -90,7 +90,7 @@ func cursorWaiting(table outbox.Table) string {
 	t, c := sqlname.Ident(table), sqlname.Ident(migrations.CursorTable(table))
 	// The lanes' states are arrays indexed by lane + 1, so that the scans
 	// stay on the (txid, id) index (see relay/internal/cursor).
-	const ln = "((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k)) + 1"
+	ln := Lane("e.partition_key", "(SELECT lanes FROM k)") + " + 1"
 	arr := func(col string) string {
 		return "ARRAY(SELECT " + col + " FROM generate_series(0, (SELECT max(lanes) FROM c) - 1) g LEFT JOIN c ON c.lane = g ORDER BY g)"
 	}
@@ -131,4 +131,12 @@ func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Coun
 	}
 	c.finish(ageSec)
 	return c, nil
+}
+
+// Lane is the SQL expression of the lane of partition key key among lanes
+// lanes, the one lane function of the relay, the cursor's positions, the
+// partitions' upkeep and admin (hashtext is stable across servers and
+// versions, PostgreSQL 12+).
+func Lane(key, lanes string) string {
+	return "((hashtext(" + key + ") & 2147483647) % " + lanes + ")"
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Lane is one lane's position, as stored in the positions table.
@@ -136,9 +137,6 @@ func Advance(l Lane, rows []Outcome, full bool, last int64) Lane {
 // for its retry, the lane's other keys go on for this many events, then the
 // lane waits too.
 const SkipCap = 1000
-
-// laneExpr is the lane of a row (the relay's lane function), for alias e.
-const laneExpr = "((hashtext(e.partition_key) & 2147483647) % @lanes)"
 
 // Queries are the statements of one table's cursor progress.
 type Queries struct {
@@ -250,7 +248,7 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 	// its state by subscript, so the scan stays an index scan in id order
 	// that stops at its LIMIT (a join with the states made the planner sort
 	// the whole backlog by lane).
-	const ln = "((hashtext(e.partition_key) & 2147483647) % @lanes) + 1"
+	ln := tablesql.Lane("e.partition_key", "@lanes") + " + 1"
 	// read: the lanes' states arrive as arrays indexed by lane + 1, built
 	// by the relay (NULL for a lane not in the batch), and are converted
 	// once per statement (the scalar subqueries).
@@ -353,7 +351,7 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" AND pg_snapshot_xmax(done) < pg_snapshot_xmax(pg_current_snapshot()) OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)",
 		// Cleanup deletes rows that their lane's done snapshot holds.
 		Cleanup: "DELETE FROM " + t + " WHERE id IN (SELECT e.id FROM " + t + " e WHERE e.created_at < $1 AND e.parked_at IS NULL" +
-			" AND (e.published_at < $1 OR EXISTS (SELECT FROM " + c + " c WHERE c.lane = ((hashtext(e.partition_key) & 2147483647) % c.lanes)" +
+			" AND (e.published_at < $1 OR EXISTS (SELECT FROM " + c + " c WHERE c.lane = " + tablesql.Lane("e.partition_key", "c.lanes") + "" +
 			" AND pg_visible_in_snapshot(e.txid, c.done))) LIMIT $2 FOR UPDATE SKIP LOCKED)",
 	}
 	// A negative attempts (written by hand) counts as 0.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,7 +90,7 @@ func (e Env) blocker(ctx context.Context, q Querier, ident string) (string, erro
 	var lane *int64
 	err := q.QueryRow(ctx, "WITH k AS MATERIALIZED (SELECT min(pg_snapshot_xmin(done)) AS xmin, max(lanes) AS lanes FROM "+c+")"+
 		" SELECT (SELECT count(*) FROM "+ident+" WHERE parked_at IS NOT NULL),"+
-		" (SELECT coalesce((hashtext(e.partition_key) & 2147483647) % (SELECT lanes FROM k), -1) FROM "+ident+" e"+
+		" (SELECT coalesce("+tablesql.Lane("e.partition_key", "(SELECT lanes FROM k)")+", -1) FROM "+ident+" e"+
 		" WHERE (e.txid IS NULL OR e.txid >= coalesce((SELECT xmin FROM k), '0'::xid8)) AND e.parked_at IS NULL AND NOT "+e.Delivered+" ORDER BY e.id LIMIT 1)"+
 		" FROM (SELECT 1) one").Scan(&parked, &lane)
 	if errors.Is(err, pgx.ErrNoRows) {
