@@ -86,6 +86,12 @@ type Inbox struct {
 	InboxBatchVsPlain  float64 `json:"inbox_batch_vs_plain"`
 	HandDedupeEPS      float64 `json:"handwritten_dedupe_eps"`
 	InboxVsHandDedupe  float64 `json:"inbox_vs_handwritten_dedupe"`
+	// ReadUncommittedEPS is the inbox at Concurrency 16 with
+	// Sarama.Consumer.IsolationLevel = sarama.ReadUncommitted, and
+	// CommittedVsUncommitted InboxEPS (the default, ReadCommitted) over it:
+	// what reading committed costs (issue 32 asks for nothing measurable).
+	ReadUncommittedEPS     float64 `json:"inbox_read_uncommitted_eps"`
+	CommittedVsUncommitted float64 `json:"read_committed_vs_uncommitted"`
 	// Commit-to-applied latency through the whole chain at LatencyRate.
 	LatencyRate     int     `json:"latency_offered_eps"`
 	LatencyAchieved float64 `json:"latency_achieved_eps"`
@@ -123,6 +129,7 @@ type inboxContender struct {
 	dedupe      bool // plain, with the inbox's row written by hand
 	batch       int  // records per transaction at most (inbox.Config.BatchSize); 0 is 1
 	one         bool // on the topic of one partition
+	uncommitted bool // Consumer.IsolationLevel = sarama.ReadUncommitted (the default reads committed)
 }
 
 func runInbox(ctx context.Context, e *env) (*Inbox, error) {
@@ -180,6 +187,8 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		// Where the overhead is: the plain group writing the inbox's row
 		// itself (INSERT ... ON CONFLICT DO NOTHING, skip on conflict).
 		{name: "plain+row c16", concurrency: 16, plain: true, dedupe: true},
+		// What reading committed costs: the inbox at 16 reading uncommitted.
+		{name: "inbox c16 ru", concurrency: 16, uncommitted: true},
 		// Key-parallel speed-up: one partition, 16 records in flight vs 1.
 		{name: "inbox c16 1p", concurrency: 16, one: true},
 		{name: "inbox c1 1p", concurrency: 1, one: true},
@@ -249,6 +258,8 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	res.InboxBatchVsPlain = medianRatio(series["inbox c16 b50"], series["plain c16"])
 	res.HandDedupeEPS = round1(median(series["plain+row c16"]))
 	res.InboxVsHandDedupe = medianRatio(series["inbox c16"], series["plain+row c16"])
+	res.ReadUncommittedEPS = round1(median(series["inbox c16 ru"]))
+	res.CommittedVsUncommitted = medianRatio(series["inbox c16"], series["inbox c16 ru"])
 
 	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+ident(migrations.InboxTable(inboxTable))); err != nil {
 		return nil, err
@@ -262,6 +273,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 		"different keys in parallel), plus its inbox row (dedupe), sent with BEGIN in one round trip. plain cN: the same sarama consumer group and write without dedupe, N workers "+
 		"per partition dispatched as the inbox does (an idle worker takes the next record whose key has nothing in progress), offsets marked up to the lowest record not yet committed; "+
 		"plain+row c16 also inserts the inbox's row itself, in a round trip of its own. "+
+		"inbox c16 ru: the inbox at 16 reading uncommitted (every contender else reads committed, the inbox's default). "+
 		"inbox c16 b50 / plain c16 b50: the same with BatchSize 50 (a worker applies the records ready at that moment, up to 50 of distinct keys, in one transaction; the inbox's rows in one INSERT sent with BEGIN, "+
 		"the plain group's a statement per record). The key-parallel speed-up (c16 vs c1) is measured on a second topic of one partition "+
 		"(%d events, the same keys), where c1 is partition-serial. Rate: records from the first processed "+
@@ -335,8 +347,12 @@ func (e *env) inboxRound(ctx context.Context, c inboxContender, topic string, n 
 		if err != nil {
 			return run, err
 		}
+		sc := inbox.DefaultSaramaConfig() // reads committed
+		if c.uncommitted {
+			sc.Consumer.IsolationLevel = sarama.ReadUncommitted
+		}
 		ic, err := inbox.New(e.pool, uow, &inbox.Config{
-			Group: group, Brokers: e.brokers, Table: outbox.Table{Schema: schema}, Concurrency: c.concurrency, BatchSize: c.batch,
+			Sarama: sc, Group: group, Brokers: e.brokers, Table: outbox.Table{Schema: schema}, Concurrency: c.concurrency, BatchSize: c.batch,
 			CleanupInterval: time.Hour,
 			Routes: []inbox.Route{{Topic: topic, Handler: func(ctx context.Context, tx unitofwork.Tx, m *inbox.Message) error {
 				note()
@@ -852,6 +868,9 @@ func printInbox(w io.Writer, x *Inbox, line string) {
 	fmt.Fprintf(w, "   BatchSize 50 (c16): inbox %.0f, plain group batching alike %.0f -> inbox keeps %.0f%%; inbox batched vs plain per record %.2fx\n",
 		x.InboxBatchEPS, x.PlainBatchEPS, 100*x.OverheadRatioBatch, x.InboxBatchVsPlain)
 	fmt.Fprintf(w, "   plain group writing the inbox row itself (c16): %.0f -> inbox at %.0f%% of hand-written dedupe\n", x.HandDedupeEPS, 100*x.InboxVsHandDedupe)
+	if x.ReadUncommittedEPS > 0 {
+		fmt.Fprintf(w, "   reading committed (the default) vs uncommitted (c16): %.0f vs %.0f -> %.2fx\n", x.InboxEPS, x.ReadUncommittedEPS, x.CommittedVsUncommitted)
+	}
 	if pg := x.PGUsPerRecord; pg != nil {
 		fmt.Fprintf(w, "   PostgreSQL backends' CPU per record (c16): inbox %.0f us, plain %.0f us, plain+row %.0f us; BatchSize 50: inbox %.0f us, plain %.0f us\n",
 			pg["inbox c16"], pg["plain c16"], pg["plain+row c16"], pg["inbox c16 b50"], pg["plain c16 b50"])
