@@ -26,28 +26,28 @@ import (
 // (retention by DELETE) for comparison, and BENCH_SOAK_PROGRESS=marks the
 // marks relay on the ordinary table.
 type Soak struct {
-	Command      string  `json:"command"`
-	StartedAt    string  `json:"started_at"`
-	LoadAvgStart string  `json:"loadavg_start"`
-	LoadAvgEnd   string  `json:"loadavg_end"`
-	Note         string  `json:"note"`
-	Progress     string  `json:"progress"`
+	Command      string `json:"command"`
+	StartedAt    string `json:"started_at"`
+	LoadAvgStart string `json:"loadavg_start"`
+	LoadAvgEnd   string `json:"loadavg_end"`
+	Note         string `json:"note"`
+	Progress     string `json:"progress"`
 	// Layout is "partitioned" (PartitionS a partition) or "plain".
-	Layout       string  `json:"layout"`
-	PartitionS   float64 `json:"partition_interval_s,omitempty"`
-	Rate         int     `json:"rate_eps"`
-	Achieved     float64 `json:"achieved_eps"`
-	DurationS    float64 `json:"duration_s"`
-	RetentionS   float64 `json:"retention_s"`
-	Events       int64   `json:"events"`
-	Delivered    int64   `json:"delivered"`
+	Layout     string  `json:"layout"`
+	PartitionS float64 `json:"partition_interval_s,omitempty"`
+	Rate       int     `json:"rate_eps"`
+	Achieved   float64 `json:"achieved_eps"`
+	DurationS  float64 `json:"duration_s"`
+	RetentionS float64 `json:"retention_s"`
+	Events     int64   `json:"events"`
+	Delivered  int64   `json:"delivered"`
 
 	// TableGrowth is the largest size of the table (heap, indexes and
 	// TOAST of every partition: pg_total_relation_size summed over
 	// pg_partition_tree) over its size at minute 2.
-	TableGrowth  float64      `json:"table_growth"`
-	SizeAt2MinB  int64        `json:"size_at_2min_bytes"`
-	MaxSizeB     int64        `json:"max_size_bytes"`
+	TableGrowth float64 `json:"table_growth"`
+	SizeAt2MinB int64   `json:"size_at_2min_bytes"`
+	MaxSizeB    int64   `json:"max_size_bytes"`
 	// RelayDeletes counts the rows deleted from the table over the soak,
 	// in every partition, dropped ones included: a row trigger on the
 	// table (cloned onto each partition) counts them in a sequence.
