@@ -96,14 +96,19 @@ func countDeletes(ctx context.Context, db *pgxpool.Pool, t outbox.Table) error {
 	return nil
 }
 
+// soakLeaves selects (relid) the tables that hold the rows of table $1:
+// its partitions, or the table itself when it is not partitioned
+// (pg_partition_tree then returns nothing).
+const soakLeaves = "(SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf" +
+	" UNION ALL SELECT $1::regclass WHERE NOT EXISTS (SELECT FROM pg_partition_tree($1::regclass)))"
+
 // soakStats is one reading of the table's partitions (the table itself
 // when it is not partitioned): their total size, tuples, deletes counted
 // and autovacuums by partition.
 func soakStats(ctx context.Context, db *pgxpool.Pool, t outbox.Table, s *SoakSample, av map[string]int64) error {
 	rows, err := db.Query(ctx, `SELECT p.relid::regclass::text, pg_total_relation_size(p.relid),
 			coalesce(st.n_live_tup, 0), coalesce(st.n_dead_tup, 0), coalesce(st.autovacuum_count, 0)
-		FROM pg_partition_tree($1::regclass) AS p LEFT JOIN pg_stat_user_tables AS st ON st.relid = p.relid
-		WHERE p.isleaf`, ident(t))
+		FROM `+soakLeaves+` AS p LEFT JOIN pg_stat_user_tables AS st ON st.relid = p.relid`, ident(t))
 	if err != nil {
 		return err
 	}
@@ -210,7 +215,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		av0 += n
 	}
 	var partitions0 []string
-	if err := c.e.pool.QueryRow(ctx, "SELECT array_agg(relid::regclass::text) FROM pg_partition_tree($1::regclass) WHERE isleaf", ident(table)).Scan(&partitions0); err != nil {
+	if err := c.e.pool.QueryRow(ctx, "SELECT array_agg(relid::regclass::text) FROM "+soakLeaves+" AS p", ident(table)).Scan(&partitions0); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
@@ -288,7 +293,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		made[p] = true
 	}
 	var left []string
-	if err := c.e.pool.QueryRow(ctx, "SELECT array_agg(relid::regclass::text) FROM pg_partition_tree($1::regclass) WHERE isleaf", ident(table)).Scan(&left); err != nil {
+	if err := c.e.pool.QueryRow(ctx, "SELECT array_agg(relid::regclass::text) FROM "+soakLeaves+" AS p", ident(table)).Scan(&left); err != nil {
 		return nil, err
 	}
 	for _, p := range left {
@@ -310,7 +315,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		layout = fmt.Sprintf("a table made by migrations.UpPartitioned with one partition per %.0f s (the previous, the current and 7 ahead at the start): retention is the relay's partition upkeep (partitions made ahead, retired ones detached and dropped)", res.PartitionS)
 	}
 	res.Note = fmt.Sprintf("A throwaway cluster started by scripts/pg.sh (wal_level=logical), autovacuum at its defaults. Table: %s. The %s relay (%s progress, fxoutbox defaults but Retention %.0f s: CleanupInterval 1 min; Listen) in a process of its own; %d writers in another, one event per transaction at %d/s for %.0f s, into an empty table. "+
-		"Size: pg_total_relation_size summed over pg_partition_tree (every partition's heap, indexes and TOAST) every 10 s; table_growth = the largest / the first sample at or after 120 s. relay_deletes: rows deleted from the table or any of its partitions (dropped ones included) over the soak, counted by an AFTER DELETE row trigger into a sequence (nothing else deletes from it), read after the relay process exited.",
+		"Size: pg_total_relation_size summed over pg_partition_tree (every partition's heap, indexes and TOAST; the table's own when it is not partitioned) every 10 s; table_growth = the largest / the first sample at or after 120 s. relay_deletes: rows deleted from the table or any of its partitions (dropped ones included) over the soak, counted by an AFTER DELETE row trigger into a sequence (nothing else deletes from it), read after the relay process exited.",
 		layout, mode, res.Progress, res.RetentionS, e.p.LatWriters, res.Rate, res.DurationS)
 	return res, nil
 }
