@@ -105,7 +105,7 @@ func (e Env) run(ctx context.Context, db DB, f func(pgx.Tx) error) error {
 func (e Env) explain(err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == "42501" {
-		return fmt.Errorf("%w (the partitions' upkeep creates, attaches, detaches and drops partitions of %s, which takes its owner: connect the relay as a role that owns the table or is a member of its owning role; docs/partitions.md, \"Roles\")", err, e.Table)
+		return fmt.Errorf("%w (the partitions' upkeep creates, attaches, detaches and drops partitions of %s, which takes its owner: connect the relay as a role that owns the table or is a member of its owning role, and give that role USAGE and CREATE on the schema and SELECT on %s, as migrations/partitioned/roles.example.sql does; docs/partitions.md, \"Roles\")", err, e.Table, e.Cursor)
 	}
 	return err
 }
