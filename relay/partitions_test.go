@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,7 +65,8 @@ func (s *setup) partitionOf(t testing.TB, id uuid.UUID) string {
 // Writers go on while no relay runs for longer than the partitions made
 // ahead (their events' v7 times lie past the horizon): no write fails. The
 // relay then starts, bounds the tail that took them, makes a new one, and
-// delivers every event once, each key in order.
+// delivers every event once, each key in order; the writers go on through
+// that change too, and none of their writes fails.
 func TestPartitionedWritesPastTheHorizon(t *testing.T) {
 	t.Parallel()
 	s := newPartitionedSetup(t)
@@ -100,6 +102,32 @@ func TestPartitionedWritesPastTheHorizon(t *testing.T) {
 	if p := s.partitionOf(t, first); !strings.HasSuffix(p, "outbox_event_tail") {
 		t.Fatalf("an event past the horizon went to %s, want the tail", p)
 	}
+	// The writers go on, past the horizon, while the relay starts and
+	// bounds the tail: none of their writes fails either.
+	wctx, stopWriters := context.WithCancel(s.ctx)
+	var more atomic.Int64
+	var mwg sync.WaitGroup
+	merrs := make(chan error, writers)
+	for w := range writers {
+		mwg.Go(func() {
+			for i := each; wctx.Err() == nil; i++ {
+				id := uuid.Must(uuid.NewV7())
+				ms := uint64(start.Add(time.Duration(i*writers+w) * time.Second).UnixMilli())
+				for b := range 6 {
+					id[b] = byte(ms >> (40 - 8*b))
+				}
+				if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+					return tx.Add(ctx, outbox.Event{ID: id, AggregateType: "order", AggregateID: fmt.Sprintf("k%d", w), Type: "order.updated.v1",
+						Topic: topic, Payload: map[string]int{"seq": i}})
+				}); err != nil {
+					merrs <- fmt.Errorf("writer k%d, seq %d, while the relay kept the partitions: %w", w, i, err)
+					return
+				}
+				more.Add(1)
+			}
+		})
+	}
+	defer func() { stopWriters(); mwg.Wait() }()
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, CleanupInterval: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
@@ -111,13 +139,23 @@ func TestPartitionedWritesPastTheHorizon(t *testing.T) {
 		err := s.pool.QueryRow(s.ctx, "SELECT tableoid::regclass::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1", first).Scan(&p)
 		return err == nil && !strings.HasSuffix(p, "_tail")
 	})
+	bounded := more.Load()
+	waitUntil(t, 30*time.Second, "writes after the tail was bounded", func() bool { return more.Load() > bounded+20 })
+	stopWriters()
+	mwg.Wait()
+	close(merrs)
+	for err := range merrs {
+		t.Errorf("a write failed: %v", err)
+	}
+	total := writers*each + int(more.Load())
+	cons.WaitForDistinct(total, 60*time.Second)
 	if err := r.Stop(s.ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // late duplicates, if any
 	distinct, dups := checkOrder(t, cons.Messages())
-	if distinct != writers*each || dups != 0 {
-		t.Errorf("got %d distinct events and %d duplicates, want %d and 0", distinct, dups, writers*each)
+	if distinct != total || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want %d and 0", distinct, dups, total)
 	}
 	// A new tail from past the events, and later writes still land.
 	if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {

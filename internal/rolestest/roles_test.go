@@ -120,9 +120,15 @@ func (r *roles) schema(t *testing.T, mig *pgxpool.Pool) outbox.Table {
 // -v schema=... -v table=... -v writer=... -v relay=...
 func (r *roles) apply(t *testing.T, tbl outbox.Table, script string) error {
 	t.Helper()
-	sql, err := render(script, map[string]string{
-		"schema": tbl.Schema, "table": tbl.WithDefaults().Name, "writer": r.writer, "relay": r.relay,
-	})
+	return r.applyVars(t, tbl, script, nil)
+}
+
+// applyVars is apply with more psql variables (-v name=value).
+func (r *roles) applyVars(t *testing.T, tbl outbox.Table, script string, more map[string]string) error {
+	t.Helper()
+	vars := map[string]string{"schema": tbl.Schema, "table": tbl.WithDefaults().Name, "writer": r.writer, "relay": r.relay}
+	maps.Copy(vars, more)
+	sql, err := render(script, vars)
 	if err != nil {
 		t.Fatalf("render %s: %v", scriptFile, err)
 	}

@@ -11,6 +11,10 @@
 --        -v writer=orders_app -v relay=orders_relay \
 --        -f migrations/roles.example.sql -f migrations/cursor/roles.example.sql
 --
+-- On a partitioned table (migrations.UpPartitioned), run
+-- migrations/partitioned/roles.example.sql after this one: the relay's
+-- partition upkeep takes the table's owner.
+--
 -- The writer needs nothing more: txid is set by its default, which asks no
 -- privilege. outboxctl cursor rebase (after a restore into another cluster)
 -- deletes the positions: run it as the migrator.

@@ -26,6 +26,7 @@ import (
 // and between a concurrent detach and that widening the detached range
 // would have no partition. One transaction keeps every id covered.
 func Retire(ctx context.Context, db DB, e Env, now time.Time) (dropped []string, kept []Kept, err error) {
+	defer func() { err = e.explain(err) }()
 	if e.Retention < 0 {
 		return nil, nil, nil
 	}
@@ -45,7 +46,7 @@ func Retire(ctx context.Context, db DB, e Env, now time.Time) (dropped []string,
 		case older != "":
 			reason = fmt.Sprintf("%s: the older partition %s stays, and partitions go oldest first", ReasonOlder, older)
 		default:
-			err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+			err = e.run(ctx, db, func(tx pgx.Tx) (err error) {
 				reason, err = e.blocker(ctx, tx, l.Ident(p.Name))
 				return err
 			})
@@ -68,15 +69,15 @@ func Retire(ctx context.Context, db DB, e Env, now time.Time) (dropped []string,
 		}
 		older = p.Name
 		kept = append(kept, Kept{p.Name, reason})
-		if err := noteTx(ctx, db, l, p, reason); err != nil {
+		if err := e.noteTx(ctx, db, l, p, reason); err != nil {
 			return dropped, kept, err
 		}
 	}
 	return dropped, kept, nil
 }
 
-func noteTx(ctx context.Context, db DB, l Layout, p Part, note string) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return Note(ctx, tx, l, p, note) })
+func (e Env) noteTx(ctx context.Context, db DB, l Layout, p Part, note string) error {
+	return e.run(ctx, db, func(tx pgx.Tx) error { return Note(ctx, tx, l, p, note) })
 }
 
 // blocker says why the rows of partition ident (qualified) keep it, "" when

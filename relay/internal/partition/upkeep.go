@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // DB begins transactions.
@@ -68,14 +69,59 @@ func lockTimedOut(err error) bool {
 	return errors.As(err, &pg) && pg.Code == "55P03"
 }
 
-// begin opens a change: the lock timeout and the upkeep's advisory lock.
+// asOwner makes tx act as the table's owner when the role it connected as
+// is a member of the owning role (granted, as
+// migrations/partitioned/roles.example.sql does, so that a relay role
+// without the owner's privileges, NOINHERIT, runs the upkeep): SET LOCAL
+// ROLE, for this transaction only. Creating, attaching, detaching,
+// dropping and commenting on partitions takes the owner's privileges, and
+// a partition made so belongs to the owner as its siblings do. The owner
+// itself, a superuser, and a role that is no member change nothing (the
+// last then fails with PostgreSQL's "must be owner", see explain).
+func (e Env) asOwner(ctx context.Context, tx pgx.Tx) error {
+	var owner *string
+	err := tx.QueryRow(ctx, `SELECT (SELECT r.rolname::text FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+		WHERE c.oid = to_regclass($1) AND r.rolname <> current_user AND pg_has_role(current_user, c.relowner, 'MEMBER')
+		  AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))`, sqlname.Ident(e.Table)).Scan(&owner)
+	if err != nil || owner == nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{*owner}.Sanitize())
+	return err
+}
+
+// run runs f in a transaction that acts as the table's owner (asOwner).
+func (e Env) run(ctx context.Context, db DB, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := e.asOwner(ctx, tx); err != nil {
+			return err
+		}
+		return f(tx)
+	})
+}
+
+// explain adds to a refused privilege (SQLSTATE 42501) what the upkeep
+// needs.
+func (e Env) explain(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42501" {
+		return fmt.Errorf("%w (the partitions' upkeep creates, attaches, detaches and drops partitions of %s, which takes its owner: connect the relay as a role that owns the table or is a member of its owning role, and give that role USAGE and CREATE on the schema and SELECT on %s, as migrations/partitioned/roles.example.sql does; docs/partitions.md, \"Roles\")", err, e.Table, e.Cursor)
+	}
+	return err
+}
+
+// begin opens a change: the table owner's role (asOwner), the lock
+// timeout and the upkeep's advisory lock.
 func (e Env) begin(ctx context.Context, db DB) (pgx.Tx, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var got bool
-	_, err = tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(1, e.LockTimeout.Milliseconds())))
+	err = e.asOwner(ctx, tx)
+	if err == nil {
+		_, err = tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(1, e.LockTimeout.Milliseconds())))
+	}
 	if err == nil {
 		err = tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1, $2)", e.LockNS, e.LockKey).Scan(&got)
 	}
@@ -98,6 +144,7 @@ func (e Env) begin(ctx context.Context, db DB) (pgx.Tx, error) {
 // returns the partitions it made, and the tail as Kept when its ids are
 // too far ahead (FarAhead intervals) to bound it.
 func Extend(ctx context.Context, db DB, e Env, now time.Time) (made []string, kept []Kept, err error) {
+	defer func() { err = e.explain(err) }()
 	l, err := loadTx(ctx, db, e.Table)
 	if err != nil || !l.Partitioned {
 		return nil, nil, err
@@ -108,7 +155,7 @@ func Extend(ctx context.Context, db DB, e Env, now time.Time) (made []string, ke
 	}
 	target := Floor(now, interval).Add((Ahead + 1) * interval)
 	var maxID *string
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = e.run(ctx, db, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT (SELECT event_id::text FROM "+l.Ident(tail.Name)+" ORDER BY event_id DESC LIMIT 1)").Scan(&maxID)
 	})
 	if err != nil {
