@@ -152,10 +152,11 @@ const (
 	// StreamStandby: another relay holds the slot; this one retries every
 	// StandbyRetry and takes over when it is free.
 	StreamStandby
-	// StreamFallback: the slot was invalidated; this relay publishes by
-	// polling (from its last checkpoint) while it drops the slot and makes
-	// a new one, until it streams again (or, when it cannot drop it, looks
-	// at the slot again every RetryInterval).
+	// StreamFallback: the slot was invalidated, or is missing after this
+	// relay used it (see StreamStatus.SlotLost); this relay publishes by
+	// polling (from its last checkpoint) while it drops the slot (an
+	// invalidated one) and makes a new one, until it streams again (or,
+	// when it cannot drop it, looks at the slot again every RetryInterval).
 	StreamFallback
 	// StreamRetrying: the replication connection failed (the database
 	// restarts, the network); the relay reconnects with backoff.

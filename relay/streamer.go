@@ -240,6 +240,7 @@ func (s *streamer) createSlot(ctx context.Context) error {
 		// This relay used the slot and it is gone: dropped, or the
 		// server is a promoted standby that never had it.
 		r.stream.slotMissing.Add(1)
+		r.stream.state.Store(int32(StreamFallback))
 		r.cfg.Logger.Error("outbox relay: the replication slot this relay streamed from is gone (dropped, or the server is a promoted standby without it); publishing from the table by polling (from the last checkpoint under cursor progress, from the marks otherwise) while a new slot is created, then streaming again",
 			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
 	}
@@ -261,7 +262,7 @@ func (s *streamer) createSlot(ctx context.Context) error {
 	if created {
 		r.stream.slotSeen.Store(true)
 		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
-			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
+			"table", r.cfg.Table.String(), "slot", s.conn.Slot(), "failover", s.conn.Failover())
 	}
 	return err
 }
