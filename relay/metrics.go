@@ -82,6 +82,11 @@ import (
 //	outbox.stream.state      gauge     [{relay}]   -> outbox_stream_state
 //	    1 for the relay's state (outbox.stream.state = starting, streaming, standby,
 //	    fallback or retrying), 0 for the others
+//	outbox.stream.slots_lost counter   [{slot}]    -> outbox_stream_slots_lost_total
+//	    times this relay found its slot lost and resumed from the table while it made
+//	    a new one: outbox.stream.slot.loss = invalidated (wal_status lost: past
+//	    max_slot_wal_keep_size) | missing (gone after this relay had used it: dropped,
+//	    or a promoted standby that never had it)
 //
 // Per table, reported by one replica only (see below):
 //
@@ -134,6 +139,7 @@ const (
 	MetricStreamLag         = "outbox.stream.lag"
 	MetricStreamDelay       = "outbox.stream.delay"
 	MetricStreamState       = "outbox.stream.state"
+	MetricStreamSlotsLost   = "outbox.stream.slots_lost"
 	MetricTransactions      = "outbox.transactions"
 	MetricTxnDuration       = "outbox.transaction.duration"
 	MetricFences            = "outbox.fences"
@@ -160,6 +166,9 @@ const (
 	AttrTxnOutcome = attribute.Key("outbox.transaction.outcome")
 	// AttrFenceSide is fencing or fenced (outbox.fences).
 	AttrFenceSide = attribute.Key("outbox.fence.side")
+	// AttrSlotLoss is how the stream's slot was lost (outbox.stream.slots_lost):
+	// invalidated or missing.
+	AttrSlotLoss = attribute.Key("outbox.stream.slot.loss")
 	// AttrPartitionReason is why partitions stay (outbox.partitions.kept):
 	// retention, undelivered, parked, older, lock_timeout or ahead.
 	AttrPartitionReason = attribute.Key("outbox.partition.reason")
@@ -252,6 +261,7 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	var lag metric.Int64ObservableGauge
 	var delay metric.Float64ObservableGauge
 	var state metric.Int64ObservableGauge
+	var slotsLost metric.Int64ObservableCounter
 	if r.cfg.Mode == Stream {
 		lag, err = meter.Int64ObservableGauge(MetricStreamLag, metric.WithUnit("By"), metric.WithDescription("WAL between the server's end and the position the streaming relay confirmed: what its slot pins."))
 		add(err)
@@ -259,7 +269,9 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 		add(err)
 		state, err = meter.Int64ObservableGauge(MetricStreamState, metric.WithUnit("{relay}"), metric.WithDescription("1 for the stream's state (outbox.stream.state), 0 for the others."))
 		add(err)
-		observed = append(observed, lag, delay, state)
+		slotsLost, err = meter.Int64ObservableCounter(MetricStreamSlotsLost, metric.WithUnit("{slot}"), metric.WithDescription("Times the streaming relay found its slot lost (outbox.stream.slot.loss: invalidated, missing) and resumed from the table while it made a new one."))
+		add(err)
+		observed = append(observed, lag, delay, state, slotsLost)
 	}
 	pool, _ := r.db.(*pgxpool.Pool)
 	var conns, maxConns metric.Int64ObservableUpDownCounter
@@ -309,6 +321,8 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 					}
 					o.ObserveInt64(state, v, metric.WithAttributes(ms.table, attribute.String("outbox.stream.state", s.String())))
 				}
+				o.ObserveInt64(slotsLost, r.stream.slotInvalidated.Load(), metric.WithAttributes(ms.table, AttrSlotLoss.String(slotInvalidated)))
+				o.ObserveInt64(slotsLost, r.stream.slotMissing.Load(), metric.WithAttributes(ms.table, AttrSlotLoss.String(slotMissing)))
 			}
 			if pool != nil {
 				s := pool.Stat()
@@ -495,6 +509,12 @@ const (
 	txnUnknown   = "unknown"
 	fenceFencing = "fencing"
 	fenceFenced  = "fenced"
+)
+
+// The ways a stream's slot is lost (outbox.stream.slots_lost).
+const (
+	slotInvalidated = "invalidated"
+	slotMissing     = "missing"
 )
 
 // txnEnded counts a Kafka transaction that ended with outcome (err when

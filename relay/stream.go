@@ -152,10 +152,11 @@ const (
 	// StreamStandby: another relay holds the slot; this one retries every
 	// StandbyRetry and takes over when it is free.
 	StreamStandby
-	// StreamFallback: the slot was invalidated; this relay publishes by
-	// polling (from its last checkpoint) while it drops the slot and makes
-	// a new one, until it streams again (or, when it cannot drop it, looks
-	// at the slot again every RetryInterval).
+	// StreamFallback: the slot was invalidated, or is missing after this
+	// relay used it (see StreamStatus.SlotLost); this relay publishes by
+	// polling (from its last checkpoint) while it drops the slot (an
+	// invalidated one) and makes a new one, until it streams again (or,
+	// when it cannot drop it, looks at the slot again every RetryInterval).
 	StreamFallback
 	// StreamRetrying: the replication connection failed (the database
 	// restarts, the network); the relay reconnects with backoff.
@@ -194,8 +195,12 @@ type StreamStatus struct {
 	// the first): under cursor progress, the lanes' positions where a
 	// relay that cannot stream resumes by polling.
 	Checkpoint time.Time
-	// SlotLost counts the times this relay found its slot invalidated and
-	// made a new one, resuming from the table meanwhile.
+	// SlotLost counts the times this relay found its slot lost and made a
+	// new one, resuming from the table meanwhile: invalidated (wal_status
+	// lost, past max_slot_wal_keep_size), or missing after this relay had
+	// used it (dropped, or the server is a promoted standby that did not
+	// have it; see docs/streaming.md). A slot missing at a relay's first
+	// connection is not counted: the relay cannot tell it from a new table.
 	SlotLost int64
 }
 
@@ -217,7 +222,12 @@ type streamInfo struct {
 	oldest   atomic.Int64      // unix nanoseconds of the oldest unfinished transaction's commit, 0 when none
 	// checkpointAt: unix nanoseconds of the last checkpoint written.
 	checkpointAt atomic.Int64
-	slotLost     atomic.Int64
+	// slotInvalidated and slotMissing count the slots lost (StreamStatus's
+	// SlotLost); slotSeen says this relay found or made its slot since the
+	// last loss it counted, so that a slot missing next is a loss.
+	slotInvalidated atomic.Int64
+	slotMissing     atomic.Int64
+	slotSeen        atomic.Bool
 }
 
 func (s *streamInfo) slotName() string {
@@ -228,7 +238,7 @@ func (s *streamInfo) slotName() string {
 }
 
 func (s *streamInfo) status() StreamStatus {
-	st := StreamStatus{State: StreamState(s.state.Load()), Confirmed: s.progress.Confirmed(), SlotLost: s.slotLost.Load()}
+	st := StreamStatus{State: StreamState(s.state.Load()), Confirmed: s.progress.Confirmed(), SlotLost: s.slotInvalidated.Load() + s.slotMissing.Load()}
 	if at := s.checkpointAt.Load(); at > 0 {
 		st.Checkpoint = time.Unix(0, at)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
@@ -99,9 +101,17 @@ func TestStreamCursorSlotDroppedResumesFromCheckpoint(t *testing.T) {
 	if err := r.Stop(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.pool.Exec(s.ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
-		t.Fatal(err)
-	}
+	// The stopped relay's walsender may take a moment to end (it holds
+	// the slot until then).
+	waitUntil(t, 30*time.Second, "the slot dropped once the stopped relay's walsender ended", func() bool {
+		_, err := s.pool.Exec(s.ctx, "SELECT pg_drop_replication_slot($1)", slot)
+		var pe *pgconn.PgError
+		if err != nil && !(errors.As(err, &pe) && pe.Code == "55006") { // object_in_use
+
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 	s.writeSeq(t, topic, 50, 50, 4) // in no slot
 
 	r = s.streamRelay(t, s.publisher(t), streamCursorConfig())

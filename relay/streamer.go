@@ -78,12 +78,14 @@ func (r *Relay) runStream(ctx context.Context) {
 			if derr == nil {
 				r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size, or was dropped and made anew); dropped it: publishing from the table by polling, from the last checkpoint, while a new slot is created, then streaming again",
 					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err)
-				r.stream.slotLost.Add(1)
+				r.stream.slotInvalidated.Add(1)
+				r.stream.slotSeen.Store(false) // the slot missing next is this loss
 				continue
 			}
 			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size), and dropping it failed; publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
 				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "drop_error", derr, "retry_in", r.cfg.Stream.RetryInterval)
-			r.stream.slotLost.Add(1)
+			r.stream.slotInvalidated.Add(1)
+			r.stream.slotSeen.Store(false)
 			until := make(chan struct{})
 			t := time.AfterFunc(r.cfg.Stream.RetryInterval, func() { close(until) })
 			r.loop(ctx, 0, until)
@@ -227,8 +229,20 @@ func (s *streamer) start(ctx context.Context) error {
 func (s *streamer) createSlot(ctx context.Context) error {
 	r := s.r
 	exists, err := s.conn.SlotExists(ctx, r.db)
-	if err != nil || exists {
+	if err != nil {
 		return err
+	}
+	if exists {
+		r.stream.slotSeen.Store(true)
+		return nil
+	}
+	if r.stream.slotSeen.Swap(false) {
+		// This relay used the slot and it is gone: dropped, or the
+		// server is a promoted standby that never had it.
+		r.stream.slotMissing.Add(1)
+		r.stream.state.Store(int32(StreamFallback))
+		r.cfg.Logger.Error("outbox relay: the replication slot this relay streamed from is gone (dropped, or the server is a promoted standby without it); publishing from the table by polling (from the last checkpoint under cursor progress, from the marks otherwise) while a new slot is created, then streaming again",
+			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -246,8 +260,9 @@ func (s *streamer) createSlot(ctx context.Context) error {
 	cancel() // Stop came first: abandon the creation
 	<-done
 	if created {
+		r.stream.slotSeen.Store(true)
 		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
-			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
+			"table", r.cfg.Table.String(), "slot", s.conn.Slot(), "failover", s.conn.Failover())
 	}
 	return err
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
@@ -228,8 +230,17 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 	setKeep("") // the invalidation is for good; the new slot must not be lost again
 	t.Logf("slot invalidated; %d events wait", w.unpublished(t))
 
-	r := w.startStreamRelay(t, nil)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := w.startStreamRelay(t, func(c *relay.Config) { c.MeterProvider = mp })
 	waitFor(t, 30*time.Second, "the relay to count the lost slot", func() bool { return r.StreamStatus().SlotLost > 0 })
+	// The counter says so too, as invalidated: once, not again as missing
+	// when the relay creates the new slot.
+	lost := slotsLost(t, reader)
+	if lost["invalidated"] != 1 || lost["missing"] != 0 {
+		t.Errorf("%s = %v, want invalidated 1, missing 0", relay.MetricStreamSlotsLost, lost)
+	}
 	if l := r.log.String(); !strings.Contains(l, "invalidated") || !strings.Contains(l, "publishing from the table") {
 		t.Errorf("the relay's log does not say that the slot was lost and what it does:\n%s", l)
 	}
@@ -247,6 +258,9 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 		t.Fatalf("%d writer commits failed, first: %v", len(errs), errs[0])
 	}
 	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
+	if lost := slotsLost(t, reader); lost["invalidated"] != 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != 1 {
+		t.Errorf("after streaming from the new slot: %s = %v and StreamStatus.SlotLost %d, want one loss, invalidated", relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
+	}
 	r.stop(t)
 	faults := 0
 	if progress == relay.ProgressCursor {
@@ -419,4 +433,27 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	}
 	r2.stop(t)
 	w.verify(t, 2)
+}
+
+// slotsLost reads outbox.stream.slots_lost by outbox.stream.slot.loss.
+func slotsLost(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != relay.MetricStreamSlotsLost || !ok {
+				continue
+			}
+			for _, p := range d.DataPoints {
+				v, _ := p.Attributes.Value(relay.AttrSlotLoss)
+				out[v.AsString()] += p.Value
+			}
+		}
+	}
+	return out
 }

@@ -217,9 +217,10 @@ func (c *Conn) SlotExists(ctx context.Context, db interface {
 // for a consistent point: for the transactions running when it began to
 // end, seen in the server's periodic snapshots of running transactions
 // (every 15s), so on a busy server it can take tens of seconds. It ends
-// when ctx does.
+// when ctx does. On PostgreSQL 17 and later the slot is a failover slot
+// (see Failover).
 func (c *Conn) CreateSlot(ctx context.Context) (created bool, err error) {
-	_, err = pglogrepl.CreateReplicationSlot(ctx, c.conn, c.slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
+	_, err = pglogrepl.ParseCreateReplicationSlot(c.conn.Exec(ctx, createSlotCommand(c.slot, c.Failover())))
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
@@ -229,6 +230,47 @@ func (c *Conn) CreateSlot(ctx context.Context) (created bool, err error) {
 	default:
 		return false, fmt.Errorf("relay: create replication slot %s: %w", c.slot, err)
 	}
+}
+
+// failoverMajor is the first PostgreSQL major version whose logical slots
+// can be synchronized to physical standbys (CREATE_REPLICATION_SLOT's
+// FAILOVER option; the standby's sync_replication_slots).
+const failoverMajor = 17
+
+// Failover reports whether CreateSlot makes a failover slot: the server
+// is PostgreSQL 17 or later. Such a slot is copied to the physical
+// standbys that synchronize slots (sync_replication_slots on the standby)
+// and survives their promotion; on a server where none does, the flag
+// changes nothing.
+func (c *Conn) Failover() bool {
+	return ServerMajor(c.conn.ParameterStatus("server_version")) >= failoverMajor
+}
+
+// createSlotCommand is the replication command that creates a logical
+// slot for pgoutput, a failover slot when failover is set (PostgreSQL 17's
+// option list; the older servers get the form they all accept). The slot's
+// name is the relay's own (outbox.Table.Slot: lower-case letters, digits
+// and underscores), never quoted.
+func createSlotCommand(slot string, failover bool) string {
+	cmd := "CREATE_REPLICATION_SLOT " + slot + " LOGICAL pgoutput"
+	if failover {
+		cmd += " (FAILOVER)"
+	}
+	return cmd
+}
+
+// ServerMajor is the major version in a server_version parameter ("15.4
+// (Debian 15.4-1.pgdg120+1)" is 15, "17beta1" is 17), 0 when it does not
+// start with one.
+func ServerMajor(version string) int {
+	n := 0
+	for _, r := range version {
+		if r < '0' || r > '9' {
+			break
+		}
+		n = n*10 + int(r-'0')
+	}
+	return n
 }
 
 // StartReplication starts streaming from the slot's confirmed position,

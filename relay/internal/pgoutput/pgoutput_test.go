@@ -121,3 +121,45 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 		return flushed >= first.End, fmt.Sprintf("the slot's confirmed_flush_lsn is %v, want at least the confirmed %v", flushed, first.End)
 	})
 }
+
+// CreateSlot makes the slot, a failover slot exactly when the server is
+// PostgreSQL 17 or later (read from the server itself; on older servers
+// the slot has no such flag and the command is the one they accept).
+func TestCreateSlotFailoverByServerVersion(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Table(t, pool).WithDefaults()
+	slot := testenv.Streaming(t, pool, table, false)
+	var progress pgoutput.Progress
+	conn, err := pgoutput.Connect(ctx, pgoutput.Config{Conn: &pool.Config().ConnConfig.Config, Table: table,
+		Timeout: 10 * time.Second, StatusInterval: 100 * time.Millisecond, Pending: 4, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var num int
+	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
+		t.Fatal(err)
+	}
+	if want := num >= 170000; conn.Failover() != want {
+		t.Fatalf("server_version_num %d: Failover() = %v, want %v", num, conn.Failover(), want)
+	}
+	if created, err := conn.CreateSlot(ctx); err != nil || !created {
+		t.Fatalf("CreateSlot = %v, %v; want created", created, err)
+	}
+	if created, err := conn.CreateSlot(ctx); err != nil || created {
+		t.Fatalf("CreateSlot again = %v, %v; want not created, no error", created, err)
+	}
+	var plugin string
+	if err := pool.QueryRow(ctx, "SELECT plugin FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'logical'", slot).Scan(&plugin); err != nil || plugin != "pgoutput" {
+		t.Fatalf("slot %s: plugin %q, %v; want a logical pgoutput slot", slot, plugin, err)
+	}
+	if num >= 170000 {
+		var failover bool
+		if err := pool.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&failover); err != nil || !failover {
+			t.Fatalf("slot %s on PostgreSQL %d: failover %v, %v; want a failover slot", slot, num, failover, err)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package relay_test
+
+import (
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// TestExactlyOnceMetricsCountFencesAndAborts: two relays take one lane from
+// each other on the broker. Relay b's takeover fences relay a's producer;
+// a learns it only from the broker, at its next batch, whose transaction it
+// aborts; then a takes the lane back, fencing b. Each relay's
+// outbox.transactions, outbox.transaction.duration and outbox.fences count
+// exactly those transactions and fences.
+func TestExactlyOnceMetricsCountFencesAndAborts(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	topic := testenv.Topic(t, s.kafka(t), 1)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	readerA, mpA := newReader(t)
+	readerB, mpB := newReader(t)
+	a := s.relay(t, s.publisher(t), relay.Config{Delivery: relay.ExactlyOnce, Lanes: 1, MeterProvider: mpA})
+	b := s.relay(t, s.publisher(t), relay.Config{Delivery: relay.ExactlyOnce, Lanes: 1, MeterProvider: mpB})
+	defer func() { _ = a.Stop(s.ctx); _ = b.Stop(s.ctx) }()
+	const n = 5
+	runOnce := func(r *relay.Relay, who string, want int) {
+		t.Helper()
+		if got, err := r.RunOnce(s.ctx); err != nil || got != want {
+			t.Fatalf("%s: RunOnce = %d, %v; want %d", who, got, err, want)
+		}
+	}
+	outcome := func(o string) attribute.KeyValue { return relay.AttrTxnOutcome.String(o) }
+	side := func(s string) attribute.KeyValue { return relay.AttrFenceSide.String(s) }
+	type want struct {
+		committed, aborted, unknown int64
+		batches                     uint64 // duration observations of committed batches
+		abortedBatches              uint64
+		fencing, fenced             int64
+	}
+	verify := func(step, who string, reader *sdkmetric.ManualReader, w want) {
+		t.Helper()
+		m := collect(t, reader)
+		txns, dur, fences := m[relay.MetricTransactions], m[relay.MetricTxnDuration], m[relay.MetricFences]
+		got := want{
+			committed:      counter(txns, outcome("committed")),
+			aborted:        counter(txns, outcome("aborted")),
+			unknown:        counter(txns, outcome("unknown")),
+			batches:        observations(dur, outcome("committed")),
+			abortedBatches: observations(dur, outcome("aborted")),
+			fencing:        counter(fences, side("fencing")),
+			fenced:         counter(fences, side("fenced")),
+		}
+		if got != w {
+			t.Errorf("%s: relay %s's metrics = %+v, want %+v", step, who, got, w)
+		}
+	}
+
+	s.write(t, topic, n, 2)
+	runOnce(a, "relay a", n)
+	// A lane nobody owned: one transaction registers a as its owner (no
+	// duration: it is no batch), one publishes the batch.
+	verify("a's first batch", "a", readerA, want{committed: 2, batches: 1})
+
+	s.write(t, topic, n, 2)
+	runOnce(b, "relay b, taking the lane over", n)
+	verify("b took the lane", "b", readerB, want{committed: 2, batches: 1, fencing: 1})
+	verify("b took the lane", "a", readerA, want{committed: 2, batches: 1})
+
+	s.write(t, topic, n, 2)
+	runOnce(a, "relay a, fenced", 0)
+	verify("a found it was fenced", "a", readerA, want{committed: 2, batches: 1, aborted: 1, abortedBatches: 1, fenced: 1})
+	// The aborted transaction says why: error.type, never empty.
+	if d, ok := collect(t, readerA)[relay.MetricTransactions].(metricdata.Sum[int64]); ok {
+		for _, p := range d.DataPoints {
+			if v, _ := p.Attributes.Value(relay.AttrTxnOutcome); v.AsString() != "aborted" {
+				continue
+			}
+			if typ, ok := p.Attributes.Value("error.type"); !ok || typ.AsString() == "" {
+				t.Errorf("relay a's aborted transaction carries no error.type: %v", p.Attributes.ToSlice())
+			}
+		}
+	}
+
+	runOnce(a, "relay a, taking the lane back", n)
+	verify("a took the lane back", "a", readerA, want{committed: 4, batches: 2, aborted: 1, abortedBatches: 1, fenced: 1, fencing: 1})
+	eachOnce(t, cons, 3*n)
+}
