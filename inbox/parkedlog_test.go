@@ -96,8 +96,12 @@ func TestMassParkingBoundedLogs(t *testing.T) {
 	if int64(one)+summed != n {
 		t.Errorf("the log accounts for %d parked records (%d one by one, %d in summaries), want %d", int64(one)+summed, one, summed, n)
 	}
-	if one != parklog.First || summaries < 1 || len(recs) > 60 {
-		t.Errorf("%d lines of parked records, %d summaries, %d lines in all; want %d, at least 1, at most 60", one, summaries, len(recs), parklog.First)
+	// A cause with nothing parked for a whole summary interval is
+	// forgotten, and its next records are logged one by one again: on a
+	// loaded machine parking can pause that long, so the count one by one
+	// is at least First, not exactly First.
+	if one < parklog.First || summaries < 1 || len(recs) > 60 {
+		t.Errorf("%d lines of parked records, %d summaries, %d lines in all; want at least %d, at least 1, at most 60", one, summaries, len(recs), parklog.First)
 		for _, rec := range recs[:min(len(recs), 50)] {
 			t.Log(rec.Level, rec.Message)
 		}
