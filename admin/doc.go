@@ -40,7 +40,7 @@
 // For the streaming relay (relay.Stream), [CheckStream] checks what it
 // needs of the server, in order: wal_level = logical, the table's
 // publication (FOR TABLE the table WITH (publish = 'insert'), created by
-// migrations.UpStream), the role's REPLICATION attribute, room for
+// migrations.Stream.Up), the role's REPLICATION attribute, room for
 // replication slots and WAL senders, and the table's slot if it exists (a
 // pgoutput logical slot of this database, not invalidated). It returns the
 // first problem as a *[StreamSetupError] whose message names the SQL or

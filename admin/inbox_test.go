@@ -22,7 +22,7 @@ func newInbox(t *testing.T) (*setup, outbox.Table) {
 	t.Helper()
 	s := newSetup(t)
 	in := outbox.Table{Schema: s.table.Schema}
-	if err := migrations.UpInbox(s.ctx, s.pool, in); err != nil {
+	if err := migrations.Inbox.Up(s.ctx, s.pool, in); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.pool.Exec(s.ctx, `INSERT INTO "`+in.Schema+`".outbox_inbox_parked
@@ -198,7 +198,7 @@ func TestCountInboxParked(t *testing.T) {
 	}
 	// An empty inbox has no groups.
 	empty := outbox.Table{Schema: in.Schema, Name: "empty_inbox"}
-	if err := migrations.UpInbox(s.ctx, s.pool, empty); err != nil {
+	if err := migrations.Inbox.Up(s.ctx, s.pool, empty); err != nil {
 		t.Fatal(err)
 	}
 	if groups, err := admin.CountInboxParked(s.ctx, s.pool, empty); err != nil || groups == nil || len(groups) != 0 {

@@ -103,8 +103,8 @@ type Status struct {
 	// channel (relays with Listen, one each). A relay that neither listens
 	// nor has a batch in flight is not seen.
 	Sessions []Session `json:"sessions"`
-	// PartitionsKept are, for a partitioned table (migrations.
-	// UpPartitioned), the partitions past their upper bound that the
+	// PartitionsKept are, for a partitioned table
+	// (migrations.Partitioned), the partitions past their upper bound that the
 	// relays keep, with why: the reason starts with its class (retention,
 	// undelivered, parked, older, lock_timeout, ahead, detach_pending) and
 	// a colon. It is the relays' last word (every CleanupInterval).

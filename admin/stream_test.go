@@ -65,7 +65,7 @@ func TestCheckStream(t *testing.T) {
 
 	// The publication: missing, then publishing updates and deletes.
 	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckPublication,
-		"the publication "+tbl.Publication()+" does not exist", "migrations.UpStream", "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert')")
+		"the publication "+tbl.Publication()+" does not exist", "migrations.Stream.Up", "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert')")
 	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert, update, delete')"); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestReadStreamAndDropSlot(t *testing.T) {
 	dropPublicationAtEnd(t, pool, tbl)
 	slot := testenv.Slot(t, pool, tbl)
 	dropSlotAtEnd(t, pool, slot)
-	if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+	if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	st, err := admin.ReadStream(ctx, pool, tbl)
@@ -262,10 +262,10 @@ func TestCheckStreamServerSettings(t *testing.T) {
 
 	pool := c.start(t, "wal_level=replica")
 	slot := testenv.Slot(t, pool, tbl)
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+	if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckWALLevel,

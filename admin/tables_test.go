@@ -22,11 +22,11 @@ func TestFindTables(t *testing.T) {
 	ctx := context.Background()
 	main := testenv.Table(t, pool)
 	audit := outbox.Table{Schema: main.Schema, Name: "audit_outbox"}
-	if err := migrations.Up(ctx, pool, audit); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, audit); err != nil {
 		t.Fatal(err)
 	}
 	inbox := outbox.Table{Schema: main.Schema, Name: "orders_inbox"}
-	if err := migrations.UpInbox(ctx, pool, inbox); err != nil {
+	if err := migrations.Inbox.Up(ctx, pool, inbox); err != nil {
 		t.Fatal(err)
 	}
 	lookAlike := outbox.Table{Schema: main.Schema, Name: "not_an_outbox"}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Config configures NewHandler.
@@ -92,7 +92,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Tables[i] = t
 	}
 	for i, t := range c.Inboxes {
-		t = migrations.InboxTable(t)
+		t = sqlname.Inbox(t)
 		if err := t.Validate(); err != nil {
 			return c, err
 		}

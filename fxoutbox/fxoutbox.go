@@ -643,13 +643,13 @@ func (in *instance) warnings() {
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	if cfg.Migrate {
-		if err := migrations.Up(ctx, pool, cfg.Table); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, cfg.Table); err != nil {
 			return err
 		}
 		if cfg.Relay.Progress == relay.ProgressCursor {
-			return migrations.UpCursor(ctx, pool, cfg.Table)
+			return migrations.Cursor.Up(ctx, pool, cfg.Table)
 		}
 		return nil
 	}
-	return migrations.CheckTable(ctx, pool, cfg.Table)
+	return migrations.Outbox.Check(ctx, pool, cfg.Table)
 }

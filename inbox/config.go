@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -312,7 +312,7 @@ func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = c.Group
 	}
-	c.Table = migrations.InboxTable(c.Table)
+	c.Table = sqlname.Inbox(c.Table)
 	if c.Sarama == nil {
 		c.Sarama = DefaultSaramaConfig()
 	} else {

@@ -135,7 +135,7 @@ type InboxConfig struct {
 	// (the same cluster as the relay), none otherwise.
 	KafkaTLS  KafkaTLS
 	KafkaSASL KafkaSASL
-	// Migrate applies the inbox migrations (migrations.UpInbox) at start
+	// Migrate applies the inbox migrations (migrations.Inbox.Up) at start
 	// instead of only checking that the inbox tables exist. Default false.
 	Migrate bool `env:"OUTBOX_INBOX_MIGRATE"`
 }

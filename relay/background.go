@@ -97,7 +97,7 @@ func (r *Relay) clean(ctx context.Context) {
 // call it yourself to clean on your own schedule (with Retention < 0 it
 // deletes nothing).
 //
-// On a partitioned table (migrations.UpPartitioned) it deletes no row: it
+// On a partitioned table (migrations.Partitioned) it deletes no row: it
 // runs MaintainPartitions, which drops whole partitions, and returns 0.
 func (r *Relay) Cleanup(ctx context.Context) (int, error) {
 	if yes, err := r.isPartitioned(ctx); err != nil {

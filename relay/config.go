@@ -124,7 +124,7 @@ type Config struct {
 	// Retention is how long published rows are kept before the relay
 	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
 	// Default 72h; a negative value disables the deletion. On a partitioned
-	// table (migrations.UpPartitioned) the relay deletes no row: it drops a
+	// table (migrations.Partitioned) the relay deletes no row: it drops a
 	// partition once Retention has passed since its upper bound and every
 	// lane delivered it (docs/partitions.md).
 	Retention time.Duration `env:"OUTBOX_RETENTION,forever"`

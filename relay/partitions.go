@@ -15,7 +15,7 @@ import (
 )
 
 // ErrPartitionedTable is returned by Start (and RunOnce) of a relay with
-// ProgressMarks on a partitioned table (migrations.UpPartitioned): its
+// ProgressMarks on a partitioned table (migrations.Partitioned): its
 // retention drops whole partitions once the lanes' positions are past
 // them, which marks cannot tell.
 var ErrPartitionedTable = errors.New("relay: the table is partitioned")
@@ -121,7 +121,7 @@ func (r *Relay) MaintainPartitions(ctx context.Context) (PartitionReport, error)
 }
 
 func (r *Relay) partitionedMarks() error {
-	return fmt.Errorf("%w: %s is partitioned, and its relays drop partitions once the lanes' positions are past them: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or keep marks on an unpartitioned table (migrations.Up)", ErrPartitionedTable, r.cfg.Table)
+	return fmt.Errorf("%w: %s is partitioned, and its relays drop partitions once the lanes' positions are past them: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or keep marks on an unpartitioned table (migrations.Outbox.Up)", ErrPartitionedTable, r.cfg.Table)
 }
 
 // keptByReason counts the partitions of the last round that stay, by the

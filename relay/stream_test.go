@@ -159,8 +159,8 @@ func TestStreamStartChecksTheSetup(t *testing.T) {
 		t.Fatal("a Stream relay started without the table's publication")
 	}
 	var se *admin.StreamSetupError
-	if !errors.As(err, &se) || se.Check != admin.CheckPublication || !strings.Contains(err.Error(), "migrations.UpStream") {
-		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.UpStream", err)
+	if !errors.As(err, &se) || se.Check != admin.CheckPublication || !strings.Contains(err.Error(), "migrations.Stream.Up") {
+		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.Stream.Up", err)
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -32,7 +31,7 @@ func streamCursorConfig() relay.Config {
 func (s *setup) waiting(t testing.TB) int {
 	t.Helper()
 	var n int
-	err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" e JOIN "+sqlname.Ident(migrations.CursorTable(s.table))+
+	err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" e JOIN "+sqlname.Ident(sqlname.Cursor(s.table))+
 		" c ON c.lane = (hashtext(e.partition_key) & 2147483647) % c.lanes WHERE NOT pg_visible_in_snapshot(e.txid, c.done)").Scan(&n)
 	if err != nil {
 		t.Fatal(err)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // retryNote says why outboxctl does not retry inbox records.
@@ -93,7 +93,7 @@ func (c *inboxCommand) connectInbox(ctx context.Context) (conn *pgx.Conn, table 
 		fmt.Fprintf(c.e.stderr, "outboxctl: configuration: %v\n", err)
 		return nil, table, exitUsage
 	}
-	table = migrations.InboxTable(cfg.Consumer.Table)
+	table = sqlname.Inbox(cfg.Consumer.Table)
 	conn, code = c.dial(ctx, "inbox", func(err error) string { return explainInbox(err, table, "") })
 	return conn, table, code
 }
@@ -107,7 +107,7 @@ func explainInbox(err error, table outbox.Table, op string) string {
 	var pg *pgconn.PgError
 	switch {
 	case errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "3F000"):
-		return fmt.Sprintf("the inbox table %s does not exist in this database (%s): run the inbox migrations (migrations.UpInbox, OUTBOX_INBOX_MIGRATE=true on the consuming service, or the SQL files in migrations/inbox/), or set OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE to the table your consumers use",
+		return fmt.Sprintf("the inbox table %s does not exist in this database (%s): run the inbox migrations (migrations.Inbox.Up, OUTBOX_INBOX_MIGRATE=true on the consuming service, or the SQL files in migrations/inbox/), or set OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE to the table your consumers use",
 			parkedOf(table), printable(pg.Message, 200))
 	case errors.As(err, &pg) && pg.Code == "42501":
 		need := "SELECT"

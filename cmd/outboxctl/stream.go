@@ -69,7 +69,7 @@ func printStreamStatus(e env, st admin.StreamSetup) {
 	p := st.Publication
 	switch {
 	case !p.Exists:
-		fmt.Fprintf(w, "Publication  %s: missing (run migrations.UpStream or the migration in migrations/stream/)\n", p.Name)
+		fmt.Fprintf(w, "Publication  %s: missing (run migrations.Stream.Up or the migration in migrations/stream/)\n", p.Name)
 	case st.PublicationOK:
 		fmt.Fprintf(w, "Publication  %s: ok (inserts of %s only), owner %s\n", p.Name, st.Table, printable(p.Owner, 60))
 	default:

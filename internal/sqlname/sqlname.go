@@ -26,3 +26,30 @@ func Ident(t outbox.Table) string {
 func Derived(t outbox.Table, suffix string) string {
 	return pgx.Identifier{t.WithDefaults().Name + "_" + suffix}.Sanitize()
 }
+
+// DefaultInbox is the inbox table's name when none is configured. Its
+// parked records live in <name>_parked.
+const DefaultInbox = "outbox_inbox"
+
+// Inbox returns t with an empty Name set to DefaultInbox: the inbox's
+// default, where outbox.Table.WithDefaults gives the outbox's.
+func Inbox(t outbox.Table) outbox.Table {
+	if t.Name == "" {
+		t.Name = DefaultInbox
+	}
+	return t
+}
+
+// Cursor names the table that holds the lanes' positions of an outbox table
+// in cursor mode: <name>_cursor, in the table's schema.
+func Cursor(t outbox.Table) outbox.Table { return sibling(t.WithDefaults(), "_cursor") }
+
+// Parked names the table that holds the parked events of an outbox table
+// in cursor mode (<name>_parked, in its schema), or the parked records of
+// an inbox table given with its name set (see Inbox). An outbox table in
+// marks mode parks its events in their rows.
+func Parked(t outbox.Table) outbox.Table { return sibling(t.WithDefaults(), "_parked") }
+
+func sibling(t outbox.Table, suffix string) outbox.Table {
+	return outbox.Table{Schema: t.Schema, Name: t.Name + suffix}
+}

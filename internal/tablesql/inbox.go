@@ -12,7 +12,6 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // InboxParked is a record an inbox consumer (package inbox) set aside: its
@@ -76,9 +75,9 @@ func scanInboxParked(row pgx.CollectableRow) (InboxParked, error) {
 }
 
 // inboxParked returns the inbox's parked table (<name>_parked, the name
-// defaulting to migrations.DefaultInboxTableName) after checking the name.
+// defaulting to sqlname.DefaultInbox) after checking the name.
 func inboxParked(table outbox.Table) (outbox.Table, error) {
-	table = migrations.InboxTable(table)
+	table = sqlname.Inbox(table)
 	if err := table.Validate(); err != nil {
 		return table, err
 	}

@@ -188,7 +188,7 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 	}
 	if !p.Exists {
 		return fail(CheckPublication, fmt.Sprintf("the publication %s does not exist", p.Name),
-			"create it as the table's owner: migrations.UpStream, the migration in migrations/stream/, or "+p.Fix(table))
+			"create it as the table's owner: migrations.Stream.Up, the migration in migrations/stream/, or "+p.Fix(table))
 	}
 	if problems := p.Problems(); len(problems) > 0 {
 		return fail(CheckPublication, fmt.Sprintf("the publication %s %s", p.Name, strings.Join(problems, "; ")),
@@ -253,7 +253,7 @@ func checkTable(ctx context.Context, db Querier, table outbox.Table) error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
+		return fmt.Errorf("%w: %s: apply the migrations (migrations.Outbox.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
 	}
 	return nil
 }
@@ -401,7 +401,7 @@ func readStream(ctx context.Context, db Querier, table outbox.Table, st StreamSe
 	}
 	if cursor {
 		var cp StreamCheckpoint
-		rows, err := db.Query(ctx, "SELECT min(updated_at), coalesce(extract(epoch FROM now() - min(updated_at))::float8, 0), count(*) FILTER (WHERE upto IS NOT NULL)::int FROM "+sqlname.Ident(migrations.CursorTable(table)))
+		rows, err := db.Query(ctx, "SELECT min(updated_at), coalesce(extract(epoch FROM now() - min(updated_at))::float8, 0), count(*) FILTER (WHERE upto IS NOT NULL)::int FROM "+sqlname.Ident(sqlname.Cursor(table)))
 		if err == nil {
 			_, err = pgx.ForEachRow(rows, []any{&cp.Oldest, &cp.AgeSeconds, &cp.OpenWindows}, func() error { return nil })
 		}
