@@ -37,10 +37,11 @@ type PartitionReport struct {
 	Kept []PartitionKept
 }
 
-// PartitionKept is a partition that stays, and why.
+// PartitionKept is a partition that stays, and why: in a PartitionReport,
+// and in admin.Status (the relays' last word, read from the catalog).
 type PartitionKept struct {
-	Name   string
-	Reason string
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // partitions is what the relay knows of its table's partitioning.

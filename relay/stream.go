@@ -279,11 +279,11 @@ func (r *Relay) checkStream(ctx context.Context) error {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		err = tablesql.CheckStream(ctx, tx, r.cfg.Table)
 	}
-	var se *tablesql.StreamSetupError
+	var se *outbox.StreamSetupError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &se) && se.Check == tablesql.CheckSlotLost:
+	case errors.As(err, &se) && se.Check == outbox.StreamCheckSlotLost:
 		r.cfg.Logger.Warn("outbox relay: "+se.Error(), "table", r.cfg.Table.String())
 		return nil
 	case errors.As(err, &se):

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -68,12 +68,12 @@ func TestStreamCursorPublishesWhatItDecodes(t *testing.T) {
 	}
 	// outboxctl stream status shows the checkpoint: every lane written by
 	// the stream, none left open.
-	st, err := admin.ReadStream(s.ctx, s.pool, s.table)
+	st, err := tablesql.ReadStream(s.ctx, s.pool, s.table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cp := st.Checkpoint; cp == nil || cp.OpenWindows != 0 || cp.AgeSeconds > 60 {
-		t.Errorf("admin.ReadStream's checkpoint %+v, want the lanes' positions, none open, written lately", cp)
+		t.Errorf("tablesql.ReadStream's checkpoint %+v, want the lanes' positions, none open, written lately", cp)
 	}
 }
 

@@ -165,9 +165,9 @@ func TestStreamingRelayRole(t *testing.T) {
 	// server refuses its replication connection for that reason.
 	relayDB := r.pool(t, r.relay)
 	err := admin.CheckStream(ctx, relayDB, tbl)
-	var se *admin.StreamSetupError
-	if !errors.As(err, &se) || se.Check != admin.CheckReplicationRole || !strings.Contains(se.Fix, "ALTER ROLE "+ident(r.relay)+" REPLICATION") {
-		t.Fatalf("CheckStream as the relay role: %v, want the check %s", err, admin.CheckReplicationRole)
+	var se *outbox.StreamSetupError
+	if !errors.As(err, &se) || se.Check != outbox.StreamCheckReplicationRole || !strings.Contains(se.Fix, "ALTER ROLE "+ident(r.relay)+" REPLICATION") {
+		t.Fatalf("CheckStream as the relay role: %v, want the check %s", err, outbox.StreamCheckReplicationRole)
 	}
 	if conn, err := r.replicationConnect(ctx, r.relay); err == nil {
 		_ = conn.Close(ctx)

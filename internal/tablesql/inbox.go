@@ -17,7 +17,8 @@ import (
 // InboxParked is a record an inbox consumer (package inbox) set aside: its
 // handler kept failing on it (MaxAttempts), returned a Permanent error, or
 // the record had no identity or no route. It is stored with what it takes
-// to apply it later (inbox.Consumer.Retry) and is inbox.Parked.
+// to apply it later (inbox.Consumer.Retry). inbox.Parked, its public face,
+// has the same fields (inbox converts one to the other).
 type InboxParked struct {
 	ID int64 `json:"id"` // the parked row's id: the paging cursor
 	// Consumer is the consumer name (inbox Config.Name) that parked it.
