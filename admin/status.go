@@ -301,7 +301,7 @@ func readRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold
 		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM locks) OR (a.query = @listen AND a.datname = current_database())"+
 		" ORDER BY a.pid",
 		pgx.NamedArgs{"ns": int64(uint32(locks.Namespace(table.String()))), "reporter": int64(uint32(reporterLock)),
-			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
+			"listen": "LISTEN " + pgx.Identifier{sqlname.Channel(table)}.Sanitize()})
 	if err != nil {
 		return st.LanesHeld, st.Sessions, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -263,7 +264,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.cloudEvents(); err != nil {
 		return c, err
 	}
-	*lim = lim.WithDefaults()
+	*lim = record.LimitsWithDefaults(*lim)
 	if err := lim.Validate(); err != nil {
 		return c, fieldError(err, "Writer.", "Limits")
 	}

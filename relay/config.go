@@ -114,7 +114,7 @@ type Config struct {
 	// (outbox.DefaultMaxRecordBytes), which fits all three defaults.
 	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
-	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
+	// (<name>_wakeup; see docs/operating.md) on a dedicated connection and poll as soon as a
 	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
 	// connection comes from the DB, which must then be a *pgxpool.Pool; it
 	// is re-established with backoff when lost, and the ticker covers the

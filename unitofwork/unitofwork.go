@@ -101,7 +101,7 @@ type Config struct {
 // do; validate checks the result.
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
-	c.Limits = c.Limits.WithDefaults()
+	c.Limits = record.LimitsWithDefaults(c.Limits)
 	if c.Topics == nil {
 		c.Topics = outbox.TopicPerEvent
 	}

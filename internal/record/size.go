@@ -123,3 +123,22 @@ func (w Writer) Prepare(ctx context.Context, events []outbox.Event) ([]Record, e
 	}
 	return recs, nil
 }
+
+// LimitsWithDefaults returns l with zero fields set to their defaults
+// (outbox.Limits documents them).
+func LimitsWithDefaults(l outbox.Limits) outbox.Limits {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxRecordBytes, outbox.DefaultMaxRecordBytes)
+	def(&l.MaxPayloadBytes, l.MaxRecordBytes)
+	def(&l.MaxHeaders, 32)
+	def(&l.MaxHeaderBytes, 4<<10)
+	def(&l.MaxTypeBytes, 255)
+	def(&l.MaxAggregateTypeBytes, 255)
+	def(&l.MaxAggregateIDBytes, 1024)
+	def(&l.MaxKeyBytes, 1024)
+	return l
+}

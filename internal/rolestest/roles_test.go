@@ -483,7 +483,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Error("writer: the AddTx commit watcher never saw the commit")
 		}
-		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", tbl.Channel()); err != nil {
+		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", sqlname.Channel(tbl)); err != nil {
 			t.Errorf("NOTIFY: %v", err)
 		}
 		who := "writer"

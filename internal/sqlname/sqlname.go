@@ -5,6 +5,9 @@
 package sqlname
 
 import (
+	"fmt"
+	"hash/fnv"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
@@ -52,4 +55,22 @@ func Parked(t outbox.Table) outbox.Table { return sibling(t.WithDefaults(), "_pa
 
 func sibling(t outbox.Table, suffix string) outbox.Table {
 	return outbox.Table{Schema: t.Schema, Name: t.Name + suffix}
+}
+
+// Channel returns the PostgreSQL notification channel on which writers in
+// other processes wake the relays of this table: "<name>_wakeup", or
+// "<schema>.<name>_wakeup" when a schema is set (a hashed name when that
+// exceeds PostgreSQL's 63-byte limit).
+func Channel(t outbox.Table) string {
+	t = t.WithDefaults()
+	c := t.Name + "_wakeup"
+	if t.Schema != "" {
+		c = t.Schema + "." + c
+	}
+	if len(c) > 63 {
+		h := fnv.New64a()
+		h.Write([]byte(c))
+		c = fmt.Sprintf("outbox_wakeup_%016x", h.Sum64())
+	}
+	return c
 }
