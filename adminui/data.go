@@ -305,7 +305,7 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 	if p.Moved {
 		errExpr = "coalesce(reason, '') || ' ' || coalesce(last_error, '')"
 	}
-	where := filterSQL(f, args, errExpr)
+	where := tablesql.Filter{EventIDs: f.EventIDs, Topic: f.Topic, Type: f.Type, Key: f.Key, Error: f.Error}.Where(args, errExpr) // the fields the UI sets
 	// Grouped by text first: the error type's regular expression then runs
 	// once per group, not once per row (5x faster at 100,000 rows).
 	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", last_error, n, f, l FROM ("+
@@ -319,32 +319,6 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 		err := r.Scan(&g.Topic, &g.ErrorType, &g.Reason, &g.Count, &g.FirstParkedAt, &g.LastParkedAt)
 		return g, err
 	})
-}
-
-// filterSQL is admin.Filter's conditions for the fields the UI sets, with
-// errExpr the text that the reason filter searches.
-func filterSQL(f admin.Filter, args pgx.NamedArgs, errExpr string) string {
-	var b strings.Builder
-	add := func(cond, name string, v any) {
-		b.WriteString(" AND " + cond)
-		args[name] = v
-	}
-	if len(f.EventIDs) > 0 {
-		add("event_id = ANY(@f_ids::uuid[])", "f_ids", f.EventIDs)
-	}
-	if f.Topic != "" {
-		add("topic = @f_topic", "f_topic", f.Topic)
-	}
-	if f.Type != "" {
-		add("event_type = @f_type", "f_type", f.Type)
-	}
-	if f.Key != "" {
-		add("partition_key = @f_key", "f_key", f.Key)
-	}
-	if f.Error != "" {
-		add("strpos(lower("+errExpr+"), lower(@f_error)) > 0", "f_error", f.Error)
-	}
-	return b.String()
 }
 
 // eventRow is an event in any state, as the detail page shows it.
