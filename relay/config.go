@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 )
 
 // Config configures a Relay. The zero value means every default.
@@ -224,23 +225,23 @@ func (c Config) withDefaults() Config {
 	if c.Mode == Stream {
 		c.Stream = c.Stream.withDefaults()
 	}
-	setDefault(&c.PollInterval, defaultPollInterval)
-	setDefault(&c.BatchSize, defaultBatchSize)
-	setDefault(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
-	setDefault(&c.MaxAttempts, defaultMaxAttempts)
-	setDefault(&c.MaxMessageBytes, defaultMaxMessageBytes)
-	setDefault(&c.Retention, defaultRetention)
-	setDefault(&c.CleanupInterval, defaultCleanupInterval)
-	setDefault(&c.CleanupBatch, defaultCleanupBatch)
-	setDefault(&c.Lanes, defaultLanes)
-	setDefault(&c.Workers, defaultWorkers)
-	setDefault(&c.BatchTimeout, defaultBatchTimeout)
-	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
-	setDefault(&c.StatsInterval, defaultStatsInterval)
-	setDefault(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
+	defaults.Set(&c.PollInterval, defaultPollInterval)
+	defaults.Set(&c.BatchSize, defaultBatchSize)
+	defaults.Set(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	defaults.Set(&c.MaxAttempts, defaultMaxAttempts)
+	defaults.Set(&c.MaxMessageBytes, defaultMaxMessageBytes)
+	defaults.Set(&c.Retention, defaultRetention)
+	defaults.Set(&c.CleanupInterval, defaultCleanupInterval)
+	defaults.Set(&c.CleanupBatch, defaultCleanupBatch)
+	defaults.Set(&c.Lanes, defaultLanes)
+	defaults.Set(&c.Workers, defaultWorkers)
+	defaults.Set(&c.BatchTimeout, defaultBatchTimeout)
+	defaults.Set(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
+	defaults.Set(&c.StatsInterval, defaultStatsInterval)
+	defaults.Set(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
 	if c.Delivery == ExactlyOnce {
-		setDefault(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
-		setDefault(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
+		defaults.Set(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
+		defaults.Set(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -252,17 +253,9 @@ func (c Config) withDefaults() Config {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
 	if c.Propagator == nil {
-		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		c.Propagator = defaults.Propagator()
 	}
 	return c
-}
-
-// setDefault sets *v to def when it is zero.
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // Validate returns the configuration error New would return for c, with

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 	"github.com/fxoutbox/outbox/internal/record"
 )
 
@@ -106,7 +107,7 @@ func (c Config) withDefaults() Config {
 		c.Topics = outbox.TopicPerEvent
 	}
 	if c.Propagator == nil {
-		c.Propagator = record.DefaultPropagator()
+		c.Propagator = defaults.Propagator()
 	}
 	return c
 }
