@@ -26,21 +26,21 @@ func TestInboxUpDown(t *testing.T) {
 		}
 		name := sqlname.Inbox(tbl).Name
 		if err := migrations.Inbox.Check(ctx, pool, tbl); err != nil {
-			t.Fatalf("after UpInbox: %v", err)
+			t.Fatalf("after Inbox.Up: %v", err)
 		}
 		var versions bool
 		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(outbox.Table{Schema: tbl.Schema, Name: name + "_migrations"})).Scan(&versions); err != nil || !versions {
-			t.Fatalf("after UpInbox: no versions table (%v)", err)
+			t.Fatalf("after Inbox.Up: no versions table (%v)", err)
 		}
 		// The outbox's migrations are not mixed in: the inbox's versions are its own.
 		if err := migrations.Outbox.Check(ctx, pool, outbox.Table{Schema: tbl.Schema}); err == nil {
-			t.Fatal("UpInbox created the outbox table")
+			t.Fatal("Inbox.Up created the outbox table")
 		}
 		if err := migrations.Inbox.Down(ctx, pool, tbl, 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := migrations.Inbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
-			t.Fatalf("after DownInbox: CheckInbox = %v, want ErrNoTable", err)
+			t.Fatalf("after Inbox.Down: Inbox.Check = %v, want ErrNoTable", err)
 		}
 	}
 }

@@ -20,7 +20,7 @@ func TestUpDownCustomTable(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA "`+tbl.Schema+`" CASCADE`) })
 
 	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) || !strings.Contains(err.Error(), "migrations") {
-		t.Fatalf("CheckTable before Up = %v, want ErrNoTable telling to migrate", err)
+		t.Fatalf("Outbox.Check before Up = %v, want ErrNoTable telling to migrate", err)
 	}
 	for range 2 { // idempotent
 		if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
@@ -47,7 +47,7 @@ func TestUpDownCustomTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
-		t.Fatalf("CheckTable after Down = %v", err)
+		t.Fatalf("Outbox.Check after Down = %v", err)
 	}
 }
 

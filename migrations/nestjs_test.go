@@ -33,7 +33,7 @@ func TestUpAdoptsNestJSTable(t *testing.T) {
 	nestjs.Fill(t, nest, 100, 7, 49, "order-service.order.confirmed")
 	before, node := nestjs.Snapshot(t, pool, tbl)
 	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrOutdatedTable) || !strings.Contains(err.Error(), "no column headers") {
-		t.Fatalf("CheckTable on the NestJS table = %v, want ErrOutdatedTable naming headers", err)
+		t.Fatalf("Outbox.Check on the NestJS table = %v, want ErrOutdatedTable naming headers", err)
 	}
 	for range 2 {
 		if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {

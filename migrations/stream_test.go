@@ -43,7 +43,7 @@ func TestStreamUpDown(t *testing.T) {
 	}
 	p, err := migrations.ReadPublication(ctx, pool, tbl)
 	if err != nil || !p.Exists || len(p.Problems()) > 0 || p.Fix(tbl) != "" {
-		t.Fatalf("after UpStream: %+v, %v; problems %v", p, err, p.Problems())
+		t.Fatalf("after Stream.Up: %+v, %v; problems %v", p, err, p.Problems())
 	}
 	var insert, update, del, trunc bool
 	var tables []string
@@ -58,7 +58,7 @@ func TestStreamUpDown(t *testing.T) {
 		}
 	}
 	if p, err := migrations.ReadPublication(ctx, pool, tbl); err != nil || p.Exists || !slices.Equal(p.Problems(), []string{"does not exist"}) || !strings.HasPrefix(p.Fix(tbl), "CREATE PUBLICATION") {
-		t.Fatalf("after DownStream: %+v, %v", p, err)
+		t.Fatalf("after Stream.Down: %+v, %v", p, err)
 	}
 	if err := migrations.Stream.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrPublicationMismatch) || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "migrations.Stream.Up") {
 		t.Fatalf("Check after Down = %v, want ErrPublicationMismatch saying it does not exist and what to run", err)
@@ -66,7 +66,7 @@ func TestStreamUpDown(t *testing.T) {
 	// Without the table: an error that says to run the migrations.
 	missing := outbox.Table{Schema: tbl.Schema, Name: "no_such_table"}
 	if err := migrations.Stream.Up(ctx, pool, missing); !errors.Is(err, migrations.ErrNoTable) {
-		t.Fatalf("UpStream without the table: %v, want ErrNoTable", err)
+		t.Fatalf("Stream.Up without the table: %v, want ErrNoTable", err)
 	}
 }
 
@@ -103,7 +103,7 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 			}
 			upErr := migrations.Stream.Up(ctx, pool, tbl)
 			if !errors.Is(upErr, migrations.ErrPublicationMismatch) || !strings.Contains(upErr.Error(), r.Replace(tc.want)) {
-				t.Fatalf("UpStream = %v, want ErrPublicationMismatch saying %q", upErr, r.Replace(tc.want))
+				t.Fatalf("Stream.Up = %v, want ErrPublicationMismatch saying %q", upErr, r.Replace(tc.want))
 			}
 			p, err := migrations.ReadPublication(ctx, pool, tbl)
 			if err != nil {
@@ -111,7 +111,7 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 			}
 			fix := p.Fix(tbl)
 			if fix == "" || !strings.Contains(upErr.Error(), fix) {
-				t.Fatalf("UpStream's error %q does not name the fix %q", upErr, fix)
+				t.Fatalf("Stream.Up's error %q does not name the fix %q", upErr, fix)
 			}
 			if _, err := pool.Exec(ctx, fix); err != nil {
 				t.Fatalf("the fix %q fails: %v", fix, err)

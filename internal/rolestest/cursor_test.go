@@ -32,7 +32,7 @@ func TestCursorRolesScript(t *testing.T) {
 	mig := r.pool(t, r.migrator)
 	tbl := r.schema(t, mig)
 	if err := migrations.Cursor.Up(ctx, mig, tbl); err != nil {
-		t.Fatalf("UpCursor as the migration role: %v", err)
+		t.Fatalf("Cursor.Up as the migration role: %v", err)
 	}
 	if err := r.apply(t, tbl, readScript(t)); err != nil {
 		t.Fatalf("%s: %v", scriptFile, err)

@@ -462,7 +462,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		order("o-1", 1) // one event: INSERT ... VALUES
 		order("o-2", 3) // several: INSERT ... SELECT FROM unnest
 		if err := migrations.Outbox.Check(ctx, writer, tbl); err != nil {
-			t.Errorf("CheckTable (fxoutbox's start without Migrate): %v", err)
+			t.Errorf("Outbox.Check (fxoutbox's start without Migrate): %v", err)
 		}
 		// AddTx in the writer's own transaction: the insert that returns the
 		// transaction id and the commit watcher's query need no more rights.

@@ -142,13 +142,13 @@ func TestStreamingRelayRole(t *testing.T) {
 	// The migrator may not create the publication until it has CREATE on
 	// the database; it keeps owning it after that is revoked.
 	if err := migrations.Stream.Up(ctx, mig, tbl); pgCode(err) != "42501" {
-		t.Fatalf("UpStream by the migrator without CREATE on the database: %v, want SQLSTATE 42501", err)
+		t.Fatalf("Stream.Up by the migrator without CREATE on the database: %v, want SQLSTATE 42501", err)
 	}
 	if _, err := r.admin.Exec(ctx, "GRANT CREATE ON DATABASE "+ident(db)+" TO "+ident(r.migrator)); err != nil {
 		t.Fatal(err)
 	}
 	if err := migrations.Stream.Up(ctx, mig, tbl); err != nil {
-		t.Fatalf("UpStream by the migrator: %v", err)
+		t.Fatalf("Stream.Up by the migrator: %v", err)
 	}
 	if _, err := r.admin.Exec(ctx, "REVOKE CREATE ON DATABASE "+ident(db)+" FROM "+ident(r.migrator)); err != nil {
 		t.Fatal(err)
