@@ -310,7 +310,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		res.TableGrowth = round2(float64(res.MaxSizeB) / float64(res.SizeAt2MinB))
 	}
 	res.LoadAvgEnd = loadavg()
-	layout := "the ordinary cursor table (migrations.Outbox.Up + UpCursor), emptied: retention is Cleanup's DELETE (CleanupBatch 1000, repeated while full)"
+	layout := "the ordinary cursor table (migrations.Outbox.Up + Cursor.Up), emptied: retention is Cleanup's DELETE (CleanupBatch 1000, repeated while full)"
 	if res.Layout == "partitioned" {
 		layout = fmt.Sprintf("a table made by migrations.Partitioned with one partition per %.0f s (the previous, the current and 7 ahead at the start): retention is the relay's partition upkeep (partitions made ahead, retired ones detached and dropped)", res.PartitionS)
 	}

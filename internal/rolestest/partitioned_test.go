@@ -58,7 +58,7 @@ func TestPartitionedRolesScript(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = r.admin.Exec(context.Background(), "DROP SCHEMA "+ident(tbl.Schema)+" CASCADE") })
 	if err := migrations.Partitioned.Up(ctx, mig, tbl); err != nil {
-		t.Fatalf("UpPartitioned as the migration role: %v", err)
+		t.Fatalf("Partitioned.Up as the migration role: %v", err)
 	}
 	parent := sqlname.Ident(tbl)
 	base := tbl.WithDefaults().Name
