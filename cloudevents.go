@@ -50,12 +50,6 @@ const (
 	HeaderContentType            = "content-type"
 )
 
-// CloudEvents values the relay sends.
-const (
-	CloudEventsSpecVersion = "1.0"
-	CloudEventsContentType = "application/json"
-)
-
 // maxCloudEventsSourceBytes caps CloudEvents.Source: it is sent with every
 // record.
 const maxCloudEventsSourceBytes = 1024

@@ -113,26 +113,8 @@ type Limits struct {
 	CloudEvents CloudEvents
 }
 
-// WithDefaults returns l with zero fields set to their defaults.
-func (l Limits) WithDefaults() Limits {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&l.MaxRecordBytes, DefaultMaxRecordBytes)
-	def(&l.MaxPayloadBytes, l.MaxRecordBytes)
-	def(&l.MaxHeaders, 32)
-	def(&l.MaxHeaderBytes, 4<<10)
-	def(&l.MaxTypeBytes, 255)
-	def(&l.MaxAggregateTypeBytes, 255)
-	def(&l.MaxAggregateIDBytes, 1024)
-	def(&l.MaxKeyBytes, 1024)
-	return l
-}
-
 // Validate reports a limit that is negative, or a MaxPayloadBytes above
-// MaxRecordBytes. Call it on l.WithDefaults().
+// MaxRecordBytes. The writer calls it with the defaults applied.
 func (l Limits) Validate() error {
 	if l.MaxRecordBytes < 0 || l.MaxPayloadBytes < 0 || l.MaxHeaders < 0 || l.MaxHeaderBytes < 0 ||
 		l.MaxTypeBytes < 0 || l.MaxAggregateTypeBytes < 0 || l.MaxAggregateIDBytes < 0 || l.MaxKeyBytes < 0 {

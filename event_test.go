@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/record"
 )
 
 func TestTopicPerEvent(t *testing.T) {
@@ -52,13 +53,13 @@ func TestValidateTopic(t *testing.T) {
 }
 
 func TestLimitsValidate(t *testing.T) {
-	l := outbox.Limits{}.WithDefaults()
+	l := record.LimitsWithDefaults(outbox.Limits{})
 	if l.MaxRecordBytes != outbox.DefaultMaxRecordBytes || l.MaxPayloadBytes != l.MaxRecordBytes || l.MaxTypeBytes != 255 ||
 		l.MaxAggregateTypeBytes != 255 || l.MaxAggregateIDBytes != 1024 || l.MaxKeyBytes != 1024 || l.Validate() != nil {
 		t.Errorf("defaults = %+v, %v", l, l.Validate())
 	}
 	for _, bad := range []outbox.Limits{{MaxPayloadBytes: 2 << 20}, {MaxKeyBytes: -1}, {MaxRecordBytes: 1000, MaxPayloadBytes: 1001}} {
-		if err := bad.WithDefaults().Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
+		if err := record.LimitsWithDefaults(bad).Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)
 		}
 	}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 )
 
@@ -86,6 +87,52 @@ func (p PoisonPolicy) String() string {
 // slot: it pinned more WAL than max_slot_wal_keep_size allows and the
 // server removed WAL the slot still needed. A streaming relay that finds its slot
 // invalidated publishes by polling (relay.StreamFallback) and logs it;
-// admin.CheckStream's StreamSetupError of admin.CheckSlotLost matches it
-// (errors.Is).
+// a StreamSetupError of StreamCheckSlotLost matches it (errors.Is).
 var ErrSlotInvalidated = errors.New("replication slot invalidated")
+
+// StreamSetupError is what admin.CheckStream finds wrong with the server's
+// setup for the streaming relay (relay.Stream), which relay.Relay.Start
+// also returns, wrapped. Error says what is wrong and the exact SQL or
+// setting that fixes it.
+type StreamSetupError struct {
+	Table string // the outbox table, schema.name
+	Check string // one of the StreamCheck constants
+	// Reason says what is wrong; Fix what to change.
+	Reason string
+	Fix    string
+}
+
+// The checks of admin.CheckStream, in the order it makes them: the Check of
+// a StreamSetupError.
+const (
+	// StreamCheckWALLevel: wal_level is not logical.
+	StreamCheckWALLevel = "wal_level"
+	// StreamCheckPublication: the table's publication is missing or is not
+	// FOR TABLE the table WITH (publish = 'insert').
+	StreamCheckPublication = "publication"
+	// StreamCheckReplicationRole: the role has neither REPLICATION nor
+	// SUPERUSER.
+	StreamCheckReplicationRole = "replication_role"
+	// StreamCheckReplicationCapacity: max_replication_slots or
+	// max_wal_senders is 0, or every slot is taken and the table's slot
+	// does not exist yet.
+	StreamCheckReplicationCapacity = "replication_capacity"
+	// StreamCheckSlot: a slot of the table's slot name exists but is not a
+	// pgoutput logical slot of this database.
+	StreamCheckSlot = "slot"
+	// StreamCheckSlotLost: the table's slot was invalidated (wal_status
+	// lost). The error also matches ErrSlotInvalidated.
+	StreamCheckSlotLost = "slot_lost"
+)
+
+func (e *StreamSetupError) Error() string {
+	return fmt.Sprintf("streaming relay of %s: %s: %s", e.Table, e.Reason, e.Fix)
+}
+
+// Unwrap returns ErrSlotInvalidated for StreamCheckSlotLost, nil otherwise.
+func (e *StreamSetupError) Unwrap() error {
+	if e.Check == StreamCheckSlotLost {
+		return ErrSlotInvalidated
+	}
+	return nil
+}

@@ -52,24 +52,6 @@ func (t Table) String() string {
 	return t.Schema + "." + t.Name
 }
 
-// Channel returns the PostgreSQL notification channel on which writers in
-// other processes wake the relays of this table: "<name>_wakeup", or
-// "<schema>.<name>_wakeup" when a schema is set (a hashed name when that
-// exceeds PostgreSQL's 63-byte limit).
-func (t Table) Channel() string {
-	t = t.WithDefaults()
-	c := t.Name + "_wakeup"
-	if t.Schema != "" {
-		c = t.Schema + "." + c
-	}
-	if len(c) > 63 {
-		h := fnv.New64a()
-		h.Write([]byte(c))
-		c = fmt.Sprintf("outbox_wakeup_%016x", h.Sum64())
-	}
-	return c
-}
-
 // Publication returns the name of the PostgreSQL publication through which
 // the streaming relay (relay.Stream) reads the table's inserts:
 // "<name>_fxoutbox", or "<schema>_<name>_fxoutbox" when a schema is set. The

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -101,39 +100,13 @@ func (f Filter) where(args pgx.NamedArgs) string { return f.whereErr(args, "last
 
 // whereErr is where with errExpr the text that Filter.Error searches.
 func (f Filter) whereErr(args pgx.NamedArgs, errExpr string) string {
-	var b strings.Builder
-	add := func(cond, name string, v any) {
-		b.WriteString(" AND " + cond)
-		args[name] = v
-	}
-	if len(f.EventIDs) > 0 {
-		add("event_id = ANY(@f_ids::uuid[])", "f_ids", f.EventIDs)
-	}
-	if f.Topic != "" {
-		add("topic = @f_topic", "f_topic", f.Topic)
-	}
-	if f.Type != "" {
-		add("event_type = @f_type", "f_type", f.Type)
-	}
-	if f.Key != "" {
-		add("partition_key = @f_key", "f_key", f.Key)
-	}
-	if !f.Since.IsZero() {
-		add("created_at >= @f_since", "f_since", f.Since)
-	}
-	if !f.Until.IsZero() {
-		add("created_at < @f_until", "f_until", f.Until)
-	}
-	if f.Error != "" {
-		add("strpos(lower("+errExpr+"), lower(@f_error)) > 0", "f_error", f.Error)
-	}
-	if f.FromID != 0 {
-		add("id >= @f_from", "f_from", f.FromID)
-	}
-	if f.ToID != 0 {
-		add("id <= @f_to", "f_to", f.ToID)
-	}
-	return b.String()
+	return f.conditions().Where(args, errExpr)
+}
+
+// conditions are f's conditions on the rows, as SQL builds them.
+func (f Filter) conditions() tablesql.Filter {
+	return tablesql.Filter{EventIDs: f.EventIDs, Topic: f.Topic, Type: f.Type, Key: f.Key, Since: f.Since, Until: f.Until,
+		Error: f.Error, FromID: f.FromID, ToID: f.ToID}
 }
 
 // BulkOptions tunes Requeue, Delete and Replay. A nil *BulkOptions means

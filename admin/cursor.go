@@ -10,7 +10,6 @@ import (
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // Rebased is what RebaseCursor did.
@@ -52,7 +51,7 @@ func RebaseCursor(ctx context.Context, db interface {
 		return r, err
 	}
 	table = table.WithDefaults()
-	t, c := sqlname.Ident(table), sqlname.Ident(migrations.CursorTable(table))
+	t, c := sqlname.Ident(table), sqlname.Ident(sqlname.Cursor(table))
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cursor, err := tablesql.InCursorMode(ctx, tx, table)
 		if err != nil {

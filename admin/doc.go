@@ -25,25 +25,21 @@
 // relays connecting as other roles show without those, and their LISTEN
 // sessions are not seen.
 //
-// [FindTables] and [FindInboxTables] find the outbox and inbox tables of a
-// database by their columns, whatever their names; [InboxConsumers] lists
-// an inbox's consumers (outboxctl status --all).
+// [FindTables] finds the outbox tables of a database by their columns,
+// whatever their names.
 //
-// For an inbox (package inbox), [ListInboxParked], [GetInboxParked],
-// [DeleteInboxParked] and [CountInboxParked] operate the records its
-// consumers parked, in <inbox table>_parked (default outbox_inbox_parked),
-// for one consumer name or every one; inbox.Consumer.List and Delete call
-// them. Retrying a parked record runs the application's handler, so it is
-// inbox.Consumer.Retry, in the consuming service. They need the consumer's
-// role (migrations/inbox/roles.example.sql): SELECT, and DELETE to delete.
+// An inbox's (package inbox) parked records are the consumer's to operate:
+// inbox.Consumer.List, Retry (which runs the application's handler, in the
+// consuming service) and Delete; `outboxctl inbox` lists, shows and deletes
+// them for any consumer.
 //
 // For the streaming relay (relay.Stream), [CheckStream] checks what it
 // needs of the server, in order: wal_level = logical, the table's
 // publication (FOR TABLE the table WITH (publish = 'insert'), created by
-// migrations.UpStream), the role's REPLICATION attribute, room for
+// migrations.Stream.Up), the role's REPLICATION attribute, room for
 // replication slots and WAL senders, and the table's slot if it exists (a
 // pgoutput logical slot of this database, not invalidated). It returns the
-// first problem as a *[StreamSetupError] whose message names the SQL or
+// first problem as a *[outbox.StreamSetupError] whose message names the SQL or
 // setting that fixes it; the relay fails to start with it. [ReadStream]
 // reports the slot (active, lag and retained WAL, wal_status), the
 // publication and the settings; [DropSlot] drops the slot, which frees the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
@@ -22,7 +23,7 @@ func newInbox(t *testing.T) (*setup, outbox.Table) {
 	t.Helper()
 	s := newSetup(t)
 	in := outbox.Table{Schema: s.table.Schema}
-	if err := migrations.UpInbox(s.ctx, s.pool, in); err != nil {
+	if err := migrations.Inbox.Up(s.ctx, s.pool, in); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.pool.Exec(s.ctx, `INSERT INTO "`+in.Schema+`".outbox_inbox_parked
@@ -60,10 +61,10 @@ func inboxCount(t *testing.T, s *setup, in outbox.Table, where string) int {
 func TestListInboxParked(t *testing.T) {
 	t.Parallel()
 	s, in := newInbox(t)
-	var got []admin.InboxParked
+	var got []tablesql.InboxParked
 	var after int64
 	for {
-		page, err := admin.ListInboxParked(s.ctx, s.pool, in, "billing", after, 7)
+		page, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "billing", after, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +96,7 @@ func TestListInboxParked(t *testing.T) {
 		t.Errorf("record without identity: %+v", last)
 	}
 
-	all, err := admin.ListInboxParked(s.ctx, s.pool, in, "", 0, 1000)
+	all, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "", 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,19 +107,19 @@ func TestListInboxParked(t *testing.T) {
 	if len(all) != 35 || byConsumer["billing"] != 30 || byConsumer["shipping"] != 5 {
 		t.Fatalf("every consumer: %d records, %v", len(all), byConsumer)
 	}
-	if def, err := admin.ListInboxParked(s.ctx, s.pool, in, "", 0, 0); err != nil || len(def) != 35 {
+	if def, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "", 0, 0); err != nil || len(def) != 35 {
 		t.Fatalf("default limit: %d, %v", len(def), err)
 	}
-	if none, err := admin.ListInboxParked(s.ctx, s.pool, in, "nobody", 0, 0); err != nil || none == nil || len(none) != 0 {
+	if none, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "nobody", 0, 0); err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("unknown consumer: %v, %v", none, err)
 	}
 	var ce *outbox.ConfigError
-	if _, err := admin.ListInboxParked(s.ctx, s.pool, in, "", 0, -1); !errors.As(err, &ce) {
+	if _, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "", 0, -1); !errors.As(err, &ce) {
 		t.Fatalf("negative limit: %v", err)
 	}
 	// A missing table is the database's error, wrapped; a long consumer
 	// name with control bytes is quoted and cut in the message.
-	_, err = admin.ListInboxParked(s.ctx, s.pool, outbox.Table{Schema: in.Schema, Name: "no_inbox"}, strings.Repeat("\x1b[31m", 1000), 0, 0)
+	_, err = tablesql.ListInboxParked(s.ctx, s.pool, outbox.Table{Schema: in.Schema, Name: "no_inbox"}, strings.Repeat("\x1b[31m", 1000), 0, 0)
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) || pg.Code != "42P01" || !strings.Contains(err.Error(), "no_inbox_parked") {
 		t.Fatalf("missing table: %v", err)
@@ -133,42 +134,42 @@ func TestListInboxParked(t *testing.T) {
 func TestGetAndDeleteInboxParked(t *testing.T) {
 	t.Parallel()
 	s, in := newInbox(t)
-	ship, err := admin.ListInboxParked(s.ctx, s.pool, in, "shipping", 0, 0)
+	ship, err := tablesql.ListInboxParked(s.ctx, s.pool, in, "shipping", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := ship[0].ID
-	p, err := admin.GetInboxParked(s.ctx, s.pool, in, "shipping", id)
+	p, err := tablesql.GetInboxParked(s.ctx, s.pool, in, "shipping", id)
 	if err != nil || p.ID != id || p.Consumer != "shipping" || p.EventID != "ev-1" || p.ErrorType != "handler.permanent" {
 		t.Fatalf("GetInboxParked: %+v, %v", p, err)
 	}
-	if p, err := admin.GetInboxParked(s.ctx, s.pool, in, "", id); err != nil || p.Consumer != "shipping" {
+	if p, err := tablesql.GetInboxParked(s.ctx, s.pool, in, "", id); err != nil || p.Consumer != "shipping" {
 		t.Fatalf("GetInboxParked of any consumer: %+v, %v", p, err)
 	}
-	if _, err := admin.GetInboxParked(s.ctx, s.pool, in, "billing", id); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := tablesql.GetInboxParked(s.ctx, s.pool, in, "billing", id); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("another consumer's record: %v, want ErrNotFound", err)
 	}
 
-	if err := admin.DeleteInboxParked(s.ctx, s.pool, in, "billing", id); !errors.Is(err, admin.ErrNotFound) {
+	if err := tablesql.DeleteInboxParked(s.ctx, s.pool, in, "billing", id); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("delete of another consumer's record: %v, want ErrNotFound", err)
 	}
 	if n := inboxCount(t, s, in, "true"); n != 35 {
 		t.Fatalf("%d records after a refused delete, want 35", n)
 	}
-	if err := admin.DeleteInboxParked(s.ctx, s.pool, in, "shipping", id); err != nil {
+	if err := tablesql.DeleteInboxParked(s.ctx, s.pool, in, "shipping", id); err != nil {
 		t.Fatal(err)
 	}
 	if n, gone := inboxCount(t, s, in, "true"), inboxCount(t, s, in, "id = "+jsonInt(id)); n != 34 || gone != 0 {
 		t.Fatalf("after delete: %d records, record %d there %d times", n, id, gone)
 	}
-	err = admin.DeleteInboxParked(s.ctx, s.pool, in, "shipping", id)
+	err = tablesql.DeleteInboxParked(s.ctx, s.pool, in, "shipping", id)
 	if !errors.Is(err, admin.ErrNotFound) || !strings.Contains(err.Error(), `consumer "shipping"`) {
 		t.Fatalf("second delete: %v, want ErrNotFound naming the consumer", err)
 	}
-	if _, err := admin.GetInboxParked(s.ctx, s.pool, in, "", id); !errors.Is(err, admin.ErrNotFound) {
+	if _, err := tablesql.GetInboxParked(s.ctx, s.pool, in, "", id); !errors.Is(err, admin.ErrNotFound) {
 		t.Fatalf("get of a deleted record: %v", err)
 	}
-	if err := admin.DeleteInboxParked(s.ctx, s.pool, in, "", ship[1].ID); err != nil {
+	if err := tablesql.DeleteInboxParked(s.ctx, s.pool, in, "", ship[1].ID); err != nil {
 		t.Fatal(err)
 	}
 	if n := inboxCount(t, s, in, "consumer = 'shipping'"); n != 3 {
@@ -181,7 +182,7 @@ func TestGetAndDeleteInboxParked(t *testing.T) {
 func TestCountInboxParked(t *testing.T) {
 	t.Parallel()
 	s, in := newInbox(t)
-	groups, err := admin.CountInboxParked(s.ctx, s.pool, in)
+	groups, err := tablesql.CountInboxParked(s.ctx, s.pool, in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,10 +199,10 @@ func TestCountInboxParked(t *testing.T) {
 	}
 	// An empty inbox has no groups.
 	empty := outbox.Table{Schema: in.Schema, Name: "empty_inbox"}
-	if err := migrations.UpInbox(s.ctx, s.pool, empty); err != nil {
+	if err := migrations.Inbox.Up(s.ctx, s.pool, empty); err != nil {
 		t.Fatal(err)
 	}
-	if groups, err := admin.CountInboxParked(s.ctx, s.pool, empty); err != nil || groups == nil || len(groups) != 0 {
+	if groups, err := tablesql.CountInboxParked(s.ctx, s.pool, empty); err != nil || groups == nil || len(groups) != 0 {
 		t.Fatalf("empty inbox: %v, %v", groups, err)
 	}
 }

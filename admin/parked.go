@@ -20,7 +20,7 @@ import (
 // (too large, invalid or missing topic, rejected record) MaxAttempts times.
 // In marks mode it stays in its row (parked_at set); in cursor mode
 // (relay.ProgressCursor) it moved to the table's parked table, <name>_parked
-// (see migrations.ParkedTable), which the functions below read instead.
+// (see sqlname.Parked), which the functions below read instead.
 type ParkedEvent struct {
 	// ID is the row's id in the table (when it was parked), in write
 	// order: the paging cursor (Filter.After) and the bound of

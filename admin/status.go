@@ -13,6 +13,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay"
 )
 
 // StatusOptions tunes ReadStatus. A nil *StatusOptions means the defaults.
@@ -103,18 +104,12 @@ type Status struct {
 	// channel (relays with Listen, one each). A relay that neither listens
 	// nor has a batch in flight is not seen.
 	Sessions []Session `json:"sessions"`
-	// PartitionsKept are, for a partitioned table (migrations.
-	// UpPartitioned), the partitions past their upper bound that the
+	// PartitionsKept are, for a partitioned table
+	// (migrations.Partitioned), the partitions past their upper bound that the
 	// relays keep, with why: the reason starts with its class (retention,
 	// undelivered, parked, older, lock_timeout, ahead, detach_pending) and
 	// a colon. It is the relays' last word (every CleanupInterval).
-	PartitionsKept []PartitionKept `json:"partitions_kept"`
-}
-
-// PartitionKept is a partition that stays, and why.
-type PartitionKept struct {
-	Name   string `json:"name"`
-	Reason string `json:"reason"`
+	PartitionsKept []relay.PartitionKept `json:"partitions_kept"`
 }
 
 // MarshalJSON writes durations in seconds: oldest_age_seconds,
@@ -197,7 +192,7 @@ func ReadStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 // part of Status, one after another, so that it reads top to bottom as
 // the status prints.
 func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *StatusOptions) (Status, error) {
-	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}, PartitionsKept: []PartitionKept{}}
+	st := Status{Table: table.String(), ParkedGroups: []ParkedGroup{}, LanesHeld: []LaneHold{}, Sessions: []Session{}, PartitionsKept: []relay.PartitionKept{}}
 	if err := table.Validate(); err != nil {
 		return st, err
 	}
@@ -213,9 +208,9 @@ func readStatus(ctx context.Context, db Querier, table outbox.Table, opts *Statu
 		return st, err
 	}
 	st.Backlog, st.BacklogCapped, st.OldestCreatedAt, st.OldestAge, st.Parked = c.Backlog, c.BacklogCapped, c.OldestCreatedAt, c.OldestAge, c.Parked
-	st.PartitionsKept = []PartitionKept{}
+	st.PartitionsKept = []relay.PartitionKept{}
 	for _, p := range c.PartitionsKept {
-		st.PartitionsKept = append(st.PartitionsKept, PartitionKept(p))
+		st.PartitionsKept = append(st.PartitionsKept, relay.PartitionKept(p))
 	}
 
 	st.RateHorizon = o.RateHorizon
@@ -306,7 +301,7 @@ func readRelays(ctx context.Context, db Querier, table outbox.Table) ([]LaneHold
 		" FROM pg_stat_activity a WHERE a.pid IN (SELECT pid FROM locks) OR (a.query = @listen AND a.datname = current_database())"+
 		" ORDER BY a.pid",
 		pgx.NamedArgs{"ns": int64(uint32(locks.Namespace(table.String()))), "reporter": int64(uint32(reporterLock)),
-			"listen": "LISTEN " + pgx.Identifier{table.Channel()}.Sanitize()})
+			"listen": "LISTEN " + pgx.Identifier{sqlname.Channel(table)}.Sanitize()})
 	if err != nil {
 		return st.LanesHeld, st.Sessions, err
 	}

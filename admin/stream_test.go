@@ -17,15 +17,16 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
 
-// wantSetupError fails unless err is a *admin.StreamSetupError of check
+// wantSetupError fails unless err is a *outbox.StreamSetupError of check
 // whose message contains every part.
-func wantSetupError(t *testing.T, err error, check string, parts ...string) *admin.StreamSetupError {
+func wantSetupError(t *testing.T, err error, check string, parts ...string) *outbox.StreamSetupError {
 	t.Helper()
-	var se *admin.StreamSetupError
+	var se *outbox.StreamSetupError
 	if !errors.As(err, &se) || se.Check != check {
 		t.Fatalf("CheckStream = %v, want a StreamSetupError of check %s", err, check)
 	}
@@ -64,12 +65,12 @@ func TestCheckStream(t *testing.T) {
 	pub := pgx.Identifier{tbl.Publication()}.Sanitize()
 
 	// The publication: missing, then publishing updates and deletes.
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckPublication,
-		"the publication "+tbl.Publication()+" does not exist", "migrations.UpStream", "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert')")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckPublication,
+		"the publication "+tbl.Publication()+" does not exist", "migrations.Stream.Up", "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert')")
 	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+sqlname.Ident(tbl)+" WITH (publish = 'insert, update, delete')"); err != nil {
 		t.Fatal(err)
 	}
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckPublication, "also publishes update, delete", "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckPublication, "also publishes update, delete", "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
 	if _, err := pool.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')"); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestCheckStream(t *testing.T) {
 		if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
 			return err
 		}
-		wantSetupError(t, admin.CheckStream(ctx, tx, tbl), admin.CheckReplicationRole,
+		wantSetupError(t, admin.CheckStream(ctx, tx, tbl), outbox.StreamCheckReplicationRole,
 			`the role "`+role+`" has neither REPLICATION nor SUPERUSER`, `ALTER ROLE "`+role+`" REPLICATION`)
 		if _, err := pool.Exec(ctx, "ALTER ROLE "+role+" REPLICATION"); err != nil {
 			return err
@@ -116,7 +117,7 @@ func TestCheckStream(t *testing.T) {
 		if _, err := pool.Exec(ctx, c.create, slot); err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}
-		wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckSlot, c.want, "SELECT pg_drop_replication_slot('"+slot+"')", "outboxctl stream drop-slot")
+		wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckSlot, c.want, "SELECT pg_drop_replication_slot('"+slot+"')", "outboxctl stream drop-slot")
 		if err := admin.DropSlot(ctx, pool, tbl, false); err != nil {
 			t.Fatalf("DropSlot of the %s slot: %v", c.what, err)
 		}
@@ -128,7 +129,7 @@ func TestCheckStream(t *testing.T) {
 	dropSlotAtEnd(t, other, slot)
 	var db string
 	_ = other.QueryRow(ctx, "SELECT current_database()").Scan(&db)
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckSlot, `belongs to the database "`+db+`"`, "if nothing uses it, drop it")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckSlot, `belongs to the database "`+db+`"`, "if nothing uses it, drop it")
 	if _, err := other.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
 		t.Fatal(err)
 	}
@@ -194,10 +195,10 @@ func TestReadStreamAndDropSlot(t *testing.T) {
 	dropPublicationAtEnd(t, pool, tbl)
 	slot := testenv.Slot(t, pool, tbl)
 	dropSlotAtEnd(t, pool, slot)
-	if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+	if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	st, err := admin.ReadStream(ctx, pool, tbl)
+	st, err := tablesql.ReadStream(ctx, pool, tbl)
 	if err != nil || st.WALLevel != "logical" || !st.PublicationOK || st.Slot.Exists || st.Slot.Name != slot || st.Setup != "" || !st.Replication {
 		t.Fatalf("before the slot: %+v, %v", st, err)
 	}
@@ -211,7 +212,7 @@ func TestReadStreamAndDropSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.seed(t, rows{n: 100})
-	st, err = admin.ReadStream(ctx, pool, tbl)
+	st, err = tablesql.ReadStream(ctx, pool, tbl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestReadStreamAndDropSlot(t *testing.T) {
 	if err := admin.DropSlot(ctx, pool, tbl, true); err != nil {
 		t.Fatalf("DropSlot with force: %v", err)
 	}
-	if st, err := admin.ReadStream(ctx, pool, tbl); err != nil || st.Slot.Exists {
+	if st, err := tablesql.ReadStream(ctx, pool, tbl); err != nil || st.Slot.Exists {
 		t.Fatalf("after DropSlot: %+v, %v", st.Slot, err)
 	}
 	// The streaming session was ended.
@@ -262,25 +263,25 @@ func TestCheckStreamServerSettings(t *testing.T) {
 
 	pool := c.start(t, "wal_level=replica")
 	slot := testenv.Slot(t, pool, tbl)
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+	if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckWALLevel,
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckWALLevel,
 		"wal_level is replica, not logical", "set wal_level = logical in postgresql.conf", "restart", "rds.logical_replication = 1", "cloudsql.logical_decoding = on")
 
 	pool = c.start(t, "wal_level=logical", "max_replication_slots=0", "max_wal_senders=0")
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckReplicationCapacity, "max_replication_slots is 0", "set max_replication_slots")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckReplicationCapacity, "max_replication_slots is 0", "set max_replication_slots")
 	pool = c.start(t, "wal_level=logical", "max_replication_slots=1", "max_wal_senders=0")
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckReplicationCapacity, "max_wal_senders is 0", "set max_wal_senders")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckReplicationCapacity, "max_wal_senders is 0", "set max_wal_senders")
 
 	pool = c.start(t, "wal_level=logical", "max_replication_slots=1", "max_wal_senders=2", "max_slot_wal_keep_size=1MB")
 	if _, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot('someone_elses', 'pgoutput')"); err != nil {
 		t.Fatal(err)
 	}
-	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), admin.CheckReplicationCapacity, "all 1 replication slots (max_replication_slots) are taken (someone_elses)", "raise max_replication_slots")
+	wantSetupError(t, admin.CheckStream(ctx, pool, tbl), outbox.StreamCheckReplicationCapacity, "all 1 replication slots (max_replication_slots) are taken (someone_elses)", "raise max_replication_slots")
 	if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot('someone_elses')"); err != nil {
 		t.Fatal(err)
 	}
@@ -315,13 +316,13 @@ func TestCheckStreamServerSettings(t *testing.T) {
 		t.Fatalf("the slot's wal_status is %q after 20 WAL segments, want lost", status)
 	}
 	err := admin.CheckStream(ctx, pool, tbl)
-	wantSetupError(t, err, admin.CheckSlotLost, "was invalidated (wal_status lost)", "drops the lost slot and creates a new one",
+	wantSetupError(t, err, outbox.StreamCheckSlotLost, "was invalidated (wal_status lost)", "drops the lost slot and creates a new one",
 		"SELECT pg_drop_replication_slot('"+slot+"')", "outboxctl stream drop-slot", "max_slot_wal_keep_size")
 	if !errors.Is(err, outbox.ErrSlotInvalidated) {
 		t.Fatalf("%v does not match ErrSlotInvalidated", err)
 	}
-	st, err := admin.ReadStream(ctx, pool, tbl)
-	if err != nil || st.Slot.WALStatus != "lost" || st.SetupCheck != admin.CheckSlotLost || st.MaxSlotWALKeepSizeBytes != 1<<20 {
+	st, err := tablesql.ReadStream(ctx, pool, tbl)
+	if err != nil || st.Slot.WALStatus != "lost" || st.SetupCheck != outbox.StreamCheckSlotLost || st.MaxSlotWALKeepSizeBytes != 1<<20 {
 		t.Fatalf("ReadStream of the lost slot: %+v, %v", st, err)
 	}
 	if err := admin.DropSlot(ctx, pool, tbl, false); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -22,11 +23,11 @@ func TestFindTables(t *testing.T) {
 	ctx := context.Background()
 	main := testenv.Table(t, pool)
 	audit := outbox.Table{Schema: main.Schema, Name: "audit_outbox"}
-	if err := migrations.Up(ctx, pool, audit); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, audit); err != nil {
 		t.Fatal(err)
 	}
 	inbox := outbox.Table{Schema: main.Schema, Name: "orders_inbox"}
-	if err := migrations.UpInbox(ctx, pool, inbox); err != nil {
+	if err := migrations.Inbox.Up(ctx, pool, inbox); err != nil {
 		t.Fatal(err)
 	}
 	lookAlike := outbox.Table{Schema: main.Schema, Name: "not_an_outbox"}
@@ -48,11 +49,11 @@ func TestFindTables(t *testing.T) {
 	if got := mine(tables); err != nil || !slices.Equal(got, []string{"audit_outbox", main.WithDefaults().Name}) {
 		t.Errorf("FindTables = %q, %v; want audit_outbox and %s", got, err, main.WithDefaults().Name)
 	}
-	inboxes, err := admin.FindInboxTables(ctx, pool)
+	inboxes, err := tablesql.FindInboxTables(ctx, pool)
 	if got := mine(inboxes); err != nil || !slices.Equal(got, []string{"orders_inbox"}) {
 		t.Errorf("FindInboxTables = %q, %v; want orders_inbox", got, err)
 	}
-	consumers, err := admin.InboxConsumers(ctx, pool, inbox)
+	consumers, err := tablesql.InboxConsumers(ctx, pool, inbox)
 	if err != nil || !slices.Equal(consumers, []string{"audit", "billing"}) {
 		t.Errorf("InboxConsumers = %q, %v; want audit, billing", consumers, err)
 	}

@@ -70,8 +70,8 @@ type LoginAuthorizer interface {
 	Logout(w http.ResponseWriter, r *http.Request, cookiePath string)
 }
 
-// SessionCookie is the name of the cookie TokenAuthorizer's sessions use.
-const SessionCookie = "outbox_ui_session"
+// sessionCookie is the name of the cookie TokenAuthorizer's sessions use.
+const sessionCookie = "outbox_ui_session"
 
 // Token is one secret TokenAuthorizer accepts, and whom it stands for.
 type Token struct {
@@ -85,9 +85,9 @@ type Token struct {
 }
 
 // TokenAuthorizer accepts bearer tokens and the sessions its login page
-// opens: an HttpOnly, SameSite=Strict cookie (Secure over TLS) signed with
-// a key drawn at start, valid for SessionTTL. Sessions end when the process
-// restarts. It is what `outboxctl ui` uses.
+// opens: an HttpOnly, SameSite=Strict cookie named outbox_ui_session
+// (Secure over TLS) signed with a key drawn at start, valid for 12 hours.
+// Sessions end when the process restarts. It is what `outboxctl ui` uses.
 type TokenAuthorizer struct {
 	tokens []Token
 	key    []byte
@@ -97,8 +97,8 @@ type TokenAuthorizer struct {
 
 var _ LoginAuthorizer = (*TokenAuthorizer)(nil)
 
-// DefaultSessionTTL is how long a login lasts.
-const DefaultSessionTTL = 12 * time.Hour
+// sessionTTL is how long a login lasts.
+const sessionTTL = 12 * time.Hour
 
 // ErrWeakToken is returned by NewTokenAuthorizer for a token shorter than
 // 16 bytes.
@@ -109,7 +109,7 @@ func NewTokenAuthorizer(tokens ...Token) (*TokenAuthorizer, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("adminui: NewTokenAuthorizer needs at least one token")
 	}
-	a := &TokenAuthorizer{key: make([]byte, 32), ttl: DefaultSessionTTL, now: time.Now}
+	a := &TokenAuthorizer{key: make([]byte, 32), ttl: sessionTTL, now: time.Now}
 	for _, t := range tokens {
 		if len(t.Secret) < 16 {
 			return nil, ErrWeakToken
@@ -150,7 +150,7 @@ func (a *TokenAuthorizer) Authorize(r *http.Request) Principal {
 		}
 		return Principal{}
 	}
-	c, err := r.Cookie(SessionCookie)
+	c, err := r.Cookie(sessionCookie)
 	if err != nil {
 		return Principal{}
 	}
@@ -178,14 +178,14 @@ func (a *TokenAuthorizer) Login(w http.ResponseWriter, r *http.Request, secret, 
 	exp := a.now().Add(a.ttl)
 	body := t.Name + "|" + strconv.Itoa(int(t.Role)) + "|" + strconv.FormatInt(exp.Unix(), 10)
 	v := base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + base64.RawURLEncoding.EncodeToString(a.sign(body))
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: v, Path: cookiePath, Expires: exp, HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v, Path: cookiePath, Expires: exp, HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	return true
 }
 
 // Logout clears the session cookie.
 func (a *TokenAuthorizer) Logout(w http.ResponseWriter, r *http.Request, cookiePath string) {
-	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: cookiePath, MaxAge: -1, HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: cookiePath, MaxAge: -1, HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 }
 

@@ -47,7 +47,7 @@ func BenchmarkLargeTable(b *testing.B) {
 		// reruns skip the minute of seeding.
 		table = outbox.Table{Schema: schema}
 		var n int
-		if err := migrations.Up(ctx, pool, table); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, table); err != nil {
 			b.Fatal(err)
 		}
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(table)).Scan(&n); err != nil {

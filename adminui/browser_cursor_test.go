@@ -16,14 +16,14 @@ import (
 // and a requeue from the parked page work on them as on a marked table's.
 func TestBrowserCursor(t *testing.T) {
 	s := newSetup(t)
-	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
+	if err := migrations.Cursor.Up(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
 	}
-	s.exec(t, "INSERT INTO "+sqlname.Ident(migrations.CursorTable(s.table))+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
-	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil { // moves the rows parked in place
+	s.exec(t, "INSERT INTO "+sqlname.Ident(sqlname.Cursor(s.table))+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
+	if err := migrations.Cursor.Up(s.ctx, s.pool, s.table); err != nil { // moves the rows parked in place
 		t.Fatal(err)
 	}
-	parked := sqlname.Ident(migrations.ParkedTable(s.table))
+	parked := sqlname.Ident(sqlname.Parked(s.table))
 	countParked := func(where string) int {
 		t.Helper()
 		var n int

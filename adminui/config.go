@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Config configures NewHandler.
@@ -58,9 +58,9 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultChunkSize = 5000
-	DefaultPageSize  = 50
-	DefaultLanes     = 64
+	defaultChunkSize = 5000
+	defaultPageSize  = 50
+	defaultLanes     = 64
 )
 
 func (c Config) withDefaults() (Config, error) {
@@ -92,7 +92,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Tables[i] = t
 	}
 	for i, t := range c.Inboxes {
-		t = migrations.InboxTable(t)
+		t = sqlname.Inbox(t)
 		if err := t.Validate(); err != nil {
 			return c, err
 		}
@@ -109,24 +109,24 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.Default()
 	}
 	if c.Lanes == 0 {
-		c.Lanes = DefaultLanes
+		c.Lanes = defaultLanes
 	}
 	if c.ChunkSize == 0 {
-		c.ChunkSize = DefaultChunkSize
+		c.ChunkSize = defaultChunkSize
 	}
 	if c.PageSize == 0 {
-		c.PageSize = DefaultPageSize
+		c.PageSize = defaultPageSize
 	}
 	if c.Title == "" {
 		c.Title = "fxoutbox"
 	}
 	switch {
 	case c.ChunkSize < 1 || c.ChunkSize > 100000:
-		return c, &outbox.ConfigError{Field: "adminui.Config.ChunkSize", Reason: fmt.Sprintf("is %d: use 1 to 100000 (default %d)", c.ChunkSize, DefaultChunkSize)}
+		return c, &outbox.ConfigError{Field: "adminui.Config.ChunkSize", Reason: fmt.Sprintf("is %d: use 1 to 100000 (default %d)", c.ChunkSize, defaultChunkSize)}
 	case c.PageSize < 1 || c.PageSize > 1000:
-		return c, &outbox.ConfigError{Field: "adminui.Config.PageSize", Reason: fmt.Sprintf("is %d: use 1 to 1000 (default %d)", c.PageSize, DefaultPageSize)}
+		return c, &outbox.ConfigError{Field: "adminui.Config.PageSize", Reason: fmt.Sprintf("is %d: use 1 to 1000 (default %d)", c.PageSize, defaultPageSize)}
 	case c.Lanes < 1 || c.Lanes > 4096:
-		return c, &outbox.ConfigError{Field: "adminui.Config.Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default %d)", c.Lanes, DefaultLanes)}
+		return c, &outbox.ConfigError{Field: "adminui.Config.Lanes", Reason: fmt.Sprintf("is %d: use 1 to 4096 (default %d)", c.Lanes, defaultLanes)}
 	}
 	return c, nil
 }

@@ -18,10 +18,10 @@ import (
 func TestCursorTable(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
+	if err := migrations.Cursor.Up(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
 	}
-	cur := sqlname.Ident(migrations.CursorTable(s.table))
+	cur := sqlname.Ident(sqlname.Cursor(s.table))
 	// Every lane delivered up to now: the rows already there are behind.
 	s.exec(t, "INSERT INTO "+cur+" (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g")
 	delivered := uuid.Must(uuid.NewV7())

@@ -46,7 +46,7 @@ type tableOverview struct {
 	// hour, oldest minute first (60 buckets).
 	Chart chartData `json:"chart"`
 	// Slot is the streaming relay's replication slot, when it exists.
-	Slot *admin.SlotStatus `json:"slot,omitempty"`
+	Slot *tablesql.SlotStatus `json:"slot,omitempty"`
 }
 
 // chartData is per-minute counts over the last hour.
@@ -57,9 +57,9 @@ type chartData struct {
 
 // inboxOverview is one inbox table's parked records.
 type inboxOverview struct {
-	Table  string                   `json:"table"`
-	Parked int64                    `json:"parked"`
-	Groups []admin.InboxParkedCount `json:"groups"`
+	Table  string                      `json:"table"`
+	Parked int64                       `json:"parked"`
+	Groups []tablesql.InboxParkedCount `json:"groups"`
 }
 
 const chartMinutes = 60
@@ -90,7 +90,7 @@ func (h *Handler) overview(ctx context.Context) (overviewPage, error) {
 		io := &ov.Inboxes[i]
 		io.Table = t.String()
 		fns = append(fns, func() (err error) {
-			if io.Groups, err = admin.CountInboxParked(ctx, h.cfg.DB, t); err != nil {
+			if io.Groups, err = tablesql.CountInboxParked(ctx, h.cfg.DB, t); err != nil {
 				return err
 			}
 			for _, g := range io.Groups {
@@ -119,8 +119,8 @@ func parallel(fns ...func() error) error {
 
 // readSlot reads the streaming relay's replication slot, nil when there is
 // none (the relay polls). ReadStream's setup checks are outboxctl's.
-func readSlot(ctx context.Context, db querier, name string) (*admin.SlotStatus, error) {
-	var slot admin.SlotStatus
+func readSlot(ctx context.Context, db querier, name string) (*tablesql.SlotStatus, error) {
+	var slot tablesql.SlotStatus
 	rows, err := db.Query(ctx, "SELECT active, coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, ''),"+
 		" (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 FROM pg_replication_slots WHERE slot_name = $1", name)
 	if err != nil {
@@ -305,7 +305,7 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 	if p.Moved {
 		errExpr = "coalesce(reason, '') || ' ' || coalesce(last_error, '')"
 	}
-	where := filterSQL(f, args, errExpr)
+	where := tablesql.Filter{EventIDs: f.EventIDs, Topic: f.Topic, Type: f.Type, Key: f.Key, Error: f.Error}.Where(args, errExpr) // the fields the UI sets
 	// Grouped by text first: the error type's regular expression then runs
 	// once per group, not once per row (5x faster at 100,000 rows).
 	rows, err := db.Query(ctx, "SELECT topic, "+tablesql.ErrorTypeSQL+", last_error, n, f, l FROM ("+
@@ -319,32 +319,6 @@ func parkedGroups(ctx context.Context, db querier, t outbox.Table, f admin.Filte
 		err := r.Scan(&g.Topic, &g.ErrorType, &g.Reason, &g.Count, &g.FirstParkedAt, &g.LastParkedAt)
 		return g, err
 	})
-}
-
-// filterSQL is admin.Filter's conditions for the fields the UI sets, with
-// errExpr the text that the reason filter searches.
-func filterSQL(f admin.Filter, args pgx.NamedArgs, errExpr string) string {
-	var b strings.Builder
-	add := func(cond, name string, v any) {
-		b.WriteString(" AND " + cond)
-		args[name] = v
-	}
-	if len(f.EventIDs) > 0 {
-		add("event_id = ANY(@f_ids::uuid[])", "f_ids", f.EventIDs)
-	}
-	if f.Topic != "" {
-		add("topic = @f_topic", "f_topic", f.Topic)
-	}
-	if f.Type != "" {
-		add("event_type = @f_type", "f_type", f.Type)
-	}
-	if f.Key != "" {
-		add("partition_key = @f_key", "f_key", f.Key)
-	}
-	if f.Error != "" {
-		add("strpos(lower("+errExpr+"), lower(@f_error)) > 0", "f_error", f.Error)
-	}
-	return b.String()
 }
 
 // eventRow is an event in any state, as the detail page shows it.
@@ -467,14 +441,14 @@ const inboxCols = `id, consumer, coalesce(event_id, ''), coalesce(event_type, ''
 
 // listInboxParked lists an inbox's parked records matching f after the id
 // after, by id (the primary key), without their values.
-func listInboxParked(ctx context.Context, db querier, t outbox.Table, f inboxFilter, after int64, limit int) ([]admin.InboxParked, error) {
+func listInboxParked(ctx context.Context, db querier, t outbox.Table, f inboxFilter, after int64, limit int) ([]tablesql.InboxParked, error) {
 	args := pgx.NamedArgs{"after": after, "limit": limit}
 	rows, err := db.Query(ctx, "SELECT "+inboxCols+" FROM "+sqlname.Ident(inboxParkedTable(t))+" WHERE id > @after"+f.sql(args)+" ORDER BY id LIMIT @limit", args)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (admin.InboxParked, error) {
-		var p admin.InboxParked
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (tablesql.InboxParked, error) {
+		var p tablesql.InboxParked
 		err := r.Scan(&p.ID, &p.Consumer, &p.EventID, &p.Type, &p.Topic, &p.Partition, &p.Offset, &p.Attempts, &p.ErrorType, &p.LastError, &p.ParkedAt)
 		return p, err
 	})

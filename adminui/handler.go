@@ -99,7 +99,7 @@ func (h *Handler) principal(r *http.Request) Principal {
 // bound to its credential (session cookie or bearer token).
 func (h *Handler) csrfToken(r *http.Request, p Principal) string {
 	cred := r.Header.Get("Authorization")
-	if c, err := r.Cookie(SessionCookie); err == nil && cred == "" {
+	if c, err := r.Cookie(sessionCookie); err == nil && cred == "" {
 		cred = c.Value
 	}
 	m := hmac.New(sha256.New, h.key)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 // Each page has a JSON twin under api/ with the same query parameters and
@@ -196,12 +197,12 @@ func (h *Handler) pageEvent(rq *request) {
 // inboxPage is the JSON of /api/inbox: the inbox's parked records by
 // consumer, topic and error type, and one page of those that match.
 type inboxPage struct {
-	Inbox   string                   `json:"inbox"`
-	Filter  inboxFilter              `json:"filter"`
-	Groups  []admin.InboxParkedCount `json:"groups"`
-	Records []admin.InboxParked      `json:"records"`
-	After   int64                    `json:"after"`
-	Next    int64                    `json:"next"`
+	Inbox   string                      `json:"inbox"`
+	Filter  inboxFilter                 `json:"filter"`
+	Groups  []tablesql.InboxParkedCount `json:"groups"`
+	Records []tablesql.InboxParked      `json:"records"`
+	After   int64                       `json:"after"`
+	Next    int64                       `json:"next"`
 }
 
 // inboxFilter filters an inbox's parked records (parameters consumer,
@@ -222,7 +223,7 @@ func (h *Handler) inboxParked(rq *request) (inboxPage, bool) {
 		ErrorType: rq.FormValue("error_type"), EventID: strings.TrimSpace(rq.FormValue("event_id"))}}
 	ip.After, _ = strconv.ParseInt(rq.FormValue("after"), 10, 64)
 	var err error
-	if ip.Groups, err = admin.CountInboxParked(rq.Context(), h.cfg.DB, t); err != nil {
+	if ip.Groups, err = tablesql.CountInboxParked(rq.Context(), h.cfg.DB, t); err != nil {
 		rq.dbFail(err)
 		return ip, false
 	}
@@ -251,8 +252,8 @@ func (h *Handler) pageInbox(rq *request) {
 
 // recordPage is the JSON of /api/inbox-record.
 type recordPage struct {
-	Inbox  string            `json:"inbox"`
-	Record admin.InboxParked `json:"record"`
+	Inbox  string               `json:"inbox"`
+	Record tablesql.InboxParked `json:"record"`
 	// Key and Value are the record's as text (indented when JSON).
 	Key   string `json:"key_text"`
 	Value string `json:"value_text"`
@@ -268,7 +269,7 @@ func (h *Handler) record(rq *request) (recordPage, bool) {
 		rq.fail(http.StatusBadRequest, "id is not a parked record's id")
 		return recordPage{}, false
 	}
-	p, err := admin.GetInboxParked(rq.Context(), h.cfg.DB, t, "", id)
+	p, err := tablesql.GetInboxParked(rq.Context(), h.cfg.DB, t, "", id)
 	switch {
 	case errors.Is(err, admin.ErrNotFound):
 		rq.fail(http.StatusNotFound, "no parked record "+strconv.FormatInt(id, 10)+" (retried or deleted)")

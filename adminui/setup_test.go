@@ -70,8 +70,8 @@ func newSetup(t *testing.T) *setup {
 	t.Helper()
 	pool := testenv.Pool(t)
 	s := &setup{ctx: context.Background(), pool: pool, table: testenv.Table(t, pool), logs: &syncBuffer{}}
-	s.inbox = migrations.InboxTable(outbox.Table{Schema: s.table.Schema})
-	if err := migrations.UpInbox(s.ctx, pool, s.inbox); err != nil {
+	s.inbox = sqlname.Inbox(outbox.Table{Schema: s.table.Schema})
+	if err := migrations.Inbox.Up(s.ctx, pool, s.inbox); err != nil {
 		t.Fatal(err)
 	}
 	s.seed(t, 40, "orders", "'[kafka.message_too_large] the record is larger than the broker accepts (message.max.bytes)'", `jsonb_build_object('n', g)`, "'k' || (g % 5)")

@@ -50,7 +50,7 @@ type env struct {
 	client     sarama.Client
 	table      outbox.Table
 	// ctable is a second outbox table, with the cursor migration
-	// (migrations.UpCursor), for the relays with relay.ProgressCursor: its
+	// (migrations.Cursor.Up), for the relays with relay.ProgressCursor: its
 	// rows are never marked, so it is kept apart from the marks relays'.
 	ctable   outbox.Table
 	topicSeq atomic.Int64
@@ -112,14 +112,14 @@ func (e *env) setupSchema(ctx context.Context) error {
 	if _, err := e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		return err
 	}
-	if err := migrations.Up(ctx, e.pool, e.table); err != nil {
+	if err := migrations.Outbox.Up(ctx, e.pool, e.table); err != nil {
 		return err
 	}
 	// The cursor relays' table: the same migrations, then the cursor's.
-	if err := migrations.Up(ctx, e.pool, e.ctable); err != nil {
+	if err := migrations.Outbox.Up(ctx, e.pool, e.ctable); err != nil {
 		return err
 	}
-	if err := migrations.UpCursor(ctx, e.pool, e.ctable); err != nil {
+	if err := migrations.Cursor.Up(ctx, e.pool, e.ctable); err != nil {
 		return err
 	}
 	for _, q := range []string{

@@ -44,7 +44,7 @@ func (e *env) preloadOutbox(ctx context.Context, topic string, n int) error {
 
 // preloadInto is preloadOutbox into table t; for the cursor table it
 // also empties the lanes' positions, so that the next cursor relay starts
-// them afresh at the backlog's first row (migrations.UpCursor's Init).
+// them afresh at the backlog's first row (migrations.Cursor.Up's Init).
 func (e *env) preloadInto(ctx context.Context, t outbox.Table, topic string, n int) error {
 	return e.preload(ctx, t, topic, n, false)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -148,7 +149,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	}
 	defer func() { res.LoadAvgEnd = loadavg() }()
 	inboxTable := outbox.Table{Schema: schema}
-	if err := migrations.UpInbox(ctx, e.pool, inboxTable); err != nil {
+	if err := migrations.Inbox.Up(ctx, e.pool, inboxTable); err != nil {
 		return nil, err
 	}
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+schema+`.invoices (
@@ -209,7 +210,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			for _, q := range []string{"TRUNCATE " + schema + ".invoices", "TRUNCATE " + ident(migrations.InboxTable(inboxTable))} {
+			for _, q := range []string{"TRUNCATE " + schema + ".invoices", "TRUNCATE " + ident(sqlname.Inbox(inboxTable))} {
 				if _, err := e.pool.Exec(ctx, q); err != nil {
 					return nil, err
 				}
@@ -261,7 +262,7 @@ func runInbox(ctx context.Context, e *env) (*Inbox, error) {
 	res.ReadUncommittedEPS = round1(median(series["inbox c16 ru"]))
 	res.CommittedVsUncommitted = medianRatio(series["inbox c16"], series["inbox c16 ru"])
 
-	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+ident(migrations.InboxTable(inboxTable))); err != nil {
+	if _, err := e.pool.Exec(ctx, "TRUNCATE "+schema+".invoices, "+ident(sqlname.Inbox(inboxTable))); err != nil {
 		return nil, err
 	}
 	if err := e.inboxLatency(ctx, res, partitions, keys); err != nil {
@@ -458,7 +459,7 @@ func newPlainGroup(e *env, group, topic string, workers, batch int, dedupe bool,
 	ctx, cancel := context.WithCancel(context.Background())
 	pg := &plainGroup{e: e, workers: workers, batch: batch, note: note, done: done, group: g, cancel: cancel, name: group}
 	if dedupe {
-		pg.dedupe = `INSERT INTO ` + ident(migrations.InboxTable(outbox.Table{Schema: schema})) +
+		pg.dedupe = `INSERT INTO ` + ident(sqlname.Inbox(outbox.Table{Schema: schema})) +
 			` (consumer, event_id, topic, "partition", "offset") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
 	}
 	pg.wg.Add(2)

@@ -21,7 +21,7 @@ import (
 // defaults but Retention (1 minute), on a cluster of its own with
 // autovacuum at its defaults; the size of the outbox table over time and
 // the rows the relay deleted. The table is partitioned
-// (migrations.UpPartitioned, one partition a minute), so that retention
+// (migrations.Partitioned, one partition a minute), so that retention
 // drops partitions; BENCH_SOAK_TABLE=plain soaks the ordinary cursor table
 // (retention by DELETE) for comparison, and BENCH_SOAK_PROGRESS=marks the
 // marks relay on the ordinary table.
@@ -180,7 +180,7 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		// A partition a minute: rows live between Retention and Retention
 		// plus one interval (docs/partitions.md, "The interval").
 		table = soakTable
-		if err := migrations.UpPartitioned(ctx, c.e.pool, table, time.Duration(res.PartitionS)*time.Second); err != nil {
+		if err := migrations.Partitioned.WithInterval(time.Duration(res.PartitionS)*time.Second).Up(ctx, c.e.pool, table); err != nil {
 			return nil, fmt.Errorf("soak: create the partitioned table: %w", err)
 		}
 		more = append(more, "FXBENCH_TABLE="+table.Name)
@@ -310,9 +310,9 @@ func runSoak(ctx context.Context, e *env) (*Soak, error) {
 		res.TableGrowth = round2(float64(res.MaxSizeB) / float64(res.SizeAt2MinB))
 	}
 	res.LoadAvgEnd = loadavg()
-	layout := "the ordinary cursor table (migrations.Up + UpCursor), emptied: retention is Cleanup's DELETE (CleanupBatch 1000, repeated while full)"
+	layout := "the ordinary cursor table (migrations.Outbox.Up + Cursor.Up), emptied: retention is Cleanup's DELETE (CleanupBatch 1000, repeated while full)"
 	if res.Layout == "partitioned" {
-		layout = fmt.Sprintf("a table made by migrations.UpPartitioned with one partition per %.0f s (the previous, the current and 7 ahead at the start): retention is the relay's partition upkeep (partitions made ahead, retired ones detached and dropped)", res.PartitionS)
+		layout = fmt.Sprintf("a table made by migrations.Partitioned with one partition per %.0f s (the previous, the current and 7 ahead at the start): retention is the relay's partition upkeep (partitions made ahead, retired ones detached and dropped)", res.PartitionS)
 	}
 	res.Note = fmt.Sprintf("A throwaway cluster started by scripts/pg.sh (wal_level=logical), autovacuum at its defaults. Table: %s. The %s relay (%s progress, fxoutbox defaults but Retention %.0f s: CleanupInterval 1 min; Listen) in a process of its own; %d writers in another, one event per transaction at %d/s for %.0f s, into an empty table. "+
 		"Size: pg_total_relation_size summed over pg_partition_tree (every partition's heap, indexes and TOAST; the table's own when it is not partitioned) every 10 s; table_growth = the largest / the first sample at or after 120 s. relay_deletes: rows deleted from the table or any of its partitions (dropped ones included) over the soak, counted by an AFTER DELETE row trigger into a sequence (nothing else deletes from it), read after the relay process exited.",

@@ -881,7 +881,7 @@ func (c *walCluster) waitRelayIdle(ctx context.Context, limit time.Duration) err
 }
 
 // positionsOf is the positions table of a cursor table
-// (migrations.UpCursor's <table>_cursor).
+// (migrations.Cursor.Up's <table>_cursor).
 func positionsOf(t outbox.Table) outbox.Table {
 	t = t.WithDefaults()
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_cursor"}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/outboxconfig"
@@ -569,7 +570,7 @@ func (in *instance) summary(h *relayHooks) []any {
 	} else {
 		mode = fmt.Sprintf("poll %v, wake-ups in process", rc.PollInterval)
 		if rc.Listen {
-			mode += " and by LISTEN " + cfg.Table.Channel()
+			mode += " and by LISTEN " + sqlname.Channel(cfg.Table)
 		}
 	}
 	mode += fmt.Sprintf(", %d worker(s), batch %d-%d", rc.Workers, rc.BatchSize, rc.MaxBatchSize)
@@ -643,13 +644,13 @@ func (in *instance) warnings() {
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	if cfg.Migrate {
-		if err := migrations.Up(ctx, pool, cfg.Table); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, cfg.Table); err != nil {
 			return err
 		}
 		if cfg.Relay.Progress == relay.ProgressCursor {
-			return migrations.UpCursor(ctx, pool, cfg.Table)
+			return migrations.Cursor.Up(ctx, pool, cfg.Table)
 		}
 		return nil
 	}
-	return migrations.CheckTable(ctx, pool, cfg.Table)
+	return migrations.Outbox.Check(ctx, pool, cfg.Table)
 }

@@ -105,7 +105,7 @@ func newInbox(p inboxParams) (*inbox.Consumer, error) {
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
 			if ic.Migrate {
-				if err := migrations.UpInbox(ctx, p.Pool, cfg.Table); err != nil {
+				if err := migrations.Inbox.Up(ctx, p.Pool, cfg.Table); err != nil {
 					return err
 				}
 			}

@@ -2,6 +2,7 @@ package fxoutbox_test
 
 import (
 	"encoding/json"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 	"log/slog"
@@ -45,7 +46,7 @@ func TestStartUpLineNamesTheMode(t *testing.T) {
 	t.Run("poll", func(t *testing.T) {
 		tbl := testenv.Table(t, pool)
 		line := startUpLine(t, fxoutbox.Config{Table: tbl, Brokers: brokers, Writer: unitofwork.Config{Service: "svc"}, Relay: relay.Config{PollInterval: 250 * time.Millisecond}})
-		if want := "poll 250ms, wake-ups in process and by LISTEN " + tbl.Channel() + ", 1 worker(s), batch 50-500"; line["mode"] != want {
+		if want := "poll 250ms, wake-ups in process and by LISTEN " + sqlname.Channel(tbl) + ", 1 worker(s), batch 50-500"; line["mode"] != want {
 			t.Errorf("mode = %q, want %q", line["mode"], want)
 		}
 		if _, ok := line["slot"]; ok {

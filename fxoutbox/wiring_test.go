@@ -343,10 +343,10 @@ func TestStartUpTrapsNameTheVariable(t *testing.T) {
 		old := outbox.Table{Schema: testenv.Name("old_")}
 		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+old.Schema+" CASCADE") })
 		ctx := context.Background()
-		if err := migrations.Up(ctx, pool, old); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, old); err != nil {
 			t.Fatal(err)
 		}
-		if err := migrations.Down(ctx, pool, old, 2); err != nil {
+		if err := migrations.Outbox.Down(ctx, pool, old, 2); err != nil {
 			t.Fatal(err)
 		}
 		for _, m := range []fx.Option{fxoutbox.Module, fxoutbox.WriterModule} {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -42,7 +41,7 @@ func TestBatchesShareATransactionAndFailAlone(t *testing.T) {
 				// The inbox rows this transaction inserted are the batch; those
 				// before this record's offset had their handler called.
 				var n, before int64
-				if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE "offset" < $1) FROM `+sqlname.Ident(migrations.InboxTable(e.inbox))+
+				if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE "offset" < $1) FROM `+sqlname.Ident(sqlname.Inbox(e.inbox))+
 					` WHERE xmin::text::bigint = txid_current() % 4294967296`, m.Offset).Scan(&n, &before); err != nil {
 					return err
 				}

@@ -14,7 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/internal/defaults"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
@@ -312,7 +313,7 @@ func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = c.Group
 	}
-	c.Table = migrations.InboxTable(c.Table)
+	c.Table = sqlname.Inbox(c.Table)
 	if c.Sarama == nil {
 		c.Sarama = DefaultSaramaConfig()
 	} else {
@@ -320,33 +321,25 @@ func (c Config) withDefaults() Config {
 		c.Sarama = &cp
 	}
 	c.Sarama.Consumer.Return.Errors = true
-	setDefault(&c.Concurrency, defaultConcurrency)
-	setDefault(&c.BatchSize, defaultBatchSize)
-	setDefault(&c.MaxAttempts, defaultMaxAttempts)
+	defaults.Set(&c.Concurrency, defaultConcurrency)
+	defaults.Set(&c.BatchSize, defaultBatchSize)
+	defaults.Set(&c.MaxAttempts, defaultMaxAttempts)
 	if c.Identity == nil {
 		c.Identity = EventID
 	}
-	setDefault(&c.MinBackoff, defaultMinBackoff)
-	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.MinBackoff))
-	setDefault(&c.TryTimeout, defaultTryTimeout)
-	setDefault(&c.DrainTimeout, defaultDrainTimeout)
-	setDefault(&c.Retention, defaultRetention)
-	setDefault(&c.CleanupInterval, defaultCleanupInterval)
+	defaults.Set(&c.MinBackoff, defaultMinBackoff)
+	defaults.Set(&c.MaxBackoff, max(defaultMaxBackoff, c.MinBackoff))
+	defaults.Set(&c.TryTimeout, defaultTryTimeout)
+	defaults.Set(&c.DrainTimeout, defaultDrainTimeout)
+	defaults.Set(&c.Retention, defaultRetention)
+	defaults.Set(&c.CleanupInterval, defaultCleanupInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.Propagator == nil {
-		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		c.Propagator = defaults.Propagator()
 	}
 	return c
-}
-
-// setDefault sets *v to def when it is zero.
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // validate checks a Config after withDefaults: what is required, the

@@ -23,7 +23,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := migrations.UpInbox(ctx, pool, outbox.Table{}); err != nil {
+	if err := migrations.Inbox.Up(ctx, pool, outbox.Table{}); err != nil {
 		log.Fatal(err)
 	}
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "billing"})

@@ -63,7 +63,7 @@ func newEnv(t *testing.T, partitions int32) *env {
 	tbl := testenv.Table(t, pool)
 	e := &env{t: t, pool: pool, table: tbl, inbox: outbox.Table{Schema: tbl.Schema}, brokers: testenv.Brokers(t)}
 	ctx := context.Background()
-	if err := migrations.UpInbox(ctx, pool, e.inbox); err != nil {
+	if err := migrations.Inbox.Up(ctx, pool, e.inbox); err != nil {
 		t.Fatal(err)
 	}
 	e.effects = `"` + tbl.Schema + `".effects`

@@ -132,7 +132,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.started {
 		return errors.New("inbox: Start called twice")
 	}
-	if err := migrations.CheckInbox(ctx, c.db, c.cfg.Table); err != nil {
+	if err := migrations.Inbox.Check(ctx, c.db, c.cfg.Table); err != nil {
 		return fmt.Errorf("inbox: %w", err)
 	}
 	c.started = true

@@ -4,16 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
 
-// Parked is a record the consumer set aside. It is admin.InboxParked: the
-// operator's API (package admin, the outboxctl inbox commands) lists and
-// deletes the same records. List fills its Consumer with Config.Name.
-type Parked = tablesql.InboxParked
+// Parked is a record the consumer set aside: its handler kept failing on it
+// (MaxAttempts), returned a Permanent error, or the record had no identity
+// or no route. It is stored with what it takes to apply it later (Retry).
+// The outboxctl inbox commands list and delete the same records.
+type Parked struct {
+	ID int64 `json:"id"` // the parked row's id: the paging cursor, and what Retry and Delete take
+	// Consumer is the consumer name (Config.Name) that parked it.
+	Consumer  string            `json:"consumer"`
+	EventID   string            `json:"event_id"` // "" when the record had no identity
+	Type      string            `json:"event_type"`
+	Topic     string            `json:"topic"`
+	Partition int32             `json:"partition"`
+	Offset    int64             `json:"offset"`
+	Key       []byte            `json:"key"`
+	Value     []byte            `json:"value"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Timestamp time.Time         `json:"timestamp"` // the record's; zero if it had none
+	Attempts  int               `json:"attempts"`
+	ErrorType string            `json:"error_type"` // one of the ErrorType constants
+	LastError string            `json:"last_error"`
+	ParkedAt  time.Time         `json:"parked_at"`
+}
 
 // ListOptions pages through parked records in id order.
 type ListOptions struct {
@@ -24,14 +43,18 @@ type ListOptions struct {
 }
 
 // List returns this consumer's parked records (by Config.Name), oldest
-// first. It needs no Start. It is admin.ListInboxParked for Config.Name.
+// first. It needs no Start.
 func (c *Consumer) List(ctx context.Context, o ListOptions) ([]Parked, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	out, err := tablesql.ListInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, o.AfterID, o.Limit)
+	rows, err := tablesql.ListInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
+	}
+	out := make([]Parked, len(rows))
+	for i, r := range rows {
+		out[i] = Parked(r) // the same fields: the conversion fails to compile when they differ
 	}
 	return out, nil
 }
@@ -73,8 +96,7 @@ func (c *Consumer) Retry(ctx context.Context, id int64) error {
 }
 
 // Delete drops a parked record without applying it. Its inbox row stays:
-// redeliveries of the event are skipped. It is admin.DeleteInboxParked for
-// Config.Name.
+// redeliveries of the event are skipped.
 func (c *Consumer) Delete(ctx context.Context, id int64) error {
 	err := tablesql.DeleteInboxParked(ctx, c.db, c.cfg.Table, c.cfg.Name, id)
 	if errors.Is(err, tablesql.ErrNotFound) {

@@ -12,18 +12,18 @@ import (
 	"github.com/fxoutbox/outbox/migrations"
 )
 
-// The cursor migrations on a mixed-case table: UpCursor creates the parked
+// The cursor migrations on a mixed-case table: Cursor.Up creates the parked
 // table, is idempotent, and moves the events parked in their rows once the
-// table is in cursor mode (its lanes have positions), not before; DownCursor
+// table is in cursor mode (its lanes have positions), not before; Cursor.Down
 // puts the parked events back in their rows (their ids kept) and drops what
-// UpCursor added.
+// Cursor.Up added.
 func TestUpDownCursorParked(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	ctx := context.Background()
 	tbl := outbox.Table{Schema: testenv.Name("mc_"), Name: "Events"}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA "`+tbl.Schema+`" CASCADE`) })
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	exists := func(what string) bool {
@@ -42,7 +42,7 @@ func TestUpDownCursorParked(t *testing.T) {
 		}
 		return ok
 	}
-	parked := migrations.ParkedTable(tbl)
+	parked := sqlname.Parked(tbl)
 	if sqlname.Ident(parked) != `"`+tbl.Schema+`"."Events_parked"` {
 		t.Fatalf("ParkedTable = %s", sqlname.Ident(parked))
 	}
@@ -69,38 +69,38 @@ func TestUpDownCursorParked(t *testing.T) {
 		return n
 	}
 	for range 2 { // idempotent
-		if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+		if err := migrations.Cursor.Up(ctx, pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if !exists(sqlname.Ident(parked)) || !column("first_failed_at") || !column("txid") {
-		t.Fatalf("after UpCursor: parked table %v, first_failed_at %v, txid %v", exists(sqlname.Ident(parked)), column("first_failed_at"), column("txid"))
+		t.Fatalf("after Cursor.Up: parked table %v, first_failed_at %v, txid %v", exists(sqlname.Ident(parked)), column("first_failed_at"), column("txid"))
 	}
 	if inPlace() != 1 || moved() != 0 {
 		t.Fatalf("in marks mode (no positions) the parked row must stay in place: in place %d, moved %d", inPlace(), moved())
 	}
-	// In cursor mode, UpCursor (the parked migration, applied to a table
+	// In cursor mode, Cursor.Up (the parked migration, applied to a table
 	// that was already in cursor mode) moves it.
-	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(migrations.CursorTable(tbl))+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"); err != nil {
+	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(sqlname.Cursor(tbl))+" (lane, lanes, done, base) VALUES (0, 1, pg_current_snapshot(), 0)"); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+	if err := migrations.Cursor.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	if inPlace() != 0 || moved() != 1 {
 		t.Fatalf("in cursor mode the parked row must move: in place %d, moved %d", inPlace(), moved())
 	}
-	if err := migrations.DownCursor(ctx, pool, tbl); err != nil {
+	if err := migrations.Cursor.Down(ctx, pool, tbl, 0); err != nil {
 		t.Fatal(err)
 	}
-	if exists(sqlname.Ident(parked)) || exists(sqlname.Ident(migrations.CursorTable(tbl))) || column("first_failed_at") || column("txid") {
-		t.Fatalf("after DownCursor: parked table %v, positions %v, first_failed_at %v, txid %v",
-			exists(sqlname.Ident(parked)), exists(sqlname.Ident(migrations.CursorTable(tbl))), column("first_failed_at"), column("txid"))
+	if exists(sqlname.Ident(parked)) || exists(sqlname.Ident(sqlname.Cursor(tbl))) || column("first_failed_at") || column("txid") {
+		t.Fatalf("after Cursor.Down: parked table %v, positions %v, first_failed_at %v, txid %v",
+			exists(sqlname.Ident(parked)), exists(sqlname.Ident(sqlname.Cursor(tbl))), column("first_failed_at"), column("txid"))
 	}
 	if inPlace() != 1 {
-		t.Fatalf("after DownCursor the parked event must be back in its row, with its id")
+		t.Fatalf("after Cursor.Down the parked event must be back in its row, with its id")
 	}
-	if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
-		t.Fatalf("after DownCursor: %v", err)
+	if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
+		t.Fatalf("after Cursor.Down: %v", err)
 	}
 }

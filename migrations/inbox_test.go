@@ -20,27 +20,27 @@ func TestInboxUpDown(t *testing.T) {
 	for _, tbl := range []outbox.Table{{Schema: testenv.Name("mi_")}, {Schema: testenv.Name("mi_"), Name: "Inbox"}} {
 		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA "`+tbl.Schema+`" CASCADE`) })
 		for range 2 { // idempotent
-			if err := migrations.UpInbox(ctx, pool, tbl); err != nil {
+			if err := migrations.Inbox.Up(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 		}
-		name := migrations.InboxTable(tbl).Name
-		if err := migrations.CheckInbox(ctx, pool, tbl); err != nil {
-			t.Fatalf("after UpInbox: %v", err)
+		name := sqlname.Inbox(tbl).Name
+		if err := migrations.Inbox.Check(ctx, pool, tbl); err != nil {
+			t.Fatalf("after Inbox.Up: %v", err)
 		}
 		var versions bool
 		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(outbox.Table{Schema: tbl.Schema, Name: name + "_migrations"})).Scan(&versions); err != nil || !versions {
-			t.Fatalf("after UpInbox: no versions table (%v)", err)
+			t.Fatalf("after Inbox.Up: no versions table (%v)", err)
 		}
 		// The outbox's migrations are not mixed in: the inbox's versions are its own.
-		if err := migrations.CheckTable(ctx, pool, outbox.Table{Schema: tbl.Schema}); err == nil {
-			t.Fatal("UpInbox created the outbox table")
+		if err := migrations.Outbox.Check(ctx, pool, outbox.Table{Schema: tbl.Schema}); err == nil {
+			t.Fatal("Inbox.Up created the outbox table")
 		}
-		if err := migrations.DownInbox(ctx, pool, tbl, 0); err != nil {
+		if err := migrations.Inbox.Down(ctx, pool, tbl, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := migrations.CheckInbox(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
-			t.Fatalf("after DownInbox: CheckInbox = %v, want ErrNoTable", err)
+		if err := migrations.Inbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
+			t.Fatalf("after Inbox.Down: Inbox.Check = %v, want ErrNoTable", err)
 		}
 	}
 }
@@ -51,8 +51,8 @@ func TestInboxToolLayouts(t *testing.T) {
 		fn            func(outbox.Table) (fs.FS, string, error)
 		file, version string
 	}{
-		{migrations.GooseInbox, "00001_create_outbox_inbox.sql", "billing.outbox_inbox_goose_version"},
-		{migrations.TernInbox, "001_create_outbox_inbox.sql", "billing.outbox_inbox_tern_version"},
+		{migrations.Inbox.Goose, "00001_create_outbox_inbox.sql", "billing.outbox_inbox_goose_version"},
+		{migrations.Inbox.Tern, "001_create_outbox_inbox.sql", "billing.outbox_inbox_tern_version"},
 	} {
 		fsys, version, err := tc.fn(tbl)
 		if err != nil {

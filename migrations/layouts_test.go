@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/migrations"
@@ -16,7 +17,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite migrations/goose and migrations/tern from the up/down files")
 
-// The goose and tern copies are what migrations.Goose and migrations.Tern
+// The goose and tern copies are what migrations.Outbox.Goose and migrations.Outbox.Tern
 // render for the default table from the up/down files (the single source),
 // so users of either tool's command line take them as they are. This test
 // fails when they drift; `go test ./migrations -run Layouts -update`
@@ -28,10 +29,10 @@ func TestToolLayouts(t *testing.T) {
 		render func(outbox.Table) (fs.FS, string, error)
 		files  int
 	}{
-		{"goose", migrations.Goose, 3}, {"tern", migrations.Tern, 3},
-		{filepath.Join("stream", "goose"), migrations.GooseStream, 1}, {filepath.Join("stream", "tern"), migrations.TernStream, 1},
-		{filepath.Join("cursor", "goose"), migrations.GooseCursor, 2}, {filepath.Join("cursor", "tern"), migrations.TernCursor, 2},
-		{filepath.Join("partitioned", "goose"), migrations.GoosePartitioned, 1}, {filepath.Join("partitioned", "tern"), migrations.TernPartitioned, 1},
+		{"goose", migrations.Outbox.Goose, 3}, {"tern", migrations.Outbox.Tern, 3},
+		{filepath.Join("stream", "goose"), migrations.Stream.Goose, 1}, {filepath.Join("stream", "tern"), migrations.Stream.Tern, 1},
+		{filepath.Join("cursor", "goose"), migrations.Cursor.Goose, 2}, {filepath.Join("cursor", "tern"), migrations.Cursor.Tern, 2},
+		{filepath.Join("partitioned", "goose"), migrations.Partitioned.Goose, 1}, {filepath.Join("partitioned", "tern"), migrations.Partitioned.Tern, 1},
 	} {
 		dir, render := tc.dir, tc.render
 		fsys, _, err := render(outbox.Table{})
@@ -80,9 +81,9 @@ func TestToolFS(t *testing.T) {
 		versionTable string
 		parts        []string
 	}{
-		{migrations.Goose, "00001_create_outbox_event.sql", "billing.paymentoutbox_goose_version",
+		{migrations.Outbox.Goose, "00001_create_outbox_event.sql", "billing.paymentoutbox_goose_version",
 			[]string{"-- +goose Up\n", `CREATE TABLE IF NOT EXISTS "billing"."PaymentOutbox"`, `CREATE INDEX "PaymentOutbox_unpublished_idx"`, "-- +goose Down\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
-		{migrations.Tern, "001_create_outbox_event.sql", "billing.paymentoutbox_tern_version",
+		{migrations.Outbox.Tern, "001_create_outbox_event.sql", "billing.paymentoutbox_tern_version",
 			[]string{`CREATE TABLE IF NOT EXISTS "billing"."PaymentOutbox"`, "\n---- create above / drop below ----\n", `DROP TABLE IF EXISTS "billing"."PaymentOutbox"`}},
 	} {
 		fsys, versions, err := tc.render(table)
@@ -114,6 +115,35 @@ func TestToolFS(t *testing.T) {
 			if _, _, err := tc.render(bad); !errors.Is(err, outbox.ErrInvalidConfig) {
 				t.Errorf("%+v: err = %v, want ErrInvalidConfig", bad, err)
 			}
+		}
+	}
+}
+
+// An interval is for the partitioned migration only, and is rendered into
+// its SQL; FS holds each set's golang-migrate files.
+func TestIntervalAndFS(t *testing.T) {
+	if _, err := migrations.Cursor.WithInterval(time.Hour).All(outbox.Table{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("Cursor.WithInterval: err = %v, want ErrInvalidConfig", err)
+	}
+	all, err := migrations.Partitioned.WithInterval(2 * time.Hour).All(outbox.Table{})
+	if err != nil || len(all) != 1 || !strings.Contains(all[0].Up, "interval '120 minutes';") {
+		t.Fatalf("Partitioned.WithInterval(2h).All = %v, %v", all, err)
+	}
+	if def, err := migrations.Partitioned.All(outbox.Table{}); err != nil || !strings.Contains(def[0].Up, "interval '1 day'") {
+		t.Fatalf("Partitioned.All keeps its day: %v", err)
+	}
+	for _, tc := range []struct {
+		set   migrations.Set
+		first string
+	}{
+		{migrations.Outbox, "000001_create_outbox_event.up.sql"},
+		{migrations.Inbox, "000001_create_outbox_inbox.up.sql"},
+		{migrations.Stream, "000001_create_outbox_event_publication.up.sql"},
+		{migrations.Cursor, "000001_outbox_event_cursor.up.sql"},
+		{migrations.Partitioned, "000001_create_outbox_event_partitioned.up.sql"},
+	} {
+		if err := fstest.TestFS(tc.set.FS(), tc.first); err != nil {
+			t.Errorf("%s: %v", tc.first, err)
 		}
 	}
 }

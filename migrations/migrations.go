@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,50 +19,137 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
-// FS holds the migration files, NNNNNN_name.up.sql and NNNNNN_name.down.sql,
-// and roles.example.sql.
-//
 //go:embed *.sql
-var FS embed.FS
+var outboxFS embed.FS
 
-// InboxFS holds the inbox's migration files, in the folder inbox/
-// (inbox/000001_create_outbox_inbox.up.sql, ...): point golang-migrate at
-// that folder, or call [UpInbox].
-//
 //go:embed inbox/*.sql
-var InboxFS embed.FS
+var inboxFS embed.FS
 
-// DefaultInboxTableName is the inbox table the inbox migrations create when
-// none is configured. Its parked records live in <name>_parked.
-const DefaultInboxTableName = "outbox_inbox"
-
-// InboxTable returns t with an empty Name set to DefaultInboxTableName: the
-// inbox's default, where [outbox.Table.WithDefaults] gives the outbox's.
-func InboxTable(t outbox.Table) outbox.Table {
-	if t.Name == "" {
-		t.Name = DefaultInboxTableName
-	}
-	return t
-}
-
-// set is one family of migrations: the outbox's or the inbox's.
-type set struct {
+// Set is one family of migrations, embedded in this package: the outbox
+// table's ([Outbox]), the inbox's ([Inbox]), the streaming relay's
+// publication ([Stream]), cursor progress ([Cursor]) and the partitioned
+// table ([Partitioned]). Each renders its SQL for any [outbox.Table]
+// (names validated and quoted), applies and reverts it ([Set.Up],
+// [Set.Down]), checks that it was applied ([Set.Check]), and hands it to
+// golang-migrate ([Set.FS]), goose ([Set.Goose]) or tern ([Set.Tern]).
+//
+// A zero Set has no migrations; use the package's values.
+type Set struct {
+	kind     kind
 	fsys     fs.FS
 	dir      string
-	defaults func(outbox.Table) outbox.Table
-	render   func(string, outbox.Table) string
-	hint     string // how to apply them, for errors
-	// versions goes between the table's name and the tool's in the name
-	// of goose's and tern's version table: <name>_<versions><tool>_version.
-	versions string
+	interval time.Duration // Partitioned only: see WithInterval
 }
 
-var (
-	outboxSet = set{fsys: FS, dir: ".", defaults: outbox.Table.WithDefaults, render: Render,
-		hint: "apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)"}
-	inboxSet = set{fsys: InboxFS, dir: "inbox", defaults: InboxTable, render: RenderInbox,
-		hint: "apply the inbox migrations (migrations.UpInbox, OUTBOX_INBOX_MIGRATE=true or InboxConfig.Migrate with fxoutbox, or the SQL files in migrations/inbox/)"}
+type kind int
+
+const (
+	kindNone kind = iota
+	kindOutbox
+	kindInbox
+	kindStream
+	kindCursor
+	kindPartitioned
 )
+
+// The migration sets. An empty [outbox.Table] names the default table:
+// outbox_event, or outbox_inbox for [Inbox].
+var (
+	// Outbox creates the outbox table, in the folder migrations/
+	// (000001_create_outbox_event.up.sql, ...). Its Up records the applied
+	// versions in <name>_migrations, and takes over a table created by
+	// [Partitioned] (or the NestJS relay's table of the same design)
+	// without rewriting it.
+	Outbox = Set{kind: kindOutbox, fsys: outboxFS, dir: "."}
+	// Inbox creates the inbox (package inbox) tables, in the folder
+	// migrations/inbox/: outbox_inbox (one row per event a consumer
+	// applied) and outbox_inbox_parked. Its Up records the applied versions
+	// in <name>_migrations.
+	Inbox = Set{kind: kindInbox, fsys: inboxFS, dir: "inbox"}
+	// Stream creates the publication the streaming relay (relay.Stream)
+	// reads, [outbox.Table.Publication], in the folder migrations/stream/.
+	// The outbox table must exist. Nothing records it in a version table:
+	// the catalog is the record.
+	Stream = Set{kind: kindStream, fsys: streamFS, dir: "stream"}
+	// Cursor makes an outbox table ready for cursor progress
+	// (relay.ProgressCursor), in the folder migrations/cursor/: the
+	// writing transaction's id on each row (txid, with its index), the
+	// lanes' positions (<name>_cursor) and the parked events
+	// (<name>_parked). The outbox table must exist. Nothing records it in
+	// a version table: the catalog is the record.
+	Cursor = Set{kind: kindCursor, fsys: cursorFS, dir: "cursor"}
+	// Partitioned creates the outbox table partitioned by range of
+	// event_id (UUIDv7, so by time), one partition a day (see
+	// [Set.WithInterval]), in the folder migrations/partitioned/: for new
+	// installs that relay with cursor progress and retire whole partitions
+	// instead of deleting rows. It has the columns of the outbox
+	// migrations 1 to 3 and the cursor migration's txid; its Up records the
+	// outbox migrations as applied and applies [Cursor] after it.
+	// docs/partitions.md says more.
+	Partitioned = Set{kind: kindPartitioned, fsys: partitionedFS, dir: "partitioned"}
+)
+
+func (s Set) name() string {
+	switch s.kind {
+	case kindOutbox:
+		return "outbox"
+	case kindInbox:
+		return "inbox"
+	case kindStream:
+		return "stream"
+	case kindCursor:
+		return "cursor"
+	case kindPartitioned:
+		return "partitioned"
+	}
+	return "none"
+}
+
+// hint says how to apply the set's migrations, for errors.
+func (s Set) hint() string {
+	switch s.kind {
+	case kindInbox:
+		return "apply the inbox migrations (migrations.Inbox.Up, OUTBOX_INBOX_MIGRATE=true or InboxConfig.Migrate with fxoutbox, or the SQL files in migrations/inbox/)"
+	case kindStream:
+		return "create the publication (migrations.Stream.Up, or the SQL files in migrations/stream/)"
+	case kindCursor:
+		return "apply the cursor migration (migrations.Cursor.Up, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)"
+	case kindPartitioned:
+		return "apply the partitioned migration (migrations.Partitioned.Up, or the SQL files in migrations/partitioned/ and then migrations/cursor/)"
+	}
+	return "apply the migrations (migrations.Outbox.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)"
+}
+
+// defaults names the default table when table's name is empty.
+func (s Set) defaults(table outbox.Table) outbox.Table {
+	if s.kind == kindInbox {
+		return sqlname.Inbox(table)
+	}
+	return table.WithDefaults()
+}
+
+// render rewrites SQL written for the default table.
+func (s Set) render(sql string, table outbox.Table) string {
+	switch s.kind {
+	case kindInbox:
+		return renderInbox(sql, table)
+	case kindStream:
+		return renderStream(sql, table)
+	case kindCursor:
+		return renderCursor(sql, table)
+	}
+	return render(sql, table)
+}
+
+// versions goes between the table's name and the tool's in the name of
+// goose's and tern's version table: <name>_<versions><tool>_version.
+func (s Set) versions() string {
+	switch s.kind {
+	case kindStream, kindCursor, kindPartitioned:
+		return s.name() + "_"
+	}
+	return ""
+}
 
 // DB begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DB interface {
@@ -78,19 +166,20 @@ type Migration struct {
 
 var fileRE = regexp.MustCompile(`^(\d+)_(\w+)\.(up|down)\.sql$`)
 
-// All returns the migrations rendered for table, in version order.
-func All(table outbox.Table) ([]Migration, error) { return outboxSet.all(table) }
-
-// AllInbox returns the inbox migrations rendered for the inbox table (default
-// outbox_inbox, see [InboxTable]), in version order.
-func AllInbox(table outbox.Table) ([]Migration, error) { return inboxSet.all(table) }
-
-func (k set) all(table outbox.Table) ([]Migration, error) {
-	table = k.defaults(table)
+// All returns the set's migrations rendered for table, in version order:
+// the SQL that [Set.Up] runs, for those who apply it another way.
+func (s Set) All(table outbox.Table) ([]Migration, error) {
+	table = s.defaults(table)
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	entries, err := fs.ReadDir(k.fsys, k.dir)
+	if err := s.checkInterval(); err != nil {
+		return nil, err
+	}
+	if s.kind == kindNone {
+		return nil, &outbox.ConfigError{Field: "migrations.Set", Reason: "the zero Set has no migrations: use migrations.Outbox, Inbox, Stream, Cursor or Partitioned"}
+	}
+	entries, err := fs.ReadDir(s.fsys, s.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +190,7 @@ func (k set) all(table outbox.Table) ([]Migration, error) {
 			continue
 		}
 		v, _ := strconv.Atoi(m[1])
-		b, err := fs.ReadFile(k.fsys, path.Join(k.dir, e.Name()))
+		b, err := fs.ReadFile(s.fsys, path.Join(s.dir, e.Name()))
 		if err != nil {
 			return nil, err
 		}
@@ -111,9 +200,9 @@ func (k set) all(table outbox.Table) ([]Migration, error) {
 			byVersion[v] = mig
 		}
 		if m[3] == "up" {
-			mig.Up = k.render(string(b), table)
+			mig.Up = s.setInterval(s.render(string(b), table))
 		} else {
-			mig.Down = k.render(string(b), table)
+			mig.Down = s.render(string(b), table)
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
@@ -126,10 +215,10 @@ func (k set) all(table outbox.Table) ([]Migration, error) {
 
 var nameRE = regexp.MustCompile(`\boutbox_event(_\w+)?\b`)
 
-// Render rewrites SQL written for the default table outbox_event so that it
+// render rewrites SQL written for the default table outbox_event so that it
 // names table instead: the table itself schema-qualified and quoted, objects
 // named outbox_event_<suffix> (indexes) as <name>_<suffix>, quoted.
-func Render(sql string, table outbox.Table) string {
+func render(sql string, table outbox.Table) string {
 	return nameRE.ReplaceAllStringFunc(sql, func(s string) string {
 		if suffix, ok := strings.CutPrefix(s, outbox.DefaultTableName+"_"); ok {
 			return sqlname.Derived(table, suffix)
@@ -140,45 +229,66 @@ func Render(sql string, table outbox.Table) string {
 
 var inboxNameRE = regexp.MustCompile(`\boutbox_inbox(_\w+)?\b`)
 
-// RenderInbox rewrites SQL written for the default inbox table outbox_inbox
+// renderInbox rewrites SQL written for the default inbox table outbox_inbox
 // so that it names table instead: outbox_inbox and outbox_inbox_parked
 // (tables) schema-qualified and quoted, other objects named
 // outbox_inbox_<suffix> (indexes) as <name>_<suffix>, quoted.
-func RenderInbox(sql string, table outbox.Table) string {
-	table = InboxTable(table)
+func renderInbox(sql string, table outbox.Table) string {
+	table = sqlname.Inbox(table)
 	return inboxNameRE.ReplaceAllStringFunc(sql, func(s string) string {
-		suffix, ok := strings.CutPrefix(s, DefaultInboxTableName+"_")
+		suffix, ok := strings.CutPrefix(s, sqlname.DefaultInbox+"_")
 		switch {
 		case !ok:
 			return sqlname.Ident(table)
 		case suffix == "parked":
-			return sqlname.Ident(outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"})
+			return sqlname.Ident(sqlname.Parked(table))
 		}
 		return sqlname.Derived(table, suffix)
 	})
 }
 
-// Up applies, in one transaction, every migration that the table's
-// migrations record does not list yet. It creates the schema if one is
-// configured and missing.
-func Up(ctx context.Context, db DB, table outbox.Table) error { return outboxSet.up(ctx, db, table) }
-
-// UpInbox applies the inbox migrations to the inbox table (default
-// outbox_inbox, see [InboxTable]) as [Up] does to the outbox's, recording
-// them in <name>_migrations.
-func UpInbox(ctx context.Context, db DB, table outbox.Table) error {
-	return inboxSet.up(ctx, db, table)
+// Up applies the set's migrations to table, in one transaction, under an
+// advisory lock per table (several pods starting at once serialize on it).
+// It is idempotent: what is applied already is left alone.
+//
+//   - [Outbox] and [Inbox] apply every migration that <name>_migrations
+//     does not list yet, and list it there; they create the table's schema
+//     when it is configured and missing.
+//   - [Stream] creates the publication FOR TABLE table WITH (publish =
+//     'insert'); one of that name that differs (other operations, other
+//     tables, FOR ALL TABLES, a row filter or column list) is an error
+//     wrapping [ErrPublicationMismatch] that says what differs and the SQL
+//     that fixes it. Run it as the table's owner, with CREATE on the
+//     database.
+//   - [Cursor] adds the column txid (no rewrite: the rows already there
+//     keep it NULL) and its index, and creates <name>_cursor and
+//     <name>_parked (and the column first_failed_at). Building the index
+//     locks writes for as long as it takes: on a large table, create it
+//     first with CREATE INDEX CONCURRENTLY <name>_txid_idx ON <table>
+//     (txid, id) after adding the column, and Up finds it.
+//   - [Partitioned] creates the table partitioned, records the outbox
+//     migrations 1 to 3 as applied in <name>_migrations (the table has
+//     their columns, so Outbox.Up finds nothing to do) and applies
+//     [Cursor]. A partitioned table of that name is kept as it is (its
+//     interval too); one that is not partitioned is an error: see
+//     docs/partitions.md, "An existing table".
+//
+// Stream and Cursor need the outbox table: run Outbox.Up first.
+func (s Set) Up(ctx context.Context, db DB, table outbox.Table) error {
+	switch s.kind {
+	case kindStream:
+		return s.upStream(ctx, db, table)
+	case kindCursor:
+		return s.upCursor(ctx, db, table)
+	case kindPartitioned:
+		return s.upPartitioned(ctx, db, table)
+	}
+	return s.up(ctx, db, table)
 }
 
-// DownInbox reverts the inbox migrations newer than version (0 drops the
-// inbox tables), as [Down] does for the outbox's.
-func DownInbox(ctx context.Context, db DB, table outbox.Table, version int) error {
-	return inboxSet.down(ctx, db, table, version)
-}
-
-func (k set) up(ctx context.Context, db DB, table outbox.Table) error {
-	table = k.defaults(table)
-	all, err := k.all(table)
+func (s Set) up(ctx context.Context, db DB, table outbox.Table) error {
+	table = s.defaults(table)
+	all, err := s.All(table)
 	if err != nil {
 		return err
 	}
@@ -187,7 +297,7 @@ func (k set) up(ctx context.Context, db DB, table outbox.Table) error {
 		if err != nil {
 			return err
 		}
-		if k.dir == outboxSet.dir {
+		if s.kind == kindOutbox {
 			if done, err := adoptPartitioned(ctx, tx, table, all, applied); err != nil || done {
 				return err
 			}
@@ -207,15 +317,33 @@ func (k set) up(ctx context.Context, db DB, table outbox.Table) error {
 	})
 }
 
-// Down reverts, in one transaction, every applied migration newer than
-// version (0 reverts all of them, dropping the table).
-func Down(ctx context.Context, db DB, table outbox.Table, version int) error {
-	return outboxSet.down(ctx, db, table, version)
+// Down reverts, in one transaction, the set's migrations newer than
+// version: 0 reverts all of them. [Outbox] and [Inbox] revert those that
+// <name>_migrations lists (Outbox.Down with 0 drops the table). [Stream]
+// drops the publication (it leaves the streaming relay's replication slot
+// alone: a slot keeps WAL on the server's disk until it is dropped, so drop
+// it once the streaming relays are stopped, with admin.DropSlot or
+// `outboxctl stream drop-slot`). [Cursor] moves the parked events back
+// into the table (parked in their rows, as marks mode keeps them) and
+// drops the positions and parked tables and the columns txid and
+// first_failed_at: read the down files' comments first, since the events
+// the cursor delivered are not marked published. [Partitioned] takes 0
+// only: it drops the table and its partitions, <name>_cursor and
+// <name>_parked (parked events included), and removes the outbox versions
+// it recorded.
+func (s Set) Down(ctx context.Context, db DB, table outbox.Table, version int) error {
+	switch s.kind {
+	case kindStream, kindCursor:
+		return s.downUnrecorded(ctx, db, table, version)
+	case kindPartitioned:
+		return s.downPartitioned(ctx, db, table, version)
+	}
+	return s.down(ctx, db, table, version)
 }
 
-func (k set) down(ctx context.Context, db DB, table outbox.Table, version int) error {
-	table = k.defaults(table)
-	all, err := k.all(table)
+func (s Set) down(ctx context.Context, db DB, table outbox.Table, version int) error {
+	table = s.defaults(table)
+	all, err := s.All(table)
 	if err != nil {
 		return err
 	}
@@ -239,8 +367,8 @@ func (k set) down(ctx context.Context, db DB, table outbox.Table, version int) e
 	})
 }
 
-// Applied lists the versions applied to table, in order.
-func Applied(ctx context.Context, db DB, table outbox.Table) ([]int, error) {
+// applied lists the versions applied to table, in order.
+func applied(ctx context.Context, db DB, table outbox.Table) ([]int, error) {
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
@@ -310,70 +438,80 @@ func prepare(ctx context.Context, tx pgx.Tx, table outbox.Table) (map[int]bool, 
 	return applied, nil
 }
 
-// ErrNoTable is returned by CheckTable (and CheckInbox) when the table does
-// not exist.
-var ErrNoTable = errors.New("table does not exist")
+// The errors of [Set.Check] and [Set.Up], wrapped with what was found and
+// what to do.
+var (
+	// ErrNoTable: the table (or, for Stream and Cursor, the outbox table;
+	// for Cursor.Check, <name>_cursor) does not exist.
+	ErrNoTable = errors.New("table does not exist")
+	// ErrOutdatedTable: the table lacks what a later migration adds.
+	ErrOutdatedTable = errors.New("outbox table is behind the latest migration")
+	// ErrPublicationMismatch: the table's publication exists but is not
+	// what the streaming relay reads (Stream.Up), or is missing or not it
+	// (Stream.Check).
+	ErrPublicationMismatch = errors.New("the outbox publication differs from what the streaming relay needs")
+)
 
-// CheckTable reports whether table exists and has the columns every
-// migration adds, with an error (ErrNoTable, ErrOutdatedTable) that says to
-// run the migrations when not.
-func CheckTable(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+// Check reports, with an error that says to run the migrations and how, a
+// table the set was not applied to: for [Outbox] and [Inbox], the table (and
+// the inbox's <name>_parked) is missing ([ErrNoTable]) or lacks a column a
+// migration adds ([ErrOutdatedTable]); for [Cursor], <name>_cursor is
+// missing; for [Stream], the publication is missing or differs
+// ([ErrPublicationMismatch]); for [Partitioned], what Outbox.Check and
+// Cursor.Check report. It reads only the catalog, which any role may read:
+// it is what a relay or consumer runs when it does not migrate.
+func (s Set) Check(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, table outbox.Table) error {
-	return outboxSet.check(ctx, db, table)
-}
-
-// CheckInbox is CheckTable for an inbox table (default outbox_inbox, see
-// [InboxTable]) and the table of its parked records (<name>_parked).
-func CheckInbox(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, table outbox.Table) error {
-	table = InboxTable(table)
-	if err := inboxSet.check(ctx, db, table); err != nil {
+	table = s.defaults(table)
+	switch s.kind {
+	case kindStream:
+		return s.checkStream(ctx, db, table)
+	case kindCursor:
+		return s.exists(ctx, db, sqlname.Cursor(table))
+	case kindPartitioned:
+		if err := Outbox.Check(ctx, db, table); err != nil {
+			return err
+		}
+		return Cursor.Check(ctx, db, table)
+	}
+	if err := s.exists(ctx, db, table); err != nil {
 		return err
 	}
-	return inboxSet.exists(ctx, db, outbox.Table{Schema: table.Schema, Name: table.Name + "_parked"})
-}
-
-func (k set) check(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, table outbox.Table) error {
-	table = k.defaults(table)
-	if err := k.exists(ctx, db, table); err != nil {
+	if err := s.checkColumns(ctx, db, table); err != nil {
 		return err
 	}
-	return k.checkColumns(ctx, db, table)
-}
-
-func (k set) exists(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, table outbox.Table) error {
-	if err := table.Validate(); err != nil {
-		return err
-	}
-	var ok bool
-	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(table)).Scan(&ok); err != nil {
-		return fmt.Errorf("migrations: check table %s: %w", table, err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: %s: %s", ErrNoTable, table, k.hint)
+	if s.kind == kindInbox {
+		return s.exists(ctx, db, sqlname.Parked(table))
 	}
 	return nil
 }
 
-// ErrOutdatedTable is returned by CheckTable when the outbox table lacks
-// what a later migration adds.
-var ErrOutdatedTable = errors.New("outbox table is behind the latest migration")
+func (s Set) exists(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, table outbox.Table) error {
+	if err := table.Validate(); err != nil {
+		return err
+	}
+	ok, err := queryOne[bool](ctx, db, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(table))
+	if err != nil {
+		return fmt.Errorf("migrations: check table %s: %w", table, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s: %s", ErrNoTable, table, s.hint())
+	}
+	return nil
+}
 
 var addColumnRE = regexp.MustCompile(`(?i)ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)`)
 
 // checkColumns looks up, in the catalog (readable by any role), the columns
 // the migrations add to the table, and names the first migration whose
 // columns are missing.
-func (k set) checkColumns(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+func (s Set) checkColumns(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, table outbox.Table) error {
-	all, err := k.all(table)
+	all, err := s.All(table)
 	if err != nil {
 		return err
 	}
@@ -387,10 +525,9 @@ func (k set) checkColumns(ctx context.Context, db interface {
 	if len(cols) == 0 {
 		return nil
 	}
-	var missing []string
-	err = db.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS u(c, n)
+	missing, err := queryOne[[]string](ctx, db, `SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS u(c, n)
 		WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = u.c AND NOT attisdropped)`,
-		sqlname.Ident(table), cols).Scan(&missing)
+		sqlname.Ident(table), cols)
 	if err != nil {
 		return fmt.Errorf("migrations: check columns of %s: %w", table, err)
 	}
@@ -398,5 +535,17 @@ func (k set) checkColumns(ctx context.Context, db interface {
 		return nil
 	}
 	return fmt.Errorf("%w: %s has no column %s (migration %s): %s",
-		ErrOutdatedTable, table, strings.Join(missing, ", "), from[slices.Index(cols, missing[0])], k.hint)
+		ErrOutdatedTable, table, strings.Join(missing, ", "), from[slices.Index(cols, missing[0])], s.hint())
+}
+
+// queryOne returns the one value of the one row sql returns.
+func queryOne[T any](ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, sql string, args ...any) (T, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[T])
 }

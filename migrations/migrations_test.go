@@ -19,18 +19,18 @@ func TestUpDownCustomTable(t *testing.T) {
 	tbl := outbox.Table{Schema: testenv.Name("m_"), Name: "Events"} // mixed case: must be quoted everywhere
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA "`+tbl.Schema+`" CASCADE`) })
 
-	if err := migrations.CheckTable(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) || !strings.Contains(err.Error(), "migrations") {
-		t.Fatalf("CheckTable before Up = %v, want ErrNoTable telling to migrate", err)
+	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) || !strings.Contains(err.Error(), "migrations") {
+		t.Fatalf("Outbox.Check before Up = %v, want ErrNoTable telling to migrate", err)
 	}
 	for range 2 { // idempotent
-		if err := migrations.Up(ctx, pool, tbl); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := migrations.Applied(ctx, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
+	if v, err := applied(t, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
 		t.Fatalf("Applied = %v, %v", v, err)
 	}
 	var def string
@@ -43,26 +43,18 @@ func TestUpDownCustomTable(t *testing.T) {
 	if err != nil || !unique {
 		t.Fatalf("event_id is not unique: %v", err)
 	}
-	if err := migrations.Down(ctx, pool, tbl, 0); err != nil {
+	if err := migrations.Outbox.Down(ctx, pool, tbl, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.CheckTable(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
-		t.Fatalf("CheckTable after Down = %v", err)
+	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
+		t.Fatalf("Outbox.Check after Down = %v", err)
 	}
 }
 
 func TestRejectsUnsafeNames(t *testing.T) {
 	for _, tbl := range []outbox.Table{{Name: `x"; DROP TABLE users; --`}, {Schema: "public; drop"}} {
-		if err := migrations.Up(context.Background(), nil, tbl); !errors.Is(err, outbox.ErrInvalidConfig) {
+		if err := migrations.Outbox.Up(context.Background(), nil, tbl); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("Up(%+v) = %v, want ErrInvalidConfig", tbl, err)
 		}
-	}
-}
-
-func TestRender(t *testing.T) {
-	got := migrations.Render("CREATE INDEX outbox_event_unpublished_idx ON outbox_event (id); -- outbox_events stays", outbox.Table{Schema: "app", Name: "ev"})
-	want := `CREATE INDEX "ev_unpublished_idx" ON "app"."ev" (id); -- outbox_events stays`
-	if got != want {
-		t.Errorf("Render = %s\nwant     %s", got, want)
 	}
 }

@@ -32,18 +32,18 @@ func TestUpAdoptsNestJSTable(t *testing.T) {
 	nest := nestjs.Create(t, pool, tbl.Schema)
 	nestjs.Fill(t, nest, 100, 7, 49, "order-service.order.confirmed")
 	before, node := nestjs.Snapshot(t, pool, tbl)
-	if err := migrations.CheckTable(ctx, pool, tbl); !errors.Is(err, migrations.ErrOutdatedTable) || !strings.Contains(err.Error(), "no column headers") {
-		t.Fatalf("CheckTable on the NestJS table = %v, want ErrOutdatedTable naming headers", err)
+	if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrOutdatedTable) || !strings.Contains(err.Error(), "no column headers") {
+		t.Fatalf("Outbox.Check on the NestJS table = %v, want ErrOutdatedTable naming headers", err)
 	}
 	for range 2 {
-		if err := migrations.Up(ctx, pool, tbl); err != nil {
+		if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if v, err := migrations.Applied(ctx, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
+	if v, err := applied(t, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
 		t.Fatalf("Applied = %v, %v", v, err)
 	}
-	if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	var published int
@@ -79,7 +79,7 @@ func TestUpAdoptsCompatibleShapes(t *testing.T) {
 			tbl := outbox.Table{Schema: testenv.Name("nest_")}
 			nest := create(t, pool, tbl.Schema, tc.ddl)
 			nestjs.Fill(t, nest, 20, 3, 5, "t")
-			if err := migrations.Up(ctx, pool, tbl); err != nil {
+			if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 			var idx []string
@@ -92,7 +92,7 @@ func TestUpAdoptsCompatibleShapes(t *testing.T) {
 			if err != nil || !slices.Equal(idx, []string{tc.index}) {
 				t.Fatalf("partial indexes %v (%v), want [%s]", idx, err, tc.index)
 			}
-			if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
+			if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := nestjs.Write(ctx, nest, nestjs.NewEvent(21, "order-1", "t")); err != nil {
@@ -157,7 +157,7 @@ func TestUpRefusesIncompatibleTable(t *testing.T) {
 				return s
 			}
 			was := cols()
-			err := migrations.Up(ctx, pool, tbl)
+			err := migrations.Outbox.Up(ctx, pool, tbl)
 			if err == nil {
 				t.Fatal("Up adopted the table")
 			}
@@ -171,7 +171,7 @@ func TestUpRefusesIncompatibleTable(t *testing.T) {
 			if now := cols(); now != was {
 				t.Errorf("the table changed:\n before %s\n after  %s", was, now)
 			}
-			if v, err := migrations.Applied(ctx, pool, tbl); err != nil || len(v) != 0 {
+			if v, err := applied(t, pool, tbl); err != nil || len(v) != 0 {
 				t.Errorf("Applied = %v, %v: want nothing recorded", v, err)
 			}
 		})
@@ -205,7 +205,7 @@ func TestUpCreatesTheReleasedSchema(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	ctx := context.Background()
-	all, err := migrations.All(outbox.Table{})
+	all, err := migrations.Outbox.All(outbox.Table{})
 	if err != nil {
 		t.Fatal(err)
 	}

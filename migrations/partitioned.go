@@ -4,7 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,69 +14,56 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
-// PartitionedFS holds the partitioned table's migration, in the folder
-// partitioned/ (golang-migrate's layout, for the default table), with
-// partitioned/goose and partitioned/tern beside it. It creates the outbox
-// table partitioned by range of event_id (UUIDv7, so by time), with the
-// columns of the outbox migrations 1 to 3 and the cursor migration's txid:
-// for new installs that relay with cursor progress (relay.ProgressCursor)
-// and retire whole partitions instead of deleting rows. Run the cursor
-// migration (migrations/cursor/, [UpCursor]) after it: it adds the lanes'
-// positions and whatever the cursor set gains later. Point golang-migrate at
-// the folder with a version table of its own (e.g.
-// x-migrations-table=outbox_event_partitioned_migrations), or call
-// [UpPartitioned]. docs/partitions.md says more.
-//
 //go:embed partitioned/*.sql
-var PartitionedFS embed.FS
+var partitionedFS embed.FS
 
-var partitionedSet = set{fsys: PartitionedFS, dir: "partitioned", defaults: outbox.Table.WithDefaults, render: Render,
-	hint: "apply the partitioned migration (migrations.UpPartitioned, or the SQL files in migrations/partitioned/ and then migrations/cursor/)", versions: "partitioned_"}
-
-// DefaultPartitionInterval is the span of one partition that the
-// partitioned migration creates when it is given none.
-const DefaultPartitionInterval = 24 * time.Hour
+// defaultInterval is the span of one partition that the partitioned
+// migration creates when it is given none: a day.
+const defaultInterval = 24 * time.Hour
 
 // intervalMarker is the line of the partitioned migration that holds its
-// interval: [UpPartitioned] replaces it.
+// interval: WithInterval replaces it.
 const intervalMarker = "interval '1 day'; -- fxoutbox:interval"
 
-// AllPartitioned returns the partitioned migration rendered for table.
-func AllPartitioned(table outbox.Table) ([]Migration, error) { return partitionedSet.all(table) }
-
-// GoosePartitioned is [Goose] for the partitioned migration: its version
-// table is <name>_partitioned_goose_version. Run [GooseCursor] after it.
-func GoosePartitioned(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(partitionedSet, table, "goose", gooseFile)
+// WithInterval returns [Partitioned] with partitions of d instead of a day
+// (0 keeps the day): a whole number of minutes, at least one. Up, All,
+// Goose and Tern render it; on an existing partitioned table it changes
+// nothing. On another set, they return an error.
+func (s Set) WithInterval(d time.Duration) Set {
+	s.interval = d
+	return s
 }
 
-// TernPartitioned is [Tern] for the partitioned migration: its version
-// table is <name>_partitioned_tern_version. Run [TernCursor] after it.
-func TernPartitioned(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(partitionedSet, table, "tern", ternFile)
+// checkInterval refuses an interval that partitions cannot be named by, or
+// one given to a set other than Partitioned.
+func (s Set) checkInterval() error {
+	switch {
+	case s.interval == 0:
+		return nil
+	case s.kind != kindPartitioned:
+		return &outbox.ConfigError{Field: "interval", Reason: "only migrations.Partitioned has partitions: call WithInterval on it"}
+	case s.interval < time.Minute || s.interval%time.Minute != 0:
+		return &outbox.ConfigError{Field: "interval", Reason: fmt.Sprintf("%s is not a whole number of minutes of at least one: partitions are named by the minute", s.interval)}
+	}
+	return nil
 }
 
-// UpPartitioned creates table partitioned (see [PartitionedFS]), one
-// partition per interval (0: [DefaultPartitionInterval]; a whole number of
-// minutes, at least one), records the outbox migrations 1 to 3 as applied
-// in <name>_migrations (the table has their columns, so [Up] finds nothing
-// to do), and applies the cursor migration ([UpCursor]). It is idempotent:
-// a partitioned table of that name is kept as it is (its interval too). A
-// table of that name that is not partitioned is an error: see
-// docs/partitions.md, "An existing table".
-func UpPartitioned(ctx context.Context, db DB, table outbox.Table, interval time.Duration) error {
+// setInterval writes the set's interval into the partitioned migration's
+// up SQL; without one, the SQL keeps its day.
+func (s Set) setInterval(up string) string {
+	if s.kind != kindPartitioned || s.interval == 0 {
+		return up
+	}
+	return strings.Replace(up, intervalMarker, fmt.Sprintf("interval '%d minutes';", s.interval/time.Minute), 1)
+}
+
+func (s Set) upPartitioned(ctx context.Context, db DB, table outbox.Table) error {
 	table = table.WithDefaults()
-	if interval == 0 {
-		interval = DefaultPartitionInterval
-	}
-	if interval < time.Minute || interval%time.Minute != 0 {
-		return &outbox.ConfigError{Field: "interval", Reason: fmt.Sprintf("%s is not a whole number of minutes of at least one: partitions are named by the minute", interval)}
-	}
-	all, err := partitionedSet.all(table)
+	all, err := s.All(table)
 	if err != nil {
 		return err
 	}
-	outboxAll, err := outboxSet.all(table)
+	outboxAll, err := Outbox.All(table)
 	if err != nil {
 		return err
 	}
@@ -86,8 +73,7 @@ func UpPartitioned(ctx context.Context, db DB, table outbox.Table, interval time
 			return err
 		}
 		for _, m := range all {
-			up := strings.Replace(m.Up, intervalMarker, fmt.Sprintf("interval '%d minutes';", interval/time.Minute), 1)
-			if _, err := tx.Exec(ctx, up); err != nil {
+			if _, err := tx.Exec(ctx, m.Up); err != nil {
 				return fmt.Errorf("migrations: apply %06d_%s (partitioned) to %s: %w", m.Version, m.Name, table, err)
 			}
 		}
@@ -96,7 +82,38 @@ func UpPartitioned(ctx context.Context, db DB, table outbox.Table, interval time
 	if err != nil {
 		return err
 	}
-	return UpCursor(ctx, db, table)
+	return Cursor.Up(ctx, db, table)
+}
+
+// downPartitioned reverts Cursor, drops the partitioned table and removes
+// the outbox versions that upPartitioned recorded, in one transaction.
+func (s Set) downPartitioned(ctx context.Context, db DB, table outbox.Table, version int) error {
+	if version != 0 {
+		return &outbox.ConfigError{Field: "version", Reason: fmt.Sprintf("%d: the partitioned migration is one step, which Down reverts with 0", version)}
+	}
+	table = table.WithDefaults()
+	all, err := s.All(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := prepare(ctx, tx, table); err != nil {
+			return err
+		}
+		// The cursor's tables go with the table; its columns with it.
+		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+sqlname.Ident(sqlname.Cursor(table))+", "+sqlname.Ident(sqlname.Parked(table))); err != nil {
+			return fmt.Errorf("migrations: drop the cursor tables of %s: %w", table, err)
+		}
+		for _, m := range slices.Backward(all) {
+			if _, err := tx.Exec(ctx, m.Down); err != nil {
+				return fmt.Errorf("migrations: revert %06d_%s (partitioned) on %s: %w", m.Version, m.Name, table, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM "+versions(table)); err != nil {
+			return fmt.Errorf("migrations: forget the outbox versions of %s: %w", table, err)
+		}
+		return nil
+	})
 }
 
 // recordOutboxVersions records the outbox migrations as applied to a
@@ -113,7 +130,7 @@ func recordOutboxVersions(ctx context.Context, tx pgx.Tx, table outbox.Table, al
 	return nil
 }
 
-// adoptPartitioned is called by [Up] when the table's migrations record
+// adoptPartitioned is called by Outbox.Up when the table's migrations record
 // nothing: a partitioned table, created by the partitioned migration through
 // golang-migrate, goose or tern, has the columns of the outbox migrations,
 // which are then recorded as applied rather than run (their first one would
@@ -129,7 +146,7 @@ func adoptPartitioned(ctx context.Context, tx pgx.Tx, table outbox.Table, all []
 	if !partitioned {
 		return false, nil
 	}
-	if err := outboxSet.checkColumns(ctx, tx, table); err != nil {
+	if err := Outbox.checkColumns(ctx, tx, table); err != nil {
 		return false, err
 	}
 	return true, recordOutboxVersions(ctx, tx, table, all, applied)

@@ -31,10 +31,11 @@ func idAt(t *testing.T, at time.Time) uuid.UUID {
 	return id
 }
 
-// UpPartitioned creates the table partitioned by event_id (head, the
+// Partitioned.Up creates the table partitioned by event_id (head, the
 // previous and current interval, 7 ahead, tail), with the outbox's and the
-// cursor's columns; a second run changes nothing, Up then finds nothing to
-// do, and rows of any v7 time land in a partition while a v4 id is refused.
+// cursor's columns; a second run changes nothing, Outbox.Up then finds
+// nothing to do, and rows of any v7 time land in a partition while a v4 id
+// is refused. Partitioned.Down drops it all and forgets the versions.
 func TestUpPartitioned(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
@@ -42,20 +43,20 @@ func TestUpPartitioned(t *testing.T) {
 	tbl := outbox.Table{Schema: testenv.Name("t_"), Name: "PaymentOutbox"}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+tbl.Schema+" CASCADE") })
 	for range 2 {
-		if err := migrations.UpPartitioned(ctx, pool, tbl, time.Hour); err != nil {
+		if err := migrations.Partitioned.WithInterval(time.Hour).Up(ctx, pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := migrations.Applied(ctx, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
+	if v, err := applied(t, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
 		t.Fatalf("applied %v, %v", v, err)
 	}
-	if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.CheckCursor(ctx, pool, tbl); err != nil {
+	if err := migrations.Cursor.Check(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := pool.Query(ctx, `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -107,8 +108,34 @@ func TestUpPartitioned(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT bool_and(txid IS NOT NULL) FROM "+sqlname.Ident(tbl)).Scan(&txid); err != nil || !txid {
 		t.Errorf("txid set by default: %v, %v", txid, err)
 	}
-	if err := migrations.UpPartitioned(ctx, pool, tbl, 90*time.Second); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if err := migrations.Partitioned.WithInterval(90*time.Second).Up(ctx, pool, tbl); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("interval 90s: err = %v, want ErrInvalidConfig", err)
+	}
+	if err := migrations.Partitioned.Check(ctx, pool, tbl); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Partitioned.Down(ctx, pool, tbl, 1); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("Down to version 1: err = %v, want ErrInvalidConfig", err)
+	}
+	if err := migrations.Partitioned.Down(ctx, pool, tbl, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Partitioned.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
+		t.Errorf("Check after Down = %v, want ErrNoTable", err)
+	}
+	var leftover bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL OR to_regclass($2) IS NOT NULL", sqlname.Ident(sqlname.Cursor(tbl)), sqlname.Ident(sqlname.Parked(tbl))).Scan(&leftover); err != nil || leftover {
+		t.Errorf("cursor tables left after Down: %v, %v", leftover, err)
+	}
+	if v, err := applied(t, pool, tbl); err != nil || len(v) != 0 {
+		t.Errorf("versions left after Down: %v, %v", v, err)
+	}
+	// Up again, with the default interval: the table is back.
+	if err := migrations.Partitioned.Up(ctx, pool, tbl); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := applied(t, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
+		t.Fatalf("applied after Up again %v, %v", v, err)
 	}
 }
 
@@ -125,14 +152,14 @@ func TestPartitionedSQLThenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+tbl.Schema+" CASCADE") })
-	all, err := migrations.AllPartitioned(tbl)
+	all, err := migrations.Partitioned.All(tbl)
 	if err != nil || len(all) != 1 {
 		t.Fatal(all, err)
 	}
 	if _, err := pool.Exec(ctx, all[0].Up); err != nil {
 		t.Fatal(err)
 	}
-	cursor, err := migrations.AllCursor(tbl)
+	cursor, err := migrations.Cursor.All(tbl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +168,10 @@ func TestPartitionedSQLThenUp(t *testing.T) {
 			t.Fatalf("cursor migration %s on the partitioned table: %v", m.Name, err)
 		}
 	}
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := migrations.Applied(ctx, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
+	if v, err := applied(t, pool, tbl); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
 		t.Fatalf("applied %v, %v", v, err)
 	}
 	if _, err := pool.Exec(ctx, all[0].Down); err != nil {
@@ -152,7 +179,7 @@ func TestPartitionedSQLThenUp(t *testing.T) {
 	}
 
 	plain := testenv.Table(t, pool)
-	if err := migrations.UpPartitioned(ctx, pool, plain, 0); err == nil || !strings.Contains(err.Error(), "is not partitioned") {
+	if err := migrations.Partitioned.Up(ctx, pool, plain); err == nil || !strings.Contains(err.Error(), "is not partitioned") {
 		t.Fatalf("on an unpartitioned table: err = %v", err)
 	}
 }

@@ -54,7 +54,7 @@
 --   -- CREATE PUBLICATION takes CREATE on the database; the migrator then
 --   -- owns the publication, and keeps it when the privilege is revoked:
 --   GRANT CREATE ON DATABASE orders TO outbox_migrator;
---   -- ... as outbox_migrator: migrations.UpStream, or the migration in
+--   -- ... as outbox_migrator: migrations.Stream.Up, or the migration in
 --   -- migrations/stream/ (CREATE PUBLICATION orders_outbox_event_fxoutbox
 --   --     FOR TABLE orders.outbox_event WITH (publish = 'insert')) ...
 --   REVOKE CREATE ON DATABASE orders FROM outbox_migrator;

@@ -4,9 +4,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,40 +16,16 @@ import (
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
-// StreamFS holds the migration of the streaming relay's publication, in the
-// folder stream/ (stream/000001_create_outbox_event_publication.up.sql and
-// .down.sql), for the default table: point golang-migrate at that folder
-// with a version table of its own (e.g.
-// x-migrations-table=outbox_event_stream_migrations), or call [UpStream].
-//
 //go:embed stream/*.sql
-var StreamFS embed.FS
-
-var streamSet = set{fsys: StreamFS, dir: "stream", defaults: outbox.Table.WithDefaults, render: RenderStream,
-	hint: "create the publication (migrations.UpStream, or the SQL files in migrations/stream/)", versions: "stream_"}
-
-// AllStream returns the publication's migrations rendered for table.
-func AllStream(table outbox.Table) ([]Migration, error) { return streamSet.all(table) }
-
-// GooseStream is [Goose] for the publication's migration: its version table
-// is <name>_stream_goose_version.
-func GooseStream(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(streamSet, table, "goose", gooseFile)
-}
-
-// TernStream is [Tern] for the publication's migration: its version table
-// is <name>_stream_tern_version.
-func TernStream(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(streamSet, table, "tern", ternFile)
-}
+var streamFS embed.FS
 
 var streamNameRE = regexp.MustCompile(`\boutbox_event_fxoutbox\b|\boutbox_event\b`)
 
-// RenderStream rewrites SQL written for the default table outbox_event so
+// renderStream rewrites SQL written for the default table outbox_event so
 // that it names table instead: outbox_event_fxoutbox becomes the quoted
 // [outbox.Table.Publication], and outbox_event the table, schema-qualified
 // and quoted.
-func RenderStream(sql string, table outbox.Table) string {
+func renderStream(sql string, table outbox.Table) string {
 	return streamNameRE.ReplaceAllStringFunc(sql, func(s string) string {
 		switch s {
 		case "outbox_event_fxoutbox":
@@ -61,23 +35,9 @@ func RenderStream(sql string, table outbox.Table) string {
 	})
 }
 
-// ErrPublicationMismatch is returned by UpStream when the table's
-// publication exists but is not what the streaming relay reads.
-var ErrPublicationMismatch = errors.New("the outbox publication differs from what the streaming relay needs")
-
-// UpStream creates the publication the streaming relay reads,
-// [outbox.Table.Publication]: FOR TABLE table WITH (publish = 'insert'). It
-// is idempotent: a publication of that name that is already right is left
-// alone; one that differs (other operations, other tables, FOR ALL TABLES, a
-// row filter or column list) is an error wrapping ErrPublicationMismatch
-// that says what differs and the SQL that fixes it. The table must exist
-// (run [Up] first). Run it as the table's owner, with CREATE on the
-// database. It takes the same advisory lock as [Up].
-//
-// Nothing records it in a version table: the catalog is the record.
-func UpStream(ctx context.Context, db DB, table outbox.Table) error {
+func (s Set) upStream(ctx context.Context, db DB, table outbox.Table) error {
 	table = table.WithDefaults()
-	all, err := streamSet.all(table)
+	all, err := s.All(table)
 	if err != nil {
 		return err
 	}
@@ -85,7 +45,7 @@ func UpStream(ctx context.Context, db DB, table outbox.Table) error {
 		if err := lock(ctx, tx, table); err != nil {
 			return err
 		}
-		if err := outboxSet.exists(ctx, tx, table); err != nil {
+		if err := Outbox.exists(ctx, tx, table); err != nil {
 			return fmt.Errorf("migrations: publication of %s: %w", table, err)
 		}
 		p, err := ReadPublication(ctx, tx, table)
@@ -107,28 +67,21 @@ func UpStream(ctx context.Context, db DB, table outbox.Table) error {
 	})
 }
 
-// DownStream drops the table's publication, if it exists. It leaves the
-// streaming relay's replication slot alone: a slot keeps WAL on the
-// server's disk until it is dropped, so drop it separately once the
-// streaming relays are stopped (admin.DropSlot, `outboxctl stream
-// drop-slot`, or SELECT pg_drop_replication_slot('<slot>')).
-func DownStream(ctx context.Context, db DB, table outbox.Table) error {
-	table = table.WithDefaults()
-	all, err := streamSet.all(table)
+// checkStream reports a missing or wrong publication.
+func (s Set) checkStream(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, table outbox.Table) error {
+	if err := Outbox.exists(ctx, db, table); err != nil {
+		return fmt.Errorf("migrations: publication of %s: %w", table, err)
+	}
+	p, err := ReadPublication(ctx, db, table)
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := lock(ctx, tx, table); err != nil {
-			return err
-		}
-		for _, m := range slices.Backward(all) {
-			if _, err := tx.Exec(ctx, m.Down); err != nil {
-				return fmt.Errorf("migrations: drop publication %s of %s (as its owner): %w", table.Publication(), table, err)
-			}
-		}
-		return nil
-	})
+	if problems := p.Problems(); len(problems) > 0 {
+		return fmt.Errorf("%w: publication %s %s: %s; or run as the table's owner: %s", ErrPublicationMismatch, p.Name, strings.Join(problems, "; "), s.hint(), p.Fix(table))
+	}
+	return nil
 }
 
 // Publication is what the catalog says of a table's publication

@@ -24,8 +24,9 @@ func dropPublication(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table) {
 	})
 }
 
-// UpStream creates exactly FOR TABLE <table> WITH (publish = 'insert'),
-// accepts it when run again, and DownStream drops it (twice is fine).
+// Stream.Up creates exactly FOR TABLE <table> WITH (publish = 'insert'),
+// accepts it when run again, Check finds it, and Stream.Down drops it
+// (twice is fine), after which Check says what to run.
 func TestStreamUpDown(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
@@ -33,13 +34,16 @@ func TestStreamUpDown(t *testing.T) {
 	tbl := testenv.Table(t, pool)
 	dropPublication(t, pool, tbl)
 	for range 2 {
-		if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+		if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := migrations.Stream.Check(ctx, pool, tbl); err != nil {
+		t.Fatalf("Check after Up: %v", err)
+	}
 	p, err := migrations.ReadPublication(ctx, pool, tbl)
 	if err != nil || !p.Exists || len(p.Problems()) > 0 || p.Fix(tbl) != "" {
-		t.Fatalf("after UpStream: %+v, %v; problems %v", p, err, p.Problems())
+		t.Fatalf("after Stream.Up: %+v, %v; problems %v", p, err, p.Problems())
 	}
 	var insert, update, del, trunc bool
 	var tables []string
@@ -49,17 +53,20 @@ func TestStreamUpDown(t *testing.T) {
 		t.Fatalf("publication: insert %v update %v delete %v truncate %v tables %v (%v)", insert, update, del, trunc, tables, err)
 	}
 	for range 2 {
-		if err := migrations.DownStream(ctx, pool, tbl); err != nil {
+		if err := migrations.Stream.Down(ctx, pool, tbl, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if p, err := migrations.ReadPublication(ctx, pool, tbl); err != nil || p.Exists || !slices.Equal(p.Problems(), []string{"does not exist"}) || !strings.HasPrefix(p.Fix(tbl), "CREATE PUBLICATION") {
-		t.Fatalf("after DownStream: %+v, %v", p, err)
+		t.Fatalf("after Stream.Down: %+v, %v", p, err)
+	}
+	if err := migrations.Stream.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrPublicationMismatch) || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "migrations.Stream.Up") {
+		t.Fatalf("Check after Down = %v, want ErrPublicationMismatch saying it does not exist and what to run", err)
 	}
 	// Without the table: an error that says to run the migrations.
 	missing := outbox.Table{Schema: tbl.Schema, Name: "no_such_table"}
-	if err := migrations.UpStream(ctx, pool, missing); !errors.Is(err, migrations.ErrNoTable) {
-		t.Fatalf("UpStream without the table: %v, want ErrNoTable", err)
+	if err := migrations.Stream.Up(ctx, pool, missing); !errors.Is(err, migrations.ErrNoTable) {
+		t.Fatalf("Stream.Up without the table: %v, want ErrNoTable", err)
 	}
 }
 
@@ -94,9 +101,9 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 			if _, err := pool.Exec(ctx, r.Replace(tc.create)); err != nil {
 				t.Fatal(err)
 			}
-			upErr := migrations.UpStream(ctx, pool, tbl)
+			upErr := migrations.Stream.Up(ctx, pool, tbl)
 			if !errors.Is(upErr, migrations.ErrPublicationMismatch) || !strings.Contains(upErr.Error(), r.Replace(tc.want)) {
-				t.Fatalf("UpStream = %v, want ErrPublicationMismatch saying %q", upErr, r.Replace(tc.want))
+				t.Fatalf("Stream.Up = %v, want ErrPublicationMismatch saying %q", upErr, r.Replace(tc.want))
 			}
 			p, err := migrations.ReadPublication(ctx, pool, tbl)
 			if err != nil {
@@ -104,27 +111,22 @@ func TestStreamUpRefusesAWrongPublication(t *testing.T) {
 			}
 			fix := p.Fix(tbl)
 			if fix == "" || !strings.Contains(upErr.Error(), fix) {
-				t.Fatalf("UpStream's error %q does not name the fix %q", upErr, fix)
+				t.Fatalf("Stream.Up's error %q does not name the fix %q", upErr, fix)
 			}
 			if _, err := pool.Exec(ctx, fix); err != nil {
 				t.Fatalf("the fix %q fails: %v", fix, err)
 			}
-			if err := migrations.UpStream(ctx, pool, tbl); err != nil {
+			if err := migrations.Stream.Up(ctx, pool, tbl); err != nil {
 				t.Fatalf("after the fix %q: %v", fix, err)
 			}
 		})
 	}
 }
 
-func TestRenderStream(t *testing.T) {
+func TestStreamAll(t *testing.T) {
 	tbl := outbox.Table{Schema: "app", Name: "Ev"}
-	got := migrations.RenderStream("CREATE PUBLICATION outbox_event_fxoutbox FOR TABLE outbox_event;", tbl)
-	want := `CREATE PUBLICATION "` + tbl.Publication() + `" FOR TABLE "app"."Ev";`
-	if got != want {
-		t.Errorf("RenderStream = %s\nwant           %s", got, want)
-	}
-	all, err := migrations.AllStream(tbl)
+	all, err := migrations.Stream.All(tbl)
 	if err != nil || len(all) != 1 || !strings.Contains(all[0].Up, `FOR TABLE "app"."Ev" WITH (publish = 'insert')`) || !strings.Contains(all[0].Down, "DROP PUBLICATION IF EXISTS") {
-		t.Fatalf("AllStream = %+v, %v", all, err)
+		t.Fatalf("Stream.All = %+v, %v", all, err)
 	}
 }

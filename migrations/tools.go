@@ -13,12 +13,37 @@ import (
 	"github.com/fxoutbox/outbox"
 )
 
-// Goose returns the outbox migrations in goose's layout
-// (00001_create_outbox_event.sql, ...) rendered for table, and the name of
-// the version table to keep them in: <name>_goose_version, lower-case, in
-// the table's schema. Pass both to goose's Provider:
+// FS returns the set's migration files for golang-migrate, as they are in
+// their folder (NNNNNN_name.up.sql and .down.sql), written for the default
+// table in the connection's search_path:
 //
-//	fsys, versions, err := migrations.Goose(outbox.Table{})
+//	src, err := iofs.New(migrations.Outbox.FS(), ".")
+//	m, err := migrate.NewWithSourceInstance("iofs", src, databaseURL)
+//
+// Give each set but Outbox a version table of its own (e.g.
+// x-migrations-table=outbox_event_cursor_migrations). For another table
+// name or schema, use [Set.Up], or write the SQL of [Set.All] to files. The
+// folders also hold roles.example.sql (all but the stream's): psql scripts
+// that grant least-privilege roles, not migrations.
+func (s Set) FS() fs.FS {
+	if s.fsys == nil {
+		return memFS{}
+	}
+	sub, err := fs.Sub(s.fsys, s.dir)
+	if err != nil { // a constant, valid directory
+		panic(err)
+	}
+	return sub
+}
+
+// Goose returns the set's migrations in goose's layout
+// (00001_create_outbox_event.sql, ...) rendered for table, and the name of
+// the version table to keep them in: <name>_goose_version for [Outbox] and
+// [Inbox], <name>_<set>_goose_version for the others (e.g.
+// outbox_event_cursor_goose_version), lower-case, in the table's schema.
+// Pass both to goose's Provider:
+//
+//	fsys, versions, err := migrations.Outbox.Goose(outbox.Table{})
 //	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithTableName(versions))
 //	_, err = provider.Up(ctx)
 //
@@ -26,8 +51,9 @@ import (
 // from the application's migrations, which have their own. The table's
 // schema must exist; the migrations do not create it. goose does not quote
 // the version table's name, so a schema with upper-case letters is refused.
-func Goose(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return render(table, "goose", gooseFile)
+// Run [Cursor] after [Partitioned].
+func (s Set) Goose(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return s.tool(table, "goose", gooseFile)
 }
 
 func gooseFile(m Migration) (string, string) {
@@ -36,19 +62,19 @@ func gooseFile(m Migration) (string, string) {
 			"-- +goose Down\n-- +goose StatementBegin\n" + strings.TrimSpace(m.Down) + "\n-- +goose StatementEnd\n"
 }
 
-// Tern returns the outbox migrations in tern's layout
+// Tern returns the set's migrations in tern's layout
 // (001_create_outbox_event.sql, ...) rendered for table, and the name of
-// the version table to keep them in: <name>_tern_version, lower-case, in the
-// table's schema. Pass both to tern's Migrator:
+// the version table to keep them in, as [Set.Goose] names it with tern for
+// goose (<name>_tern_version, ...). Pass both to tern's Migrator:
 //
-//	fsys, versions, err := migrations.Tern(outbox.Table{})
+//	fsys, versions, err := migrations.Outbox.Tern(outbox.Table{})
 //	m, err := migrate.NewMigrator(ctx, conn, versions)
 //	err = m.LoadMigrations(fsys)
 //	err = m.Migrate(ctx)
 //
-// As with [Goose], the schema must exist and must be lower-case.
-func Tern(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return render(table, "tern", ternFile)
+// As with Goose, the schema must exist and must be lower-case.
+func (s Set) Tern(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
+	return s.tool(table, "tern", ternFile)
 }
 
 func ternFile(m Migration) (string, string) {
@@ -56,33 +82,17 @@ func ternFile(m Migration) (string, string) {
 		strings.TrimSpace(m.Up) + "\n\n---- create above / drop below ----\n\n" + strings.TrimSpace(m.Down) + "\n"
 }
 
-// GooseInbox is [Goose] for the inbox migrations and the inbox table
-// (default outbox_inbox): its version table is <name>_goose_version.
-func GooseInbox(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(inboxSet, InboxTable(table), "goose", gooseFile)
-}
-
-// TernInbox is [Tern] for the inbox migrations and the inbox table (default
-// outbox_inbox): its version table is <name>_tern_version.
-func TernInbox(table outbox.Table) (fsys fs.FS, versionTable string, err error) {
-	return renderSet(inboxSet, InboxTable(table), "tern", ternFile)
-}
-
-func render(table outbox.Table, tool string, file func(Migration) (name, content string)) (fs.FS, string, error) {
-	return renderSet(outboxSet, table, tool, file)
-}
-
-func renderSet(k set, table outbox.Table, tool string, file func(Migration) (name, content string)) (fs.FS, string, error) {
-	all, err := k.all(table)
+func (s Set) tool(table outbox.Table, tool string, file func(Migration) (name, content string)) (fs.FS, string, error) {
+	all, err := s.All(table)
 	if err != nil {
 		return nil, "", err
 	}
-	table = k.defaults(table)
+	table = s.defaults(table)
 	if table.Schema != strings.ToLower(table.Schema) {
 		return nil, "", &outbox.ConfigError{Field: "Table.Schema", Reason: fmt.Sprintf(
 			"%q has upper-case letters: %s does not quote the name of its version table, so the schema must be lower-case", table.Schema, tool)}
 	}
-	versions := strings.ToLower(table.Name) + "_" + k.versions + tool + "_version"
+	versions := strings.ToLower(table.Name) + "_" + s.versions() + tool + "_version"
 	if table.Schema != "" {
 		versions = table.Schema + "." + versions
 	}

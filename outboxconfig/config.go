@@ -12,6 +12,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/inbox"
 	"github.com/fxoutbox/outbox/internal/envconfig"
+	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
@@ -135,7 +136,7 @@ type InboxConfig struct {
 	// (the same cluster as the relay), none otherwise.
 	KafkaTLS  KafkaTLS
 	KafkaSASL KafkaSASL
-	// Migrate applies the inbox migrations (migrations.UpInbox) at start
+	// Migrate applies the inbox migrations (migrations.Inbox.Up) at start
 	// instead of only checking that the inbox tables exist. Default false.
 	Migrate bool `env:"OUTBOX_INBOX_MIGRATE"`
 }
@@ -263,7 +264,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.cloudEvents(); err != nil {
 		return c, err
 	}
-	*lim = lim.WithDefaults()
+	*lim = record.LimitsWithDefaults(*lim)
 	if err := lim.Validate(); err != nil {
 		return c, fieldError(err, "Writer.", "Limits")
 	}

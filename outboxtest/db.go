@@ -215,7 +215,7 @@ func Table(t TB, db DB) outbox.Table {
 			t.Errorf("outboxtest: drop the test schema %s: %v%s", table.Schema, err, hint)
 		}
 	})
-	if err := migrations.Up(ctx, db, table); err != nil {
+	if err := migrations.Outbox.Up(ctx, db, table); err != nil {
 		t.Fatalf("outboxtest: migrate a test outbox table: %v", err)
 		return outbox.Table{}
 	}

@@ -155,11 +155,13 @@ func TestTableIsMigratedAndDropped(t *testing.T) {
 	var table outbox.Table
 	t.Run("test", func(t *testing.T) {
 		table = outboxtest.Table(t, pool)
-		if err := migrations.CheckTable(ctx, pool, table); err != nil {
+		if err := migrations.Outbox.Check(ctx, pool, table); err != nil {
 			t.Fatal(err)
 		}
-		if v, err := migrations.Applied(ctx, pool, table); err != nil || len(v) != 3 {
-			t.Fatalf("applied migrations: %v, %v", v, err)
+		versions := outbox.Table{Schema: table.Schema, Name: table.WithDefaults().Name + "_migrations"}
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(versions)).Scan(&n); err != nil || n != 3 {
+			t.Fatalf("applied migrations: %d, %v", n, err)
 		}
 	})
 	var exists bool

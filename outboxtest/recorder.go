@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -18,7 +19,19 @@ import (
 // Record is an event as the writer stores it: every default applied (event
 // id, topic, key, the trace context headers), the payload encoded as JSON.
 // The Recorder records them; Inserted reads them back from a table.
-type Record = record.Record
+type Record struct {
+	ID            uuid.UUID
+	AggregateType string
+	AggregateID   string
+	Type          string
+	Payload       []byte // JSON, as given or marshalled
+	Topic         string
+	Key           string
+	Headers       map[string]string // event headers plus trace context; nil when empty
+	// PayloadBytes is the length of Payload as PostgreSQL's jsonb stores
+	// and prints it: what the relay reads back and sends as the value.
+	PayloadBytes int
+}
 
 // T is the part of *testing.T (and testing.TB) the assertions use.
 type T interface {
@@ -284,7 +297,7 @@ func (x *recTx) add(ctx context.Context, to *Recorder, events []outbox.Event) er
 		return err
 	}
 	for _, rec := range recs {
-		x.pending = append(x.pending, pending{to: to, rec: rec})
+		x.pending = append(x.pending, pending{to: to, rec: Record(rec)}) // the writer's record: the same fields
 	}
 	return nil
 }

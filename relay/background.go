@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox/internal/backoff"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 type acquirer interface {
@@ -34,7 +35,7 @@ func (r *Relay) listen(ctx context.Context) {
 		d := b.Fail()
 		if b.Failures() == 1 {
 			r.cfg.Logger.Warn("outbox relay: LISTEN connection lost; polling every PollInterval until it is back",
-				"channel", r.cfg.Table.Channel(), "error", err)
+				"channel", sqlname.Channel(r.cfg.Table), "error", err)
 		}
 		if !backoff.Sleep(ctx, d, nil, nil) {
 			return
@@ -50,7 +51,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	// The connection keeps its LISTEN: it never goes back to the pool.
 	conn := pc.Hijack()
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{sqlname.Channel(r.cfg.Table)}.Sanitize()); err != nil {
 		return fmt.Errorf("relay: listen: %w", err)
 	}
 	r.Wake()
@@ -97,7 +98,7 @@ func (r *Relay) clean(ctx context.Context) {
 // call it yourself to clean on your own schedule (with Retention < 0 it
 // deletes nothing).
 //
-// On a partitioned table (migrations.UpPartitioned) it deletes no row: it
+// On a partitioned table (migrations.Partitioned) it deletes no row: it
 // runs MaintainPartitions, which drops whole partitions, and returns 0.
 func (r *Relay) Cleanup(ctx context.Context) (int, error) {
 	if yes, err := r.isPartitioned(ctx); err != nil {

@@ -53,7 +53,7 @@ func TestListenWakesAcrossProcesses(t *testing.T) {
 		}
 	}
 	listener := func() (pid int) {
-		_ = s.pool.QueryRow(s.ctx, "SELECT pid FROM pg_stat_activity WHERE query = $1", `LISTEN "`+s.table.Channel()+`"`).Scan(&pid)
+		_ = s.pool.QueryRow(s.ctx, "SELECT pid FROM pg_stat_activity WHERE query = $1", `LISTEN "`+sqlname.Channel(s.table)+`"`).Scan(&pid)
 		return pid
 	}
 	waitUntil(t, 10*time.Second, "the relay to LISTEN", func() bool { return listener() != 0 })

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 )
 
 // Config configures a Relay. The zero value means every default.
@@ -114,7 +115,7 @@ type Config struct {
 	// (outbox.DefaultMaxRecordBytes), which fits all three defaults.
 	MaxMessageBytes int
 	// Listen makes the relay LISTEN on the table's channel
-	// (outbox.Table.Channel) on a dedicated connection and poll as soon as a
+	// (<name>_wakeup; see docs/operating.md) on a dedicated connection and poll as soon as a
 	// writer in another process sends a NOTIFY (unitofwork.Notifier). The
 	// connection comes from the DB, which must then be a *pgxpool.Pool; it
 	// is re-established with backoff when lost, and the ticker covers the
@@ -124,7 +125,7 @@ type Config struct {
 	// Retention is how long published rows are kept before the relay
 	// deletes them, in batches of CleanupBatch rows every CleanupInterval.
 	// Default 72h; a negative value disables the deletion. On a partitioned
-	// table (migrations.UpPartitioned) the relay deletes no row: it drops a
+	// table (migrations.Partitioned) the relay deletes no row: it drops a
 	// partition once Retention has passed since its upper bound and every
 	// lane delivered it (docs/partitions.md).
 	Retention time.Duration `env:"OUTBOX_RETENTION,forever"`
@@ -224,23 +225,23 @@ func (c Config) withDefaults() Config {
 	if c.Mode == Stream {
 		c.Stream = c.Stream.withDefaults()
 	}
-	setDefault(&c.PollInterval, defaultPollInterval)
-	setDefault(&c.BatchSize, defaultBatchSize)
-	setDefault(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
-	setDefault(&c.MaxAttempts, defaultMaxAttempts)
-	setDefault(&c.MaxMessageBytes, defaultMaxMessageBytes)
-	setDefault(&c.Retention, defaultRetention)
-	setDefault(&c.CleanupInterval, defaultCleanupInterval)
-	setDefault(&c.CleanupBatch, defaultCleanupBatch)
-	setDefault(&c.Lanes, defaultLanes)
-	setDefault(&c.Workers, defaultWorkers)
-	setDefault(&c.BatchTimeout, defaultBatchTimeout)
-	setDefault(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
-	setDefault(&c.StatsInterval, defaultStatsInterval)
-	setDefault(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
+	defaults.Set(&c.PollInterval, defaultPollInterval)
+	defaults.Set(&c.BatchSize, defaultBatchSize)
+	defaults.Set(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	defaults.Set(&c.MaxAttempts, defaultMaxAttempts)
+	defaults.Set(&c.MaxMessageBytes, defaultMaxMessageBytes)
+	defaults.Set(&c.Retention, defaultRetention)
+	defaults.Set(&c.CleanupInterval, defaultCleanupInterval)
+	defaults.Set(&c.CleanupBatch, defaultCleanupBatch)
+	defaults.Set(&c.Lanes, defaultLanes)
+	defaults.Set(&c.Workers, defaultWorkers)
+	defaults.Set(&c.BatchTimeout, defaultBatchTimeout)
+	defaults.Set(&c.MaxBackoff, max(defaultMaxBackoff, c.PollInterval))
+	defaults.Set(&c.StatsInterval, defaultStatsInterval)
+	defaults.Set(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
 	if c.Delivery == ExactlyOnce {
-		setDefault(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
-		setDefault(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
+		defaults.Set(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
+		defaults.Set(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -252,17 +253,9 @@ func (c Config) withDefaults() Config {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
 	if c.Propagator == nil {
-		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		c.Propagator = defaults.Propagator()
 	}
 	return c
-}
-
-// setDefault sets *v to def when it is zero.
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // Validate returns the configuration error New would return for c, with

@@ -17,7 +17,6 @@ import (
 	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -37,7 +36,7 @@ type parkedCopy struct {
 func (s *setup) parked(t testing.TB, id uuid.UUID) (p parkedCopy, ok bool) {
 	t.Helper()
 	err := s.pool.QueryRow(s.ctx, "SELECT id, reason, coalesce(last_error, ''), attempts, first_try_at, last_try_at, coalesce(topic, ''), coalesce(partition_key, ''),"+
-		" coalesce(event_type, ''), coalesce(payload ? 'seq', false) FROM "+sqlname.Ident(migrations.ParkedTable(s.table))+" WHERE event_id = $1", id).
+		" coalesce(event_type, ''), coalesce(payload ? 'seq', false) FROM "+sqlname.Ident(sqlname.Parked(s.table))+" WHERE event_id = $1", id).
 		Scan(&p.id, &p.reason, &p.lastError, &p.attempts, &p.firstTry, &p.lastTry, &p.topic, &p.key, &p.evType, &p.hasSeq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false

@@ -39,7 +39,7 @@ func drain(t *testing.T, r *relay.Relay) {
 // cursor applies the cursor migration to the setup's table.
 func (s *setup) cursor(t testing.TB) {
 	t.Helper()
-	if err := migrations.UpCursor(s.ctx, s.pool, s.table); err != nil {
+	if err := migrations.Cursor.Up(s.ctx, s.pool, s.table); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -279,7 +279,7 @@ func TestCursorParksPoisonAndGoesOn(t *testing.T) {
 	}
 	cons.WaitForDistinct(9, 30*time.Second)
 	var parked, inTable int
-	if err := s.pool.QueryRow(s.ctx, "SELECT (SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(s.table))+" WHERE topic = 'missing'),"+
+	if err := s.pool.QueryRow(s.ctx, "SELECT (SELECT count(*) FROM "+sqlname.Ident(sqlname.Parked(s.table))+" WHERE topic = 'missing'),"+
 		" (SELECT count(*) FROM "+sqlname.Ident(s.table)+" WHERE topic = 'missing')").Scan(&parked, &inTable); err != nil {
 		t.Fatal(err)
 	}
@@ -417,12 +417,12 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 		t.Errorf("got %v (%d messages); want the requeued event once and 6 events", ids, len(msgs))
 	}
 	var lagging int
-	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.CursorTable(s.table))+" WHERE NOT pg_visible_in_snapshot((SELECT txid FROM "+sqlname.Ident(s.table)+
+	if err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(sqlname.Cursor(s.table))+" WHERE NOT pg_visible_in_snapshot((SELECT txid FROM "+sqlname.Ident(s.table)+
 		" WHERE event_id = $1), done)", poison).Scan(&lagging); err != nil {
 		t.Fatal(err)
 	}
 	if lagging != 0 {
-		rows, _ := s.pool.Query(s.ctx, "SELECT lane, done::text, coalesce(upto::text,''), base, pos, updated_at::text, (SELECT txid::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1) FROM "+sqlname.Ident(migrations.CursorTable(s.table))+" ORDER BY lane LIMIT 5", poison)
+		rows, _ := s.pool.Query(s.ctx, "SELECT lane, done::text, coalesce(upto::text,''), base, pos, updated_at::text, (SELECT txid::text FROM "+sqlname.Ident(s.table)+" WHERE event_id = $1) FROM "+sqlname.Ident(sqlname.Cursor(s.table))+" ORDER BY lane LIMIT 5", poison)
 		for rows.Next() {
 			var l int
 			var d, u, ua, tx string
@@ -468,7 +468,7 @@ func TestCursorUnreadableRowIsParked(t *testing.T) {
 	}
 	// Its copy keeps the payload as stored (copied by the server, never
 	// printed): fixed there, a requeue sends it.
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(migrations.ParkedTable(s.table))+" SET payload = '{\"fixed\":true}' WHERE event_id = $1 AND payload IS NOT NULL", bad); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(sqlname.Parked(s.table))+" SET payload = '{\"fixed\":true}' WHERE event_id = $1 AND payload IS NOT NULL", bad); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := admin.Requeue(s.ctx, s.pool, s.table, admin.Filter{EventIDs: []uuid.UUID{bad}}, nil); err != nil || n != 1 {
@@ -509,7 +509,7 @@ func TestCursorNoticesAnotherCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As restored elsewhere: the new cluster's ids are far behind.
-	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(migrations.CursorTable(s.table))+" SET done = '4000000000:4000000000:'"); err != nil {
+	if _, err := s.pool.Exec(s.ctx, "UPDATE "+sqlname.Ident(sqlname.Cursor(s.table))+" SET done = '4000000000:4000000000:'"); err != nil {
 		t.Fatal(err)
 	}
 	fresh := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
@@ -564,7 +564,7 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 	}
 	for _, sql := range []string{
 		"UPDATE " + sqlname.Ident(s.table) + " SET txid = (txid::text::bigint + " + shift + ")::text::xid8",
-		"UPDATE " + sqlname.Ident(migrations.CursorTable(s.table)) + " SET done = " + move("done") + ", upto = CASE WHEN upto IS NOT NULL THEN " + move("upto") + " END",
+		"UPDATE " + sqlname.Ident(sqlname.Cursor(s.table)) + " SET done = " + move("done") + ", upto = CASE WHEN upto IS NOT NULL THEN " + move("upto") + " END",
 	} {
 		if _, err := s.pool.Exec(s.ctx, sql); err != nil {
 			t.Fatal(err)

@@ -136,7 +136,7 @@ func TestMoveToPartitionedTable(t *testing.T) {
 
 	// Step 1: the partitioned table beside it.
 	next := outbox.Table{Schema: s.table.Schema, Name: "outbox_event_new"}
-	if err := migrations.UpPartitioned(s.ctx, s.pool, next, time.Hour); err != nil {
+	if err := migrations.Partitioned.WithInterval(time.Hour).Up(s.ctx, s.pool, next); err != nil {
 		t.Fatal(err)
 	}
 	// Step 2: the relays stopped; the writers go on.

@@ -15,7 +15,7 @@ import (
 )
 
 // ErrPartitionedTable is returned by Start (and RunOnce) of a relay with
-// ProgressMarks on a partitioned table (migrations.UpPartitioned): its
+// ProgressMarks on a partitioned table (migrations.Partitioned): its
 // retention drops whole partitions once the lanes' positions are past
 // them, which marks cannot tell.
 var ErrPartitionedTable = errors.New("relay: the table is partitioned")
@@ -37,10 +37,11 @@ type PartitionReport struct {
 	Kept []PartitionKept
 }
 
-// PartitionKept is a partition that stays, and why.
+// PartitionKept is a partition that stays, and why: in a PartitionReport,
+// and in admin.Status (the relays' last word, read from the catalog).
 type PartitionKept struct {
-	Name   string
-	Reason string
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // partitions is what the relay knows of its table's partitioning.
@@ -121,7 +122,7 @@ func (r *Relay) MaintainPartitions(ctx context.Context) (PartitionReport, error)
 }
 
 func (r *Relay) partitionedMarks() error {
-	return fmt.Errorf("%w: %s is partitioned, and its relays drop partitions once the lanes' positions are past them: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or keep marks on an unpartitioned table (migrations.Up)", ErrPartitionedTable, r.cfg.Table)
+	return fmt.Errorf("%w: %s is partitioned, and its relays drop partitions once the lanes' positions are past them: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or keep marks on an unpartitioned table (migrations.Outbox.Up)", ErrPartitionedTable, r.cfg.Table)
 }
 
 // keptByReason counts the partitions of the last round that stay, by the

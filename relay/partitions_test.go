@@ -29,7 +29,7 @@ func newPartitionedSetup(t *testing.T) *setup {
 	pool := testenv.Pool(t)
 	tbl := outbox.Table{Schema: testenv.Name("t_")}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+tbl.Schema+" CASCADE") })
-	if err := migrations.UpPartitioned(context.Background(), pool, tbl, 0); err != nil {
+	if err := migrations.Partitioned.Up(context.Background(), pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "test", Table: tbl, Propagator: propagation.TraceContext{}})

@@ -34,7 +34,7 @@ func TestPlansUsePartialIndexes(t *testing.T) {
 		t.Parallel()
 		tbl := outbox.Table{Schema: testenv.Name("nestjs_")}
 		nestjs.Create(t, pool, tbl.Schema)
-		if err := migrations.Up(context.Background(), pool, tbl); err != nil {
+		if err := migrations.Outbox.Up(context.Background(), pool, tbl); err != nil {
 			t.Fatal(err)
 		}
 		checkPlans(t, pool, tbl, "ix_outbox_event_unpublished")
@@ -133,7 +133,7 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
-	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+	if err := migrations.Cursor.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	insert := func(db interface {

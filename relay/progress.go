@@ -30,7 +30,7 @@ const (
 	// docs/progress.md): one small UPDATE of the lanes' rows per batch and
 	// nothing per event, so an event costs the table its INSERT. An open
 	// transaction holds back only its own events. It needs the cursor
-	// migration (migrations.UpCursor) and Ordering PerKey; in Stream mode
+	// migration (migrations.Cursor.Up) and Ordering PerKey; in Stream mode
 	// the relay publishes what the slot decodes and the positions are its
 	// checkpoint, once a second (docs/streaming.md); under
 	// ExactlyOnce each lane's position also travels in the progress record
@@ -81,14 +81,14 @@ func (c Config) validateProgress() error {
 // cursorCols are the columns a cursor claim reads, as claim's.
 const cursorCols = "e.id, e.event_id, e.event_type, e.topic, e.partition_key, e.payload, e.headers, e.attempts, e.created_at, e.attempts = 0 AND e.last_error IS NOT NULL"
 
-// cursorTable is the positions table of t (migrations.CursorTable).
+// cursorTable is the positions table of t (sqlname.Cursor).
 func cursorTable(t outbox.Table) outbox.Table {
 	t = t.WithDefaults()
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_cursor"}
 }
 
 // parkedTable is the parked events' table of t in cursor mode
-// (migrations.ParkedTable).
+// (sqlname.Parked).
 func parkedTable(t outbox.Table) outbox.Table {
 	t = t.WithDefaults()
 	return outbox.Table{Schema: t.Schema, Name: t.Name + "_parked"}
@@ -257,7 +257,7 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 			return fmt.Errorf("relay: cursor progress of %s: %w", r.cfg.Table, err)
 		}
 		if !ok {
-			return fmt.Errorf("%w: %s, its positions table %s or its parked table %s does not exist: apply the cursor migrations (migrations.UpCursor, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table), parkedTable(r.cfg.Table))
+			return fmt.Errorf("%w: %s, its positions table %s or its parked table %s does not exist: apply the cursor migrations (migrations.Cursor.Up, OUTBOX_MIGRATE=true with OUTBOX_PROGRESS=cursor, or the SQL files in migrations/cursor/)", ErrCursorNotReady, r.cfg.Table, cursorTable(r.cfg.Table), parkedTable(r.cfg.Table))
 		}
 		var lanes []int32
 		var behind bool

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
@@ -101,13 +102,13 @@ const (
 )
 
 func (c StreamConfig) withDefaults() StreamConfig {
-	setDefault(&c.MaxLagBytes, defaultStreamMaxLagBytes)
-	setDefault(&c.MaxLag, defaultStreamMaxLag)
-	setDefault(&c.StandbyRetry, defaultStreamStandbyRetry)
-	setDefault(&c.StatusInterval, defaultStreamStatusInterval)
-	setDefault(&c.SweepInterval, defaultStreamSweepInterval)
-	setDefault(&c.RetryInterval, defaultStreamRetryInterval)
-	setDefault(&c.Linger, defaultStreamLinger)
+	defaults.Set(&c.MaxLagBytes, defaultStreamMaxLagBytes)
+	defaults.Set(&c.MaxLag, defaultStreamMaxLag)
+	defaults.Set(&c.StandbyRetry, defaultStreamStandbyRetry)
+	defaults.Set(&c.StatusInterval, defaultStreamStatusInterval)
+	defaults.Set(&c.SweepInterval, defaultStreamSweepInterval)
+	defaults.Set(&c.RetryInterval, defaultStreamRetryInterval)
+	defaults.Set(&c.Linger, defaultStreamLinger)
 	return c
 }
 
@@ -279,11 +280,11 @@ func (r *Relay) checkStream(ctx context.Context) error {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		err = tablesql.CheckStream(ctx, tx, r.cfg.Table)
 	}
-	var se *tablesql.StreamSetupError
+	var se *outbox.StreamSetupError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &se) && se.Check == tablesql.CheckSlotLost:
+	case errors.As(err, &se) && se.Check == outbox.StreamCheckSlotLost:
 		r.cfg.Logger.Warn("outbox relay: "+se.Error(), "table", r.cfg.Table.String())
 		return nil
 	case errors.As(err, &se):

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
@@ -158,9 +157,9 @@ func TestStreamStartChecksTheSetup(t *testing.T) {
 		_ = r.Stop(s.ctx)
 		t.Fatal("a Stream relay started without the table's publication")
 	}
-	var se *admin.StreamSetupError
-	if !errors.As(err, &se) || se.Check != admin.CheckPublication || !strings.Contains(err.Error(), "migrations.UpStream") {
-		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.UpStream", err)
+	var se *outbox.StreamSetupError
+	if !errors.As(err, &se) || se.Check != outbox.StreamCheckPublication || !strings.Contains(err.Error(), "migrations.Stream.Up") {
+		t.Errorf("Start: %v, want a StreamSetupError for the publication naming migrations.Stream.Up", err)
 	}
 }
 

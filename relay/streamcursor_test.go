@@ -12,10 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/admin"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -32,7 +31,7 @@ func streamCursorConfig() relay.Config {
 func (s *setup) waiting(t testing.TB) int {
 	t.Helper()
 	var n int
-	err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" e JOIN "+sqlname.Ident(migrations.CursorTable(s.table))+
+	err := s.pool.QueryRow(s.ctx, "SELECT count(*) FROM "+sqlname.Ident(s.table)+" e JOIN "+sqlname.Ident(sqlname.Cursor(s.table))+
 		" c ON c.lane = (hashtext(e.partition_key) & 2147483647) % c.lanes WHERE NOT pg_visible_in_snapshot(e.txid, c.done)").Scan(&n)
 	if err != nil {
 		t.Fatal(err)
@@ -69,12 +68,12 @@ func TestStreamCursorPublishesWhatItDecodes(t *testing.T) {
 	}
 	// outboxctl stream status shows the checkpoint: every lane written by
 	// the stream, none left open.
-	st, err := admin.ReadStream(s.ctx, s.pool, s.table)
+	st, err := tablesql.ReadStream(s.ctx, s.pool, s.table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cp := st.Checkpoint; cp == nil || cp.OpenWindows != 0 || cp.AgeSeconds > 60 {
-		t.Errorf("admin.ReadStream's checkpoint %+v, want the lanes' positions, none open, written lately", cp)
+		t.Errorf("tablesql.ReadStream's checkpoint %+v, want the lanes' positions, none open, written lately", cp)
 	}
 }
 

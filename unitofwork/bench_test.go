@@ -84,7 +84,7 @@ func BenchmarkNotifyCost(b *testing.B) {
 										return err
 									}
 									if v.in {
-										if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", tbl.Channel()); err != nil {
+										if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", sqlname.Channel(tbl)); err != nil {
 											return err
 										}
 									}

@@ -80,7 +80,7 @@ func ExamplePgxTx() {
 	defer cleanup()
 	ctx := context.Background()
 	audit := outbox.Table{Schema: payments.Schema, Name: "audit_outbox"}
-	if err := migrations.Up(ctx, pool, audit); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, audit); err != nil {
 		panic(err)
 	}
 	pay, _ := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: payments})

@@ -97,7 +97,7 @@ func headersArg(h map[string]string) []byte {
 var _ execer = pgx.Tx(nil)
 
 // notV7 explains the refusal of an event id that is not a UUIDv7 by a
-// partitioned table (migrations.UpPartitioned, the CHECK constraint
+// partitioned table (migrations.Partitioned, the CHECK constraint
 // <name>_event_id_v7): its partitions are ranges of the time in v7 ids.
 func notV7(err error, recs []record.Record) error {
 	var pg *pgconn.PgError

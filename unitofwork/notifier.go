@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
 // Notifier wakes relays in other processes after commits: it sends a
-// PostgreSQL NOTIFY on the table's channel (outbox.Table.Channel), coalesced
+// PostgreSQL NOTIFY on the table's channel (<name>_wakeup; see docs/operating.md), coalesced
 // so that at most one is sent per Interval however many transactions commit.
 //
 // The NOTIFY goes in its own tiny statement after the business transaction
@@ -55,7 +56,7 @@ func NewNotifier(db interface {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Notifier{db: db, channel: table.Channel(), interval: interval, log: log, background: newBackground()}, nil
+	return &Notifier{db: db, channel: sqlname.Channel(table), interval: interval, log: log, background: newBackground()}, nil
 }
 
 // Notify asks for a NOTIFY. It never blocks. The first call starts the

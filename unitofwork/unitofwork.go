@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 	"github.com/fxoutbox/outbox/internal/record"
 )
 
@@ -101,12 +102,12 @@ type Config struct {
 // do; validate checks the result.
 func (c Config) withDefaults() Config {
 	c.Table = c.Table.WithDefaults()
-	c.Limits = c.Limits.WithDefaults()
+	c.Limits = record.LimitsWithDefaults(c.Limits)
 	if c.Topics == nil {
 		c.Topics = outbox.TopicPerEvent
 	}
 	if c.Propagator == nil {
-		c.Propagator = record.DefaultPropagator()
+		c.Propagator = defaults.Propagator()
 	}
 	return c
 }

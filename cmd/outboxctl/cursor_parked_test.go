@@ -21,7 +21,7 @@ import (
 func TestCursorParkedTable(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	if err := migrations.UpCursor(w.ctx, w.pool, w.table); err != nil {
+	if err := migrations.Cursor.Up(w.ctx, w.pool, w.table); err != nil {
 		t.Fatal(err)
 	}
 	var created atomic.Bool
@@ -102,7 +102,7 @@ func TestCursorParkedTable(t *testing.T) {
 		t.Fatalf("after the requeue the relay published %d events, want the requeued one", len(msgs))
 	}
 	var parkedRows int
-	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(w.table))).Scan(&parkedRows); err != nil {
+	if err := w.pool.QueryRow(w.ctx, "SELECT count(*) FROM "+sqlname.Ident(sqlname.Parked(w.table))).Scan(&parkedRows); err != nil {
 		t.Fatal(err)
 	}
 	if parkedRows != 0 {

@@ -18,8 +18,9 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // retryNote says why outboxctl does not retry inbox records.
@@ -93,7 +94,7 @@ func (c *inboxCommand) connectInbox(ctx context.Context) (conn *pgx.Conn, table 
 		fmt.Fprintf(c.e.stderr, "outboxctl: configuration: %v\n", err)
 		return nil, table, exitUsage
 	}
-	table = migrations.InboxTable(cfg.Consumer.Table)
+	table = sqlname.Inbox(cfg.Consumer.Table)
 	conn, code = c.dial(ctx, "inbox", func(err error) string { return explainInbox(err, table, "") })
 	return conn, table, code
 }
@@ -107,7 +108,7 @@ func explainInbox(err error, table outbox.Table, op string) string {
 	var pg *pgconn.PgError
 	switch {
 	case errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "3F000"):
-		return fmt.Sprintf("the inbox table %s does not exist in this database (%s): run the inbox migrations (migrations.UpInbox, OUTBOX_INBOX_MIGRATE=true on the consuming service, or the SQL files in migrations/inbox/), or set OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE to the table your consumers use",
+		return fmt.Sprintf("the inbox table %s does not exist in this database (%s): run the inbox migrations (migrations.Inbox.Up, OUTBOX_INBOX_MIGRATE=true on the consuming service, or the SQL files in migrations/inbox/), or set OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE to the table your consumers use",
 			parkedOf(table), printable(pg.Message, 200))
 	case errors.As(err, &pg) && pg.Code == "42501":
 		need := "SELECT"
@@ -124,7 +125,7 @@ func explainInbox(err error, table outbox.Table, op string) string {
 // it is UTF-8 (else key_base64), the value as JSON when it is JSON (else
 // value_base64), and no record time when it had none.
 type inboxRecord struct {
-	admin.InboxParked
+	tablesql.InboxParked
 	Key         *string           `json:"key"`
 	KeyBase64   []byte            `json:"key_base64,omitempty"`
 	Value       json.RawMessage   `json:"value,omitempty"`
@@ -134,7 +135,7 @@ type inboxRecord struct {
 }
 
 // recordJSON returns p for --json; full adds its value and headers.
-func recordJSON(p admin.InboxParked, full bool) inboxRecord {
+func recordJSON(p tablesql.InboxParked, full bool) inboxRecord {
 	r := inboxRecord{InboxParked: p}
 	switch {
 	case p.Key == nil:
@@ -185,7 +186,7 @@ func cmdInboxList(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	recs, err := admin.ListInboxParked(ctx, conn, table, c.consumer, c.after, c.limit)
+	recs, err := tablesql.ListInboxParked(ctx, conn, table, c.consumer, c.after, c.limit)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl inbox parked list: %s\n", explainInbox(err, table, ""))
 		return exitError
@@ -252,7 +253,7 @@ func cmdInboxShow(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	p, err := admin.GetInboxParked(ctx, conn, table, c.consumer, ids[0])
+	p, err := tablesql.GetInboxParked(ctx, conn, table, c.consumer, ids[0])
 	switch {
 	case errors.Is(err, admin.ErrNotFound):
 		fmt.Fprintf(e.stderr, "outboxctl inbox parked show: no parked record %d in %s%s (retried or deleted, or another consumer or table: check --consumer, OUTBOX_INBOX_SCHEMA and OUTBOX_INBOX_TABLE)\n",
@@ -339,9 +340,9 @@ func cmdInboxDelete(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var found []admin.InboxParked
+	var found []tablesql.InboxParked
 	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
-		p, err := admin.GetInboxParked(ctx, conn, table, c.consumer, id)
+		p, err := tablesql.GetInboxParked(ctx, conn, table, c.consumer, id)
 		switch {
 		case errors.Is(err, admin.ErrNotFound):
 			fmt.Fprintf(e.stderr, "no parked record %d in %s%s: skipped\n", id, parkedOf(table), ofConsumer(c.consumer))
@@ -379,7 +380,7 @@ func cmdInboxDelete(ctx context.Context, args []string, e env) int {
 	}
 	done := 0
 	for _, p := range found {
-		err := admin.DeleteInboxParked(ctx, conn, table, p.Consumer, p.ID)
+		err := tablesql.DeleteInboxParked(ctx, conn, table, p.Consumer, p.ID)
 		switch {
 		case errors.Is(err, admin.ErrNotFound):
 			fmt.Fprintf(e.stderr, "parked record %d is gone already (retried or deleted meanwhile)\n", p.ID)
@@ -422,7 +423,7 @@ func cmdInboxStatus(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	groups, err := admin.CountInboxParked(ctx, conn, table)
+	groups, err := tablesql.CountInboxParked(ctx, conn, table)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl inbox status: %s\n", explainInbox(err, table, ""))
 		return exitError
@@ -433,9 +434,9 @@ func cmdInboxStatus(ctx context.Context, args []string, e env) int {
 	}
 	if c.json {
 		if err := writeJSON(e.stdout, struct {
-			Table  string                   `json:"table"`
-			Parked int64                    `json:"parked"`
-			Groups []admin.InboxParkedCount `json:"groups"`
+			Table  string                      `json:"table"`
+			Parked int64                       `json:"parked"`
+			Groups []tablesql.InboxParkedCount `json:"groups"`
 		}{table.String(), total, groups}); err != nil {
 			return exitError
 		}

@@ -27,7 +27,7 @@ type inboxWorld struct {
 func newInboxWorld(t *testing.T) *inboxWorld {
 	w := &inboxWorld{world: newWorld(t)}
 	w.inbox = outbox.Table{Schema: w.table.Schema}
-	if err := migrations.UpInbox(w.ctx, w.pool, w.inbox); err != nil {
+	if err := migrations.Inbox.Up(w.ctx, w.pool, w.inbox); err != nil {
 		t.Fatal(err)
 	}
 	w.sql(`INSERT INTO $P (consumer, event_id, event_type, topic, "partition", "offset", key, value, headers, "timestamp", attempts, error_type, last_error)
@@ -218,7 +218,7 @@ func TestInboxParkedCommands(t *testing.T) {
 
 	// Another inbox table that does not exist: what to do.
 	w.want(w.runInbox(outbox.Table{Schema: w.inbox.Schema, Name: "no_inbox"}, "", false, "inbox", "status"), exitError,
-		"no_inbox_parked does not exist", "migrations.UpInbox", "OUTBOX_INBOX_TABLE")
+		"no_inbox_parked does not exist", "migrations.Inbox.Up", "OUTBOX_INBOX_TABLE")
 }
 
 // hasLine reports whether a line of s starts with the words.

@@ -18,7 +18,7 @@ func TestNestJSRows(t *testing.T) {
 	pool := testenv.Pool(t)
 	w := &world{t: t, ctx: context.Background(), pool: pool, table: outbox.Table{Schema: testenv.Name("nestjs_")}}
 	nestjs.Fill(t, nestjs.Create(t, pool, w.table.Schema), 20, 4, 5, "order-service.order.confirmed")
-	if err := migrations.Up(w.ctx, pool, w.table); err != nil {
+	if err := migrations.Outbox.Up(w.ctx, pool, w.table); err != nil {
 		t.Fatal(err)
 	}
 	var eventID string

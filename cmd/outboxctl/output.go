@@ -93,7 +93,7 @@ func explain(err error, table outbox.Table, op string) string {
 	var ce *pgconn.ConnectError
 	switch {
 	case errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "3F000"):
-		return fmt.Sprintf("the outbox table %s does not exist in this database (%s): run the migrations (migrations.Up, or start a service with OUTBOX_MIGRATE=true), or set OUTBOX_SCHEMA and OUTBOX_TABLE to the table your services use",
+		return fmt.Sprintf("the outbox table %s does not exist in this database (%s): run the migrations (migrations.Outbox.Up, or start a service with OUTBOX_MIGRATE=true), or set OUTBOX_SCHEMA and OUTBOX_TABLE to the table your services use",
 			table, printable(pg.Message, 200))
 	case errors.As(err, &pg) && pg.Code == "42501":
 		need, rls := "SELECT", ""

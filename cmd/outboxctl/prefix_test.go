@@ -31,7 +31,7 @@ func (w *world) runEnv(args ...string) result {
 func TestPrefixReadsTheServiceVariables(t *testing.T) {
 	w := newWorld(t)
 	audit := outbox.Table{Schema: w.table.Schema, Name: "audit_outbox"}
-	if err := migrations.Up(w.ctx, w.pool, audit); err != nil {
+	if err := migrations.Outbox.Up(w.ctx, w.pool, audit); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+sqlname.Ident(audit)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, parked_at, last_error, attempts)"+
@@ -89,7 +89,7 @@ func TestStatusAll(t *testing.T) {
 	w := newWorld(t)
 	w.seed()
 	audit := outbox.Table{Schema: w.table.Schema, Name: "audit_outbox"}
-	if err := migrations.Up(w.ctx, w.pool, audit); err != nil {
+	if err := migrations.Outbox.Up(w.ctx, w.pool, audit); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.pool.Exec(w.ctx, "INSERT INTO "+sqlname.Ident(audit)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
@@ -97,7 +97,7 @@ func TestStatusAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	inboxTable := outbox.Table{Schema: w.table.Schema}
-	if err := migrations.UpInbox(w.ctx, w.pool, inboxTable); err != nil {
+	if err := migrations.Inbox.Up(w.ctx, w.pool, inboxTable); err != nil {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{

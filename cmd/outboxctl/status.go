@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 )
 
 func cmdStatus(ctx context.Context, args []string, e env) int {
@@ -156,10 +157,10 @@ func laneList(lanes []int) string {
 // inboxStatus is an inbox table in status --all: its consumers (those that
 // applied records, and those with parked ones) and their parked records.
 type inboxStatus struct {
-	Table     string                   `json:"table"`
-	Consumers []string                 `json:"consumers"`
-	Parked    int64                    `json:"parked"`
-	Groups    []admin.InboxParkedCount `json:"groups"`
+	Table     string                      `json:"table"`
+	Consumers []string                    `json:"consumers"`
+	Parked    int64                       `json:"parked"`
+	Groups    []tablesql.InboxParkedCount `json:"groups"`
 }
 
 // statusAll is status --all: every outbox table the database holds, found
@@ -171,7 +172,7 @@ func statusAll(ctx context.Context, c *command, conn *pgx.Conn, lanes int) int {
 	tables, err := admin.FindTables(ctx, conn)
 	if err == nil {
 		var inboxes []outbox.Table
-		if inboxes, err = admin.FindInboxTables(ctx, conn); err == nil {
+		if inboxes, err = tablesql.FindInboxTables(ctx, conn); err == nil {
 			return statusOf(ctx, c, conn, lanes, tables, inboxes)
 		}
 	}
@@ -197,7 +198,7 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 		}
 	}
 	for _, t := range inboxes {
-		consumers, err := admin.InboxConsumers(ctx, conn, t)
+		consumers, err := tablesql.InboxConsumers(ctx, conn, t)
 		switch {
 		case dropped(err):
 			continue
@@ -205,7 +206,7 @@ func statusOf(ctx context.Context, c *command, conn *pgx.Conn, lanes int, tables
 			failed(explainInbox(err, t, ""))
 			continue
 		}
-		groups, err := admin.CountInboxParked(ctx, conn, t)
+		groups, err := tablesql.CountInboxParked(ctx, conn, t)
 		if err != nil && !dropped(err) { // no <name>_parked table: nothing parked
 			failed(explainInbox(err, t, ""))
 		}

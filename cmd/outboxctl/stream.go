@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/admin"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
 )
 
@@ -42,7 +44,7 @@ func cmdStreamStatus(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := admin.ReadStream(ctx, conn, table)
+	st, err := tablesql.ReadStream(ctx, conn, table)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl stream status: %s\n", explain(err, table, ""))
 		return exitError
@@ -57,7 +59,7 @@ func cmdStreamStatus(ctx context.Context, args []string, e env) int {
 	return exitOK
 }
 
-func printStreamStatus(e env, st admin.StreamSetup) {
+func printStreamStatus(e env, st tablesql.StreamSetup) {
 	w := e.stdout
 	fmt.Fprintf(w, "Table        %s\n", st.Table)
 	if st.Setup == "" {
@@ -69,7 +71,7 @@ func printStreamStatus(e env, st admin.StreamSetup) {
 	p := st.Publication
 	switch {
 	case !p.Exists:
-		fmt.Fprintf(w, "Publication  %s: missing (run migrations.UpStream or the migration in migrations/stream/)\n", p.Name)
+		fmt.Fprintf(w, "Publication  %s: missing (run migrations.Stream.Up or the migration in migrations/stream/)\n", p.Name)
 	case st.PublicationOK:
 		fmt.Fprintf(w, "Publication  %s: ok (inserts of %s only), owner %s\n", p.Name, st.Table, printable(p.Owner, 60))
 	default:
@@ -160,7 +162,7 @@ func cmdStreamCheck(ctx context.Context, args []string, e env) int {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	err := admin.CheckStream(ctx, conn, table)
-	var se *admin.StreamSetupError
+	var se *outbox.StreamSetupError
 	switch {
 	case err == nil:
 		if c.json {
@@ -197,7 +199,7 @@ func cmdDropSlot(ctx context.Context, args []string, e env) int {
 		return code
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := admin.ReadStream(ctx, conn, table)
+	st, err := tablesql.ReadStream(ctx, conn, table)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outboxctl stream drop-slot: %s\n", explain(err, table, ""))
 		return exitError

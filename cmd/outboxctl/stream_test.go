@@ -35,7 +35,7 @@ func TestStreamCommands(t *testing.T) {
 		t.Fatalf("stream check --json: %v", check)
 	}
 	w.want(w.run("", false, "stream", "status"), exitOK, "NOT READY (publication)", "Publication  "+w.table.Publication()+": missing", "none (a streaming relay creates it")
-	if err := migrations.UpStream(w.ctx, w.pool, w.table); err != nil {
+	if err := migrations.Stream.Up(w.ctx, w.pool, w.table); err != nil {
 		t.Fatal(err)
 	}
 	w.want(w.run("", false, "stream", "check"), exitOK, "streaming setup of "+w.table.String()+": ok")

@@ -15,7 +15,6 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/adminui"
 	"github.com/fxoutbox/outbox/internal/sqlname"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 const uiAbout = `Serves the admin web UI (package adminui) on --addr, loopback by default:
@@ -137,7 +136,7 @@ func (c *command) uiInboxes(ctx context.Context, pool *pgxpool.Pool) []outbox.Ta
 		fmt.Fprintf(c.e.stderr, "outboxctl ui: not showing the inbox: configuration: %v\n", err)
 		return nil
 	}
-	in := migrations.InboxTable(ic.Consumer.Table)
+	in := sqlname.Inbox(ic.Consumer.Table)
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(parkedOf(in))).Scan(&exists); err != nil || !exists {
 		return nil

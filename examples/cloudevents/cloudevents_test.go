@@ -162,7 +162,7 @@ func TestInboxAppliesTheSDKsRecordsOnce(t *testing.T) {
 	brokers := brokers(t)
 	topic := testenv.Topic(t, brokers, 1)
 	inboxTable := outbox.Table{Schema: tbl.Schema} // outbox_inbox, next to the outbox table
-	if err := migrations.UpInbox(ctx, pool, inboxTable); err != nil {
+	if err := migrations.Inbox.Up(ctx, pool, inboxTable); err != nil {
 		t.Fatal(err)
 	}
 	effects := `"` + tbl.Schema + `".effects`

@@ -118,7 +118,7 @@
 // service of the SIGTERM test (OUTBOX_PROGRESS=cursor, whose
 // OUTBOX_MIGRATE=true applies the cursor migration; the test checks that
 // the service's table ended in cursor mode). Each world's table gets
-// migrations.UpCursor before any event is written. The relay refuses cursor
+// migrations.Cursor.Up before any event is written. The relay refuses cursor
 // progress with exactly-once delivery and with streaming, so the
 // exactly-once scenarios, the streaming ones, and every scenario under
 // OUTBOX_TEST_DELIVERY=exactly-once, run with marks as without the

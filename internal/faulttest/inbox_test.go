@@ -42,7 +42,7 @@ type sentEvent struct {
 func newInboxWorld(t *testing.T, pool *pgxpool.Pool, brokers []string, partitions int32) *inboxWorld {
 	t.Helper()
 	w := &inboxWorld{ctx: context.Background(), pool: pool, brokers: brokers, table: testenv.Table(t, pool)}
-	if err := migrations.UpInbox(w.ctx, pool, outbox.Table{Schema: w.table.Schema}); err != nil {
+	if err := migrations.Inbox.Up(w.ctx, pool, outbox.Table{Schema: w.table.Schema}); err != nil {
 		t.Fatal(err)
 	}
 	w.effects = `"` + w.table.Schema + `".effects`

@@ -170,7 +170,7 @@ func TestRelaySurvivesPostgresRestart(t *testing.T) {
 	// the restart, so a session LISTENing on the table's channel is a new
 	// one. (Asserted as a state, not as a wake-up latency, which the
 	// machine's load stretches.)
-	listen := "LISTEN " + pgx.Identifier{w.table.Channel()}.Sanitize()
+	listen := "LISTEN " + pgx.Identifier{sqlname.Channel(w.table)}.Sanitize()
 	waitFor(t, 30*time.Second, "the relay's LISTEN session on the restarted server", func() bool {
 		var n int
 		err := pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'idle'", listen).Scan(&n)

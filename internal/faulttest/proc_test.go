@@ -24,7 +24,6 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 )
 
@@ -166,7 +165,7 @@ func TestHelperRelayProcess(t *testing.T) {
 	} else if progress == relay.ProgressCursor && (mode == "kill" || mode == "freeze") {
 		// The hooks sit at the positions' save, which follows the ack.
 		pub.atSave = true
-		db = &markHookDB{pool: pool, save: "UPDATE " + sqlname.Ident(migrations.CursorTable(table)) + " c SET done = ",
+		db = &markHookDB{pool: pool, save: "UPDATE " + sqlname.Ident(sqlname.Cursor(table)) + " c SET done = ",
 			onMark: pub.onSave()}
 	}
 	r, err := relay.New(db, use, cfg)

@@ -67,7 +67,7 @@ func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.P
 // written: a cursor relay refuses rows written before it).
 func cursorReady(t testing.TB, db migrations.DB, table outbox.Table) {
 	t.Helper()
-	if err := migrations.UpCursor(context.Background(), db, table); err != nil {
+	if err := migrations.Cursor.Up(context.Background(), db, table); err != nil {
 		t.Fatalf("cursor migration: %v", err)
 	}
 }
@@ -86,7 +86,7 @@ func deliveredSQL(table outbox.Table, p relay.Progress) string {
 	if p != relay.ProgressCursor {
 		return "published_at IS NOT NULL"
 	}
-	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + sqlname.Ident(migrations.CursorTable(table)) + " w" +
+	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + sqlname.Ident(sqlname.Cursor(table)) + " w" +
 		" WHERE w.lane = ((hashtext(partition_key) & 2147483647) % w.lanes) AND w.upto IS NOT NULL AND pg_visible_in_snapshot(txid, w.upto)" +
 		" AND (id <= greatest(w.pos, w.floor - 1) OR id = ANY(w.skip))))"
 }

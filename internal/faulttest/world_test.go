@@ -23,7 +23,6 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
-	"github.com/fxoutbox/outbox/migrations"
 	"github.com/fxoutbox/outbox/relay"
 	"github.com/fxoutbox/outbox/unitofwork"
 )
@@ -251,7 +250,7 @@ func (w *world) count(t *testing.T, where string) int {
 	sql := "SELECT count(*) FROM " + sqlname.Ident(w.table) + " WHERE " + where
 	if w.progress == relay.ProgressCursor && strings.Contains(where, "parked_at") {
 		sql = "SELECT count(*) FROM (SELECT topic, attempts, parked_at, last_error FROM " + sqlname.Ident(w.table) +
-			" UNION ALL SELECT topic, attempts, parked_at, reason FROM " + sqlname.Ident(migrations.ParkedTable(w.table)) + ") e WHERE " + where
+			" UNION ALL SELECT topic, attempts, parked_at, reason FROM " + sqlname.Ident(sqlname.Parked(w.table)) + ") e WHERE " + where
 	}
 	var n int
 	if err := w.pool.QueryRow(w.ctx, sql).Scan(&n); err != nil {

@@ -39,7 +39,7 @@ func largestPayloadWithin(t *testing.T, e outbox.Event, trace map[string]string,
 	payload := func(n int) []byte { return []byte(`{"blob": "` + strings.Repeat("x", n) + `"}`) }
 	fits := func(n int) bool {
 		e.Payload = payload(n)
-		_, err := record.Prepare(e, "svc", nil, limits.WithDefaults(), trace)
+		_, err := record.Prepare(e, "svc", nil, record.LimitsWithDefaults(limits), trace)
 		if err != nil && !errors.Is(err, outbox.ErrInvalidEvent) {
 			t.Fatal(err)
 		}

@@ -48,7 +48,7 @@ func TestBesideTheNestJSRelay(t *testing.T) {
 			nest := nestjs.Create(t, pool, tbl.Schema)
 			topic := testenv.Topic(t, brokers, 6)
 			cons := testenv.Consume(t, brokers, topic)
-			if err := migrations.Up(ctx, pool, tbl); err != nil {
+			if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 			ids := map[string]int64{}

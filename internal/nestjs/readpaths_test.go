@@ -46,7 +46,7 @@ func (r *recorder) take() []relay.Message {
 // claim publishes them with x-event-id and x-event-type only; a replay
 // publishes them again; a parked one shows (admin.GetParked, what outboxctl
 // parked show prints) without headers; the streaming relay, on an adopted
-// table with the publication created by migrations.UpStream, decodes them
+// table with the publication created by migrations.Stream.Up, decodes them
 // from the WAL.
 func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 	t.Parallel()
@@ -56,7 +56,7 @@ func TestNestJSRowsOnEveryReadPath(t *testing.T) {
 	nest := nestjs.Create(t, pool, tbl.Schema)
 	const topic = "order-service.order.confirmed"
 	nestjs.Fill(t, nest, 20, 4, 5, topic)
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	type row struct{ key, eventType string }

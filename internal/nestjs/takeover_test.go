@@ -34,7 +34,7 @@ import (
 // per topic, UPDATE published_at, commit) and crashes in the fourth after
 // sending it, before marking it. The relay is stopped there. Its writers
 // keep inserting rows of the old shape (200 more) while the migrations run
-// (migrations.Up) and the fxoutbox relay starts, as the fx module runs it.
+// (migrations.Outbox.Up) and the fxoutbox relay starts, as the fx module runs it.
 //
 // The consumer gets every event; for each key the first deliveries in id
 // order; the key, x-event-id and x-event-type headers (and nothing else)
@@ -91,7 +91,7 @@ func TestTakeOverFromTheNestJSRelay(t *testing.T) {
 	}()
 
 	// 3. The migrations.
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 

@@ -45,7 +45,7 @@ func typicalPayload() orderPlaced {
 //
 //	go test -run '^$' -bench Prepare -benchmem ./internal/record/
 func BenchmarkPrepare(b *testing.B) {
-	limits := outbox.Limits{}.WithDefaults()
+	limits := record.LimitsWithDefaults(outbox.Limits{})
 	p := typicalPayload()
 	raw, _ := json.Marshal(p)
 	trace := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

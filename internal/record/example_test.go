@@ -9,7 +9,7 @@ import (
 
 func ExamplePrepare_invalid() {
 	_, err := record.Prepare(outbox.Event{AggregateType: "order", Type: "order.created.v1"},
-		"order-service", nil, outbox.Limits{}.WithDefaults(), nil)
+		"order-service", nil, record.LimitsWithDefaults(outbox.Limits{}), nil)
 	fmt.Println(err)
 	// Output:
 	// outbox: event 0 (type "order.created.v1"): AggregateID is empty: set the id of the entity the event is about

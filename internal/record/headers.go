@@ -47,12 +47,12 @@ func CloudEventsHeaders(c outbox.CloudEvents, id, eventType, created string) ite
 		if c.Mode != outbox.CloudEventsBinary {
 			return
 		}
-		_ = yield(outbox.HeaderCloudEventsSpecVersion, outbox.CloudEventsSpecVersion) &&
+		_ = yield(outbox.HeaderCloudEventsSpecVersion, cloudEventsSpecVersion) &&
 			yield(outbox.HeaderCloudEventsID, id) &&
 			yield(outbox.HeaderCloudEventsSource, c.Source) &&
 			yield(outbox.HeaderCloudEventsType, eventType) &&
 			yield(outbox.HeaderCloudEventsTime, created) &&
-			yield(outbox.HeaderContentType, outbox.CloudEventsContentType)
+			yield(outbox.HeaderContentType, cloudEventsContentType)
 	}
 }
 
@@ -62,4 +62,11 @@ func CloudEventsTime(created time.Time) string { return created.UTC().Format(tim
 // widestCloudEventsTime is the longest ce_time the relay sends for a
 // created_at of a four-digit year: nanoseconds in full. PostgreSQL keeps
 // microseconds, so the relay's values are at most 27 bytes.
+// The CloudEvents values the relay sends: the spec version and the
+// content type of the payload (JSON).
+const (
+	cloudEventsSpecVersion = "1.0"
+	cloudEventsContentType = "application/json"
+)
+
 const widestCloudEventsTime = "2006-01-02T15:04:05.999999999Z"

@@ -22,7 +22,7 @@ import (
 // the record is built, so that a refusal names the first field at fault;
 // splitting it would scatter that order over helpers that each see a part.
 func Prepare(e outbox.Event, service string, topics outbox.TopicFunc, limits outbox.Limits, trace map[string]string) (Record, error) {
-	limits = limits.WithDefaults()
+	limits = LimitsWithDefaults(limits)
 	fail := func(field, reason string) (Record, error) {
 		return Record{}, &outbox.EventError{Type: e.Type, Field: field, Reason: reason}
 	}

@@ -18,7 +18,7 @@ func valid() outbox.Event {
 }
 
 func TestPrepareDefaults(t *testing.T) {
-	limits := outbox.Limits{}.WithDefaults()
+	limits := record.LimitsWithDefaults(outbox.Limits{})
 	r, err := record.Prepare(valid(), "order-service", nil, limits, map[string]string{"traceparent": "00-abc"})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestPrepareDefaults(t *testing.T) {
 }
 
 func TestPrepareRejects(t *testing.T) {
-	limits := outbox.Limits{MaxPayloadBytes: 100, MaxHeaders: 2, MaxHeaderBytes: 20}.WithDefaults()
+	limits := record.LimitsWithDefaults(outbox.Limits{MaxPayloadBytes: 100, MaxHeaders: 2, MaxHeaderBytes: 20})
 	cases := []struct {
 		name  string
 		edit  func(*outbox.Event)

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/defaults"
 )
 
 // Kafka record batch format (magic 2), as the broker and sarama count it.
@@ -83,13 +84,7 @@ type Writer struct {
 	Service    string
 	Topics     outbox.TopicFunc              // nil: outbox.TopicPerEvent
 	Limits     outbox.Limits                 // taken with their defaults
-	Propagator propagation.TextMapPropagator // nil: DefaultPropagator()
-}
-
-// DefaultPropagator is the writers' default propagator (unitofwork's
-// Config.Propagator): W3C trace context and baggage, as the relay reads them.
-func DefaultPropagator() propagation.TextMapPropagator {
-	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	Propagator propagation.TextMapPropagator // nil: defaults.Propagator()
 }
 
 // Prepare validates events and applies their defaults (topic, key, event
@@ -101,7 +96,7 @@ func (w Writer) Prepare(ctx context.Context, events []outbox.Event) ([]Record, e
 	}
 	prop := w.Propagator
 	if prop == nil {
-		prop = DefaultPropagator()
+		prop = defaults.Propagator()
 	}
 	carrier := propagation.MapCarrier{}
 	prop.Inject(ctx, carrier)
@@ -122,4 +117,23 @@ func (w Writer) Prepare(ctx context.Context, events []outbox.Event) ([]Record, e
 		recs[i] = r
 	}
 	return recs, nil
+}
+
+// LimitsWithDefaults returns l with zero fields set to their defaults
+// (outbox.Limits documents them).
+func LimitsWithDefaults(l outbox.Limits) outbox.Limits {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxRecordBytes, outbox.DefaultMaxRecordBytes)
+	def(&l.MaxPayloadBytes, l.MaxRecordBytes)
+	def(&l.MaxHeaders, 32)
+	def(&l.MaxHeaderBytes, 4<<10)
+	def(&l.MaxTypeBytes, 255)
+	def(&l.MaxAggregateTypeBytes, 255)
+	def(&l.MaxAggregateIDBytes, 1024)
+	def(&l.MaxKeyBytes, 1024)
+	return l
 }

@@ -3,6 +3,7 @@ package rolestest
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"testing"
 	"time"
@@ -30,13 +31,13 @@ func TestCursorRolesScript(t *testing.T) {
 	ctx := context.Background()
 	mig := r.pool(t, r.migrator)
 	tbl := r.schema(t, mig)
-	if err := migrations.UpCursor(ctx, mig, tbl); err != nil {
-		t.Fatalf("UpCursor as the migration role: %v", err)
+	if err := migrations.Cursor.Up(ctx, mig, tbl); err != nil {
+		t.Fatalf("Cursor.Up as the migration role: %v", err)
 	}
 	if err := r.apply(t, tbl, readScript(t)); err != nil {
 		t.Fatalf("%s: %v", scriptFile, err)
 	}
-	b, err := migrations.CursorFS.ReadFile("cursor/roles.example.sql")
+	b, err := fs.ReadFile(migrations.Cursor.FS(), "roles.example.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestCursorRolesScript(t *testing.T) {
 	parked := func() int {
 		t.Helper()
 		var n int
-		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(migrations.ParkedTable(tbl))+" WHERE event_id = $1", poison).Scan(&n); err != nil {
+		if err := r.admin.QueryRow(ctx, "SELECT count(*) FROM "+sqlname.Ident(sqlname.Parked(tbl))+" WHERE event_id = $1", poison).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"path"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,8 +41,8 @@ func TestInboxRolesScript(t *testing.T) {
 		t.Fatalf("%s: %v", scriptFile, err)
 	}
 	in := outbox.Table{Schema: tbl.Schema}
-	if err := migrations.UpInbox(ctx, mig, in); err != nil {
-		t.Fatalf("migrations.UpInbox as the migration role: %v", err)
+	if err := migrations.Inbox.Up(ctx, mig, in); err != nil {
+		t.Fatalf("migrations.Inbox.Up as the migration role: %v", err)
 	}
 	for _, sql := range []string{
 		"GRANT ALL ON TABLE " + ident(tbl.Schema) + ".outbox_inbox, " + ident(tbl.Schema) + ".outbox_inbox_parked TO PUBLIC, " + ident(r.writer),
@@ -51,11 +53,11 @@ func TestInboxRolesScript(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	b, err := migrations.InboxFS.ReadFile(inboxScriptFile)
+	b, err := fs.ReadFile(migrations.Inbox.FS(), path.Base(inboxScriptFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sql, err := render(string(b), map[string]string{"schema": tbl.Schema, "table": migrations.DefaultInboxTableName, "consumer": r.writer})
+	sql, err := render(string(b), map[string]string{"schema": tbl.Schema, "table": sqlname.DefaultInbox, "consumer": r.writer})
 	if err != nil {
 		t.Fatalf("render %s: %v", inboxScriptFile, err)
 	}

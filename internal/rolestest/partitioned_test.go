@@ -3,7 +3,9 @@ package rolestest
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"path"
 	"strings"
 	"testing"
 	"time"
@@ -55,8 +57,8 @@ func TestPartitionedRolesScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = r.admin.Exec(context.Background(), "DROP SCHEMA "+ident(tbl.Schema)+" CASCADE") })
-	if err := migrations.UpPartitioned(ctx, mig, tbl, 0); err != nil {
-		t.Fatalf("UpPartitioned as the migration role: %v", err)
+	if err := migrations.Partitioned.Up(ctx, mig, tbl); err != nil {
+		t.Fatalf("Partitioned.Up as the migration role: %v", err)
 	}
 	parent := sqlname.Ident(tbl)
 	base := tbl.WithDefaults().Name
@@ -85,11 +87,11 @@ func TestPartitionedRolesScript(t *testing.T) {
 	} {
 		script := s.script
 		if script == "" {
-			fs := migrations.CursorFS
+			set := migrations.Cursor
 			if strings.HasPrefix(s.name, "partitioned/") {
-				fs = migrations.PartitionedFS
+				set = migrations.Partitioned
 			}
-			b, err := fs.ReadFile(s.name)
+			b, err := fs.ReadFile(set.FS(), path.Base(s.name))
 			if err != nil {
 				t.Fatal(err)
 			}

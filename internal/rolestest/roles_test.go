@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -98,8 +99,8 @@ func (r *roles) schema(t *testing.T, mig *pgxpool.Pool) outbox.Table {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = r.admin.Exec(context.Background(), "DROP SCHEMA "+ident(tbl.Schema)+" CASCADE") })
-	if err := migrations.Up(ctx, mig, tbl); err != nil {
-		t.Fatalf("migrations.Up as the migration role: %v", err)
+	if err := migrations.Outbox.Up(ctx, mig, tbl); err != nil {
+		t.Fatalf("migrations.Outbox.Up as the migration role: %v", err)
 	}
 	everyone := "PUBLIC, " + ident(r.writer) + ", " + ident(r.relay)
 	for _, sql := range []string{
@@ -149,7 +150,7 @@ func (r *roles) applyVars(t *testing.T, tbl outbox.Table, script string, more ma
 
 func readScript(t *testing.T) string {
 	t.Helper()
-	b, err := migrations.FS.ReadFile(scriptFile)
+	b, err := fs.ReadFile(migrations.Outbox.FS(), scriptFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,8 +461,8 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 	t.Run("writer", func(t *testing.T) {
 		order("o-1", 1) // one event: INSERT ... VALUES
 		order("o-2", 3) // several: INSERT ... SELECT FROM unnest
-		if err := migrations.CheckTable(ctx, writer, tbl); err != nil {
-			t.Errorf("CheckTable (fxoutbox's start without Migrate): %v", err)
+		if err := migrations.Outbox.Check(ctx, writer, tbl); err != nil {
+			t.Errorf("Outbox.Check (fxoutbox's start without Migrate): %v", err)
 		}
 		// AddTx in the writer's own transaction: the insert that returns the
 		// transaction id and the commit watcher's query need no more rights.
@@ -482,7 +483,7 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Error("writer: the AddTx commit watcher never saw the commit")
 		}
-		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", tbl.Channel()); err != nil {
+		if _, err := writer.Exec(ctx, "SELECT pg_notify($1, '')", sqlname.Channel(tbl)); err != nil {
 			t.Errorf("NOTIFY: %v", err)
 		}
 		who := "writer"
@@ -508,8 +509,8 @@ func TestRolesDoTheirJobsAndNothingMore(t *testing.T) {
 		denied(t, who, writer, "SELECT setval($1::regclass, 1)", seqIdent(tbl))
 		denied(t, who, writer, "SELECT * FROM "+versionsIdent(tbl))
 		denied(t, who, writer, "CREATE TABLE "+pgx.Identifier{tbl.Schema, "evil"}.Sanitize()+" (i int)")
-		if err := migrations.Up(ctx, writer, tbl); pgCode(err) != "42501" {
-			t.Errorf("writer ran migrations.Up: err = %v, want SQLSTATE 42501", err)
+		if err := migrations.Outbox.Up(ctx, writer, tbl); pgCode(err) != "42501" {
+			t.Errorf("writer ran migrations.Outbox.Up: err = %v, want SQLSTATE 42501", err)
 		}
 	})
 

@@ -141,14 +141,14 @@ func TestStreamingRelayRole(t *testing.T) {
 	}
 	// The migrator may not create the publication until it has CREATE on
 	// the database; it keeps owning it after that is revoked.
-	if err := migrations.UpStream(ctx, mig, tbl); pgCode(err) != "42501" {
-		t.Fatalf("UpStream by the migrator without CREATE on the database: %v, want SQLSTATE 42501", err)
+	if err := migrations.Stream.Up(ctx, mig, tbl); pgCode(err) != "42501" {
+		t.Fatalf("Stream.Up by the migrator without CREATE on the database: %v, want SQLSTATE 42501", err)
 	}
 	if _, err := r.admin.Exec(ctx, "GRANT CREATE ON DATABASE "+ident(db)+" TO "+ident(r.migrator)); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.UpStream(ctx, mig, tbl); err != nil {
-		t.Fatalf("UpStream by the migrator: %v", err)
+	if err := migrations.Stream.Up(ctx, mig, tbl); err != nil {
+		t.Fatalf("Stream.Up by the migrator: %v", err)
 	}
 	if _, err := r.admin.Exec(ctx, "REVOKE CREATE ON DATABASE "+ident(db)+" FROM "+ident(r.migrator)); err != nil {
 		t.Fatal(err)
@@ -165,9 +165,9 @@ func TestStreamingRelayRole(t *testing.T) {
 	// server refuses its replication connection for that reason.
 	relayDB := r.pool(t, r.relay)
 	err := admin.CheckStream(ctx, relayDB, tbl)
-	var se *admin.StreamSetupError
-	if !errors.As(err, &se) || se.Check != admin.CheckReplicationRole || !strings.Contains(se.Fix, "ALTER ROLE "+ident(r.relay)+" REPLICATION") {
-		t.Fatalf("CheckStream as the relay role: %v, want the check %s", err, admin.CheckReplicationRole)
+	var se *outbox.StreamSetupError
+	if !errors.As(err, &se) || se.Check != outbox.StreamCheckReplicationRole || !strings.Contains(se.Fix, "ALTER ROLE "+ident(r.relay)+" REPLICATION") {
+		t.Fatalf("CheckStream as the relay role: %v, want the check %s", err, outbox.StreamCheckReplicationRole)
 	}
 	if conn, err := r.replicationConnect(ctx, r.relay); err == nil {
 		_ = conn.Close(ctx)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // InCursorMode reports whether table's relays record cursor progress
@@ -19,7 +18,7 @@ func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, er
 	if err := table.Validate(); err != nil {
 		return false, err
 	}
-	c := migrations.CursorTable(table)
+	c := sqlname.Cursor(table)
 	var exists bool
 	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(c))
 	if err == nil {
@@ -37,7 +36,7 @@ func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, er
 
 // ParkedRows says where a table's parked events are, for the statements
 // that read or change them: in cursor mode, once the parked table exists
-// (migrations.ParkedTable), each is a row of that table; otherwise a row of
+// (sqlname.Parked), each is a row of that table; otherwise a row of
 // the table itself with parked_at set.
 type ParkedRows struct {
 	// Table is the table that holds them.
@@ -58,7 +57,7 @@ func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, 
 	if err != nil || !cursor {
 		return inPlace, err
 	}
-	p := migrations.ParkedTable(table)
+	p := sqlname.Parked(table)
 	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", sqlname.Ident(p))
 	if err != nil {
 		return inPlace, err
@@ -77,7 +76,7 @@ func ParkedIn(ctx context.Context, db Querier, table outbox.Table) (ParkedRows, 
 // errs on the side of "not yet": a row delivered in its lane's open window
 // is not counted.
 func Delivered(table outbox.Table) string {
-	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + sqlname.Ident(migrations.CursorTable(table)) + " c" +
+	return "(published_at IS NOT NULL OR EXISTS (SELECT FROM " + sqlname.Ident(sqlname.Cursor(table)) + " c" +
 		" WHERE c.lane = " + Lane("partition_key", "c.lanes") + " AND pg_visible_in_snapshot(txid, c.done)))"
 }
 
@@ -87,7 +86,7 @@ func Delivered(table outbox.Table) string {
 // candidates come from the (txid, id) index: rows of the transactions in a
 // done snapshot's xip list, or at or past its xmax.
 func cursorWaiting(table outbox.Table) string {
-	t, c := sqlname.Ident(table), sqlname.Ident(migrations.CursorTable(table))
+	t, c := sqlname.Ident(table), sqlname.Ident(sqlname.Cursor(table))
 	// The lanes' states are arrays indexed by lane + 1, so that the scans
 	// stay on the (txid, id) index (see relay/internal/cursor).
 	ln := Lane("e.partition_key", "(SELECT lanes FROM k)") + " + 1"

@@ -12,13 +12,13 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
-	"github.com/fxoutbox/outbox/migrations"
 )
 
 // InboxParked is a record an inbox consumer (package inbox) set aside: its
 // handler kept failing on it (MaxAttempts), returned a Permanent error, or
 // the record had no identity or no route. It is stored with what it takes
-// to apply it later (inbox.Consumer.Retry) and is inbox.Parked.
+// to apply it later (inbox.Consumer.Retry). inbox.Parked, its public face,
+// has the same fields (inbox converts one to the other).
 type InboxParked struct {
 	ID int64 `json:"id"` // the parked row's id: the paging cursor
 	// Consumer is the consumer name (inbox Config.Name) that parked it.
@@ -76,9 +76,9 @@ func scanInboxParked(row pgx.CollectableRow) (InboxParked, error) {
 }
 
 // inboxParked returns the inbox's parked table (<name>_parked, the name
-// defaulting to migrations.DefaultInboxTableName) after checking the name.
+// defaulting to sqlname.DefaultInbox) after checking the name.
 func inboxParked(table outbox.Table) (outbox.Table, error) {
-	table = migrations.InboxTable(table)
+	table = sqlname.Inbox(table)
 	if err := table.Validate(); err != nil {
 		return table, err
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 )
 
-// PartitionKept is a partition of a partitioned table (migrations.
-// UpPartitioned) that stays past its upper bound, and why: the relay's
+// PartitionKept is a partition of a partitioned table
+// (migrations.Partitioned) that stays past its upper bound, and why: the relay's
 // last word on it (its comment, which the relay's upkeep writes), or a
 // detach left pending.
 type PartitionKept struct {

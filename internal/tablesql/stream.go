@@ -17,50 +17,6 @@ import (
 	"github.com/fxoutbox/outbox/migrations"
 )
 
-// The checks of CheckStream, in the order it makes them: the Check of a
-// StreamSetupError.
-const (
-	// CheckWALLevel: wal_level is not logical.
-	CheckWALLevel = "wal_level"
-	// CheckPublication: the table's publication is missing or is not FOR
-	// TABLE the table WITH (publish = 'insert').
-	CheckPublication = "publication"
-	// CheckReplicationRole: the role has neither REPLICATION nor SUPERUSER.
-	CheckReplicationRole = "replication_role"
-	// CheckReplicationCapacity: max_replication_slots or max_wal_senders is
-	// 0, or every slot is taken and the table's slot does not exist yet.
-	CheckReplicationCapacity = "replication_capacity"
-	// CheckSlot: a slot of the table's slot name exists but is not a
-	// pgoutput logical slot of this database.
-	CheckSlot = "slot"
-	// CheckSlotLost: the table's slot was invalidated (wal_status lost).
-	// The error also matches outbox.ErrSlotInvalidated.
-	CheckSlotLost = "slot_lost"
-)
-
-// StreamSetupError is what CheckStream finds wrong with the server's setup
-// for the streaming relay. Error says what is wrong and the exact SQL or
-// setting that fixes it.
-type StreamSetupError struct {
-	Table string // the outbox table, schema.name
-	Check string // one of the Check constants
-	// Reason says what is wrong; Fix what to change.
-	Reason string
-	Fix    string
-}
-
-func (e *StreamSetupError) Error() string {
-	return fmt.Sprintf("streaming relay of %s: %s: %s", e.Table, e.Reason, e.Fix)
-}
-
-// Unwrap returns outbox.ErrSlotInvalidated for CheckSlotLost, nil otherwise.
-func (e *StreamSetupError) Unwrap() error {
-	if e.Check == CheckSlotLost {
-		return outbox.ErrSlotInvalidated
-	}
-	return nil
-}
-
 // serverSetup is what the server says of its replication settings and the
 // role.
 type serverSetup struct {
@@ -142,7 +98,7 @@ func readSlot(ctx context.Context, db Querier, name string) (r slotRow, lag, ret
 // when the table's slot does not exist yet, a slot is free; and if the
 // slot (outbox.Table.Slot) exists, it is a pgoutput logical slot of this
 // database and was not invalidated. The first problem found is returned as
-// a *StreamSetupError; a failing query as a wrapped error.
+// a *outbox.StreamSetupError; a failing query as a wrapped error.
 //
 // It reads only catalogs and settings every role may read, and changes
 // nothing. The role is the current one (current_user): connect as the
@@ -153,7 +109,7 @@ func CheckStream(ctx context.Context, db Querier, table outbox.Table) error {
 		return err
 	}
 	if err := checkStream(ctx, db, table); err != nil {
-		var se *StreamSetupError
+		var se *outbox.StreamSetupError
 		if errors.As(err, &se) {
 			return err
 		}
@@ -164,14 +120,14 @@ func CheckStream(ctx context.Context, db Querier, table outbox.Table) error {
 
 func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 	fail := func(check, reason, fix string) error {
-		return &StreamSetupError{Table: table.String(), Check: check, Reason: reason, Fix: fix}
+		return &outbox.StreamSetupError{Table: table.String(), Check: check, Reason: reason, Fix: fix}
 	}
 	s, err := readServerSetup(ctx, db)
 	if err != nil {
 		return err
 	}
 	if s.walLevel != "logical" {
-		return fail(CheckWALLevel, fmt.Sprintf("wal_level is %s, not logical, so the server cannot decode its WAL into a replication slot", s.walLevel),
+		return fail(outbox.StreamCheckWALLevel, fmt.Sprintf("wal_level is %s, not logical, so the server cannot decode its WAL into a replication slot", s.walLevel),
 			"set wal_level = logical in postgresql.conf (or as a superuser: ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL, a reload is not enough;"+
 				" on Amazon RDS and Aurora set rds.logical_replication = 1 in the DB parameter group and reboot;"+
 				" on Google Cloud SQL set the flag cloudsql.logical_decoding = on;"+
@@ -187,26 +143,26 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 		return err
 	}
 	if !p.Exists {
-		return fail(CheckPublication, fmt.Sprintf("the publication %s does not exist", p.Name),
-			"create it as the table's owner: migrations.UpStream, the migration in migrations/stream/, or "+p.Fix(table))
+		return fail(outbox.StreamCheckPublication, fmt.Sprintf("the publication %s does not exist", p.Name),
+			"create it as the table's owner: migrations.Stream.Up, the migration in migrations/stream/, or "+p.Fix(table))
 	}
 	if problems := p.Problems(); len(problems) > 0 {
-		return fail(CheckPublication, fmt.Sprintf("the publication %s %s", p.Name, strings.Join(problems, "; ")),
+		return fail(outbox.StreamCheckPublication, fmt.Sprintf("the publication %s %s", p.Name, strings.Join(problems, "; ")),
 			"fix it as its owner ("+p.Owner+"): "+p.Fix(table))
 	}
 
 	if !s.replication {
 		role := pgx.Identifier{s.role}.Sanitize()
-		return fail(CheckReplicationRole, fmt.Sprintf("the role %s has neither REPLICATION nor SUPERUSER, so it can neither create the slot nor open a replication connection", role),
+		return fail(outbox.StreamCheckReplicationRole, fmt.Sprintf("the role %s has neither REPLICATION nor SUPERUSER, so it can neither create the slot nor open a replication connection", role),
 			fmt.Sprintf("as a superuser: ALTER ROLE %s REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO %s), or connect the relay as a role that has it (migrations/roles.example.sql)", role, role))
 	}
 
 	if s.maxSlots == 0 {
-		return fail(CheckReplicationCapacity, "max_replication_slots is 0",
+		return fail(outbox.StreamCheckReplicationCapacity, "max_replication_slots is 0",
 			"set max_replication_slots to at least the number of slots the server needs (one per streaming outbox table, plus other subscribers), e.g. 10, in postgresql.conf and restart PostgreSQL")
 	}
 	if s.maxSender == 0 {
-		return fail(CheckReplicationCapacity, "max_wal_senders is 0",
+		return fail(outbox.StreamCheckReplicationCapacity, "max_wal_senders is 0",
 			"set max_wal_senders to at least the number of replication connections the server serves (one per streaming relay, plus standbys), e.g. 10, in postgresql.conf and restart PostgreSQL")
 	}
 
@@ -217,7 +173,7 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 	}
 	if !exists {
 		if s.slotsUsed >= s.maxSlots {
-			return fail(CheckReplicationCapacity, fmt.Sprintf("all %d replication slots (max_replication_slots) are taken (%s), so the relay cannot create %s", s.maxSlots, strings.Join(s.slotNames, ", "), slot),
+			return fail(outbox.StreamCheckReplicationCapacity, fmt.Sprintf("all %d replication slots (max_replication_slots) are taken (%s), so the relay cannot create %s", s.maxSlots, strings.Join(s.slotNames, ", "), slot),
 				"raise max_replication_slots in postgresql.conf and restart PostgreSQL, or drop a slot no longer used: SELECT pg_drop_replication_slot('<name>')")
 		}
 		return nil
@@ -225,16 +181,16 @@ func checkStream(ctx context.Context, db Querier, table outbox.Table) error {
 	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s'), or outboxctl stream drop-slot", slot)
 	switch {
 	case r.SlotType != "logical":
-		return fail(CheckSlot, fmt.Sprintf("a %s replication slot named %s exists; the relay needs a logical one of that name", r.SlotType, slot),
+		return fail(outbox.StreamCheckSlot, fmt.Sprintf("a %s replication slot named %s exists; the relay needs a logical one of that name", r.SlotType, slot),
 			"if nothing else uses it, drop it and the relay creates its own: "+drop)
 	case str(r.Plugin) != "pgoutput":
-		return fail(CheckSlot, fmt.Sprintf("the replication slot %s uses the output plugin %q, not pgoutput", slot, textcut.Clip(str(r.Plugin), 60)),
+		return fail(outbox.StreamCheckSlot, fmt.Sprintf("the replication slot %s uses the output plugin %q, not pgoutput", slot, textcut.Clip(str(r.Plugin), 60)),
 			"if nothing else uses it, drop it and the relay creates its own: "+drop)
 	case str(r.Database) != s.database:
-		return fail(CheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server, and this one was not created by this table's relay", slot, textcut.Clip(str(r.Database), 60), s.database),
+		return fail(outbox.StreamCheckSlot, fmt.Sprintf("the replication slot %s belongs to the database %q, not to %q: slot names are shared by the whole server, and this one was not created by this table's relay", slot, textcut.Clip(str(r.Database), 60), s.database),
 			fmt.Sprintf("if nothing uses it, drop it from the database %q: %s", textcut.Clip(str(r.Database), 60), drop))
 	case r.lost():
-		return fail(CheckSlotLost, fmt.Sprintf("the replication slot %s was invalidated (wal_status lost): it fell further behind than max_slot_wal_keep_size allows and PostgreSQL removed WAL it still needed", slot),
+		return fail(outbox.StreamCheckSlotLost, fmt.Sprintf("the replication slot %s was invalidated (wal_status lost): it fell further behind than max_slot_wal_keep_size allows and PostgreSQL removed WAL it still needed", slot),
 			"a streaming relay drops the lost slot and creates a new one by itself, publishing meanwhile from the table by polling (from the marks, or from the lanes' positions its last checkpoint wrote); a relay that cannot drop it (no REPLICATION) polls until an operator does: "+drop+
 				"; if the relay fell that far behind in normal operation, raise max_slot_wal_keep_size")
 	}
@@ -253,13 +209,13 @@ func checkTable(ctx context.Context, db Querier, table outbox.Table) error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s: apply the migrations (migrations.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
+		return fmt.Errorf("%w: %s: apply the migrations (migrations.Outbox.Up, OUTBOX_MIGRATE=true with fxoutbox, or the SQL files in migrations/)", migrations.ErrNoTable, table)
 	}
 	return nil
 }
 
 // StreamSetup is a snapshot of what the streaming relay of a table relies
-// on (admin.StreamSetup): the server's settings, the table's publication and its slot.
+// on (tablesql.StreamSetup): the server's settings, the table's publication and its slot.
 type StreamSetup struct {
 	Table string `json:"table"`
 	// WALLevel is the server's wal_level; streaming needs logical.
@@ -401,7 +357,7 @@ func readStream(ctx context.Context, db Querier, table outbox.Table, st StreamSe
 	}
 	if cursor {
 		var cp StreamCheckpoint
-		rows, err := db.Query(ctx, "SELECT min(updated_at), coalesce(extract(epoch FROM now() - min(updated_at))::float8, 0), count(*) FILTER (WHERE upto IS NOT NULL)::int FROM "+sqlname.Ident(migrations.CursorTable(table)))
+		rows, err := db.Query(ctx, "SELECT min(updated_at), coalesce(extract(epoch FROM now() - min(updated_at))::float8, 0), count(*) FILTER (WHERE upto IS NOT NULL)::int FROM "+sqlname.Ident(sqlname.Cursor(table)))
 		if err == nil {
 			_, err = pgx.ForEachRow(rows, []any{&cp.Oldest, &cp.AgeSeconds, &cp.OpenWindows}, func() error { return nil })
 		}
@@ -412,7 +368,7 @@ func readStream(ctx context.Context, db Querier, table outbox.Table, st StreamSe
 	}
 
 	if err := checkStream(ctx, db, table); err != nil {
-		var se *StreamSetupError
+		var se *outbox.StreamSetupError
 		if !errors.As(err, &se) {
 			return st, err
 		}

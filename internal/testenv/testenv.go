@@ -77,14 +77,14 @@ func Slot(t testing.TB, pool *pgxpool.Pool, table outbox.Table) string {
 }
 
 // Streaming sets table up for the streaming relay as an operator would
-// (migrations.UpStream creates its publication) and, when the test ends,
+// (migrations.Stream.Up creates its publication) and, when the test ends,
 // drops its replication slot (a slot left behind pins WAL; its walsender
 // may take a moment to end) and the publication. With createSlot it also
 // creates the slot first (see CreateSlot). It returns the slot's name.
 func Streaming(t testing.TB, pool *pgxpool.Pool, table outbox.Table, createSlot bool) string {
 	t.Helper()
 	ctx := context.Background()
-	if err := migrations.UpStream(ctx, pool, table); err != nil {
+	if err := migrations.Stream.Up(ctx, pool, table); err != nil {
 		t.Fatal(err)
 	}
 	slot := Slot(t, pool, table)
@@ -100,7 +100,7 @@ func Streaming(t testing.TB, pool *pgxpool.Pool, table outbox.Table, createSlot 
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if err := migrations.DownStream(ctx, pool, table); err != nil {
+		if err := migrations.Stream.Down(ctx, pool, table, 0); err != nil {
 			t.Errorf("drop the publication of %s: %v", table, err)
 		}
 	})
@@ -146,7 +146,7 @@ func Table(t testing.TB, pool *pgxpool.Pool) outbox.Table {
 	t.Helper()
 	tbl := outbox.Table{Schema: Name("t_")}
 	ctx := context.Background()
-	if err := migrations.Up(ctx, pool, tbl); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, tbl); err != nil {
 		t.Fatalf("migrations: %v", err)
 	}
 	t.Cleanup(func() {
@@ -478,7 +478,7 @@ func ExampleDB() (pool *pgxpool.Pool, table outbox.Table, cleanup func()) {
 		panic(err)
 	}
 	table = outbox.Table{Schema: Name("ex_")}
-	if err := migrations.Up(ctx, pool, table); err != nil {
+	if err := migrations.Outbox.Up(ctx, pool, table); err != nil {
 		panic(err)
 	}
 	return pool, table, func() {

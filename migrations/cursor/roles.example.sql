@@ -2,7 +2,7 @@
 -- relay role needs beyond migrations/roles.example.sql. An example to adapt,
 -- NOT a migration (no version prefix: the migration tools skip it).
 --
--- Run it after the cursor migration (migrations.UpCursor) and after
+-- Run it after the cursor migration (migrations.Cursor.Up) and after
 -- migrations/roles.example.sql, as the migrator, each time you run that one
 -- (it takes these grants back and recreates the relay's delete policy):
 --
@@ -11,7 +11,7 @@
 --        -v writer=orders_app -v relay=orders_relay \
 --        -f migrations/roles.example.sql -f migrations/cursor/roles.example.sql
 --
--- On a partitioned table (migrations.UpPartitioned), run
+-- On a partitioned table (migrations.Partitioned), run
 -- migrations/partitioned/roles.example.sql after this one: the relay's
 -- partition upkeep takes the table's owner.
 --

@@ -1,6 +1,6 @@
 -- Least-privilege grants for an inbox consumer: an example to adapt.
 --
--- This is NOT a migration (no version prefix: migrations.UpInbox,
+-- This is NOT a migration (no version prefix: migrations.Inbox.Up,
 -- golang-migrate, goose and tern skip it). Run it with psql after the inbox
 -- migrations, as the role that owns the inbox tables (the migrator):
 --

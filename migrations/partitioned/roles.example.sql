@@ -1,4 +1,4 @@
--- Least-privilege roles for a partitioned outbox table (migrations.UpPartitioned,
+-- Least-privilege roles for a partitioned outbox table (migrations.Partitioned,
 -- docs/partitions.md): what the relay needs beyond migrations/roles.example.sql
 -- and migrations/cursor/roles.example.sql to run the partitions' upkeep. An
 -- example to adapt, NOT a migration (no version prefix: the migration tools

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/nestjs"
+	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -35,7 +36,7 @@ func TestCursorWithEachTool(t *testing.T) {
 		{"golang-migrate", func(t *testing.T, s string, up bool) {
 			db := stdlib.OpenDBFromPool(nestjs.Pool(t, pool, s))
 			defer db.Close()
-			src, err := iofs.New(migrations.CursorFS, "cursor")
+			src, err := iofs.New(migrations.Cursor.FS(), ".")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +63,7 @@ func TestCursorWithEachTool(t *testing.T) {
 			}
 		}},
 		{"goose", func(t *testing.T, s string, up bool) {
-			fsys, versions, err := migrations.GooseCursor(outbox.Table{Schema: s})
+			fsys, versions, err := migrations.Cursor.Goose(outbox.Table{Schema: s})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,7 +87,7 @@ func TestCursorWithEachTool(t *testing.T) {
 			}
 		}},
 		{"tern", func(t *testing.T, s string, up bool) {
-			fsys, versions, err := migrations.TernCursor(outbox.Table{Schema: s})
+			fsys, versions, err := migrations.Cursor.Tern(outbox.Table{Schema: s})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +110,7 @@ func TestCursorWithEachTool(t *testing.T) {
 			t.Parallel()
 			s := schema(t, pool, "cursor_tools_")
 			table := outbox.Table{Schema: s}
-			if err := migrations.Up(ctx, pool, table); err != nil {
+			if err := migrations.Outbox.Up(ctx, pool, table); err != nil {
 				t.Fatal(err)
 			}
 			tc.run(t, s, true)
@@ -117,7 +118,7 @@ func TestCursorWithEachTool(t *testing.T) {
 			checkCursorSet(t, pool, table, true)
 			tc.run(t, s, false)
 			checkCursorSet(t, pool, table, false)
-			if err := migrations.CheckTable(ctx, pool, table); err != nil {
+			if err := migrations.Outbox.Check(ctx, pool, table); err != nil {
 				t.Fatalf("%s down of the cursor set broke the table: %v", tc.tool, err)
 			}
 		})
@@ -131,7 +132,7 @@ func checkCursorSet(t *testing.T, pool *pgxpool.Pool, table outbox.Table, want b
 	err := pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,"+
 		" EXISTS (SELECT FROM pg_attribute WHERE attrelid = $3::regclass AND attname = 'txid' AND NOT attisdropped),"+
 		" EXISTS (SELECT FROM pg_attribute WHERE attrelid = $3::regclass AND attname = 'first_failed_at' AND NOT attisdropped)",
-		ident(migrations.CursorTable(table)), ident(migrations.ParkedTable(table)), ident(table)).Scan(&positions, &parked, &txid, &firstFailed)
+		ident(sqlname.Cursor(table)), ident(sqlname.Parked(table)), ident(table)).Scan(&positions, &parked, &txid, &firstFailed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,8 +33,8 @@ func TestInboxWithGooseAndTern(t *testing.T) {
 	defer db.Close()
 	var providers []*goose.Provider
 	for _, render := range []func() (fs.FS, string, error){
-		func() (fs.FS, string, error) { return migrations.Goose(outboxTable) },
-		func() (fs.FS, string, error) { return migrations.GooseInbox(inboxTable) },
+		func() (fs.FS, string, error) { return migrations.Outbox.Goose(outboxTable) },
+		func() (fs.FS, string, error) { return migrations.Inbox.Goose(inboxTable) },
 	} {
 		fsys, versions, err := render()
 		if err != nil {
@@ -59,7 +59,7 @@ func TestInboxWithGooseAndTern(t *testing.T) {
 		t.Fatal("goose down of the inbox must drop its tables only")
 	}
 
-	fsys, versions, err := migrations.TernInbox(inboxTable)
+	fsys, versions, err := migrations.Inbox.Tern(inboxTable)
 	if err != nil {
 		t.Fatal(err)
 	}

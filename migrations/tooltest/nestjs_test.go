@@ -36,7 +36,7 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 		{"golang-migrate", func(t *testing.T, s string) {
 			db := stdlib.OpenDBFromPool(nestjs.Pool(t, pool, s))
 			defer db.Close()
-			src, err := iofs.New(migrations.FS, ".")
+			src, err := iofs.New(migrations.Outbox.FS(), ".")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,7 +57,7 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 			}
 		}},
 		{"goose", func(t *testing.T, s string) {
-			fsys, versions, err := migrations.Goose(outbox.Table{Schema: s})
+			fsys, versions, err := migrations.Outbox.Goose(outbox.Table{Schema: s})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 			}
 		}},
 		{"tern", func(t *testing.T, s string) {
-			fsys, versions, err := migrations.Tern(outbox.Table{Schema: s})
+			fsys, versions, err := migrations.Outbox.Tern(outbox.Table{Schema: s})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +101,7 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 			before, node := nestjs.Snapshot(t, pool, tbl)
 			tc.up(t, tbl.Schema)
 			tc.up(t, tbl.Schema)
-			if err := migrations.CheckTable(ctx, pool, tbl); err != nil {
+			if err := migrations.Outbox.Check(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 			nestjs.RequireAdopted(t, pool, nest, tbl, before, node)
@@ -112,7 +112,7 @@ func TestToolsAdoptNestJSTable(t *testing.T) {
 // The streaming relay's publication, with goose and tern, on an adopted
 // table: it is what the relay reads. (The file golang-migrate reads names
 // the default table's publication, one per database, so it is not run
-// here beside the other tests; migrations.UpStream on an adopted table is
+// here beside the other tests; migrations.Stream.Up on an adopted table is
 // exercised in internal/nestjs.)
 func TestStreamOnAdoptedNestJSTable(t *testing.T) {
 	t.Parallel()
@@ -126,7 +126,7 @@ func TestStreamOnAdoptedNestJSTable(t *testing.T) {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	var stream *goose.Provider
-	for _, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Goose, migrations.GooseStream} {
+	for _, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Outbox.Goose, migrations.Stream.Goose} {
 		fsys, versions, err := render(tbl)
 		if err != nil {
 			t.Fatal(err)
@@ -152,7 +152,7 @@ func TestStreamOnAdoptedNestJSTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	published(false)
-	fsys, versions, err := migrations.TernStream(tbl)
+	fsys, versions, err := migrations.Stream.Tern(tbl)
 	if err != nil {
 		t.Fatal(err)
 	}

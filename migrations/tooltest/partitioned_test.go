@@ -41,8 +41,8 @@ func TestPartitionedWithEachTool(t *testing.T) {
 		{"golang-migrate", func(t *testing.T, s string) steps {
 			db := stdlib.OpenDBFromPool(nestjs.Pool(t, pool, s))
 			t.Cleanup(func() { _ = db.Close() })
-			part := gomigrateOn(t, db, migrations.PartitionedFS, "partitioned", "outbox_event_partitioned_migrations")
-			cur := gomigrateOn(t, db, migrations.CursorFS, "cursor", "outbox_event_cursor_migrations")
+			part := gomigrateOn(t, db, migrations.Partitioned.FS(), ".", "outbox_event_partitioned_migrations")
+			cur := gomigrateOn(t, db, migrations.Cursor.FS(), ".", "outbox_event_cursor_migrations")
 			up := func(t *testing.T) {
 				for _, m := range []*gomigrate.Migrate{part, cur} {
 					if err := m.Up(); err != nil && !errors.Is(err, gomigrate.ErrNoChange) {
@@ -63,7 +63,7 @@ func TestPartitionedWithEachTool(t *testing.T) {
 			db := stdlib.OpenDBFromPool(pool)
 			t.Cleanup(func() { _ = db.Close() })
 			var ps []*goose.Provider
-			for _, render := range []func(outbox.Table) (fs.FS, string, error){migrations.GoosePartitioned, migrations.GooseCursor} {
+			for _, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Partitioned.Goose, migrations.Cursor.Goose} {
 				fsys, versions, err := render(outbox.Table{Schema: s})
 				if err != nil {
 					t.Fatal(err)
@@ -94,12 +94,12 @@ func TestPartitionedWithEachTool(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(pc.Release)
-			fsys, versions, err := migrations.TernPartitioned(outbox.Table{Schema: s})
+			fsys, versions, err := migrations.Partitioned.Tern(outbox.Table{Schema: s})
 			if err != nil {
 				t.Fatal(err)
 			}
 			part := migrator(t, pc.Conn(), versions, fsys)
-			if fsys, versions, err = migrations.TernCursor(outbox.Table{Schema: s}); err != nil {
+			if fsys, versions, err = migrations.Cursor.Tern(outbox.Table{Schema: s}); err != nil {
 				t.Fatal(err)
 			}
 			cur := migrator(t, pc.Conn(), versions, fsys)
@@ -130,12 +130,12 @@ func TestPartitionedWithEachTool(t *testing.T) {
 			if err := pool.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", ident(tbl)).Scan(&kind); err != nil || kind != "p" {
 				t.Fatalf("relkind %q (%v), want p", kind, err)
 			}
-			if err := migrations.CheckCursor(ctx, pool, tbl); err != nil {
+			if err := migrations.Cursor.Check(ctx, pool, tbl); err != nil {
 				t.Fatal(err)
 			}
 			checkCursorWorks(t, pool, tbl)
 			st.down(t)
-			if err := migrations.CheckTable(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
+			if err := migrations.Outbox.Check(ctx, pool, tbl); !errors.Is(err, migrations.ErrNoTable) {
 				t.Fatalf("after down: %v, want no table", err)
 			}
 		})

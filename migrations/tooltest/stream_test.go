@@ -40,7 +40,7 @@ func TestStreamWithGooseAndTern(t *testing.T) {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	var stream *goose.Provider
-	for i, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Goose, migrations.GooseStream} {
+	for i, render := range []func(outbox.Table) (fs.FS, string, error){migrations.Outbox.Goose, migrations.Stream.Goose} {
 		fsys, versions, err := render(table)
 		if err != nil {
 			t.Fatal(err)
@@ -64,11 +64,11 @@ func TestStreamWithGooseAndTern(t *testing.T) {
 		t.Fatal(err)
 	}
 	published(false)
-	if err := migrations.CheckTable(ctx, pool, table); err != nil {
+	if err := migrations.Outbox.Check(ctx, pool, table); err != nil {
 		t.Fatalf("goose down of the publication touched the table: %v", err)
 	}
 
-	fsys, versions, err := migrations.TernStream(table)
+	fsys, versions, err := migrations.Stream.Tern(table)
 	if err != nil {
 		t.Fatal(err)
 	}

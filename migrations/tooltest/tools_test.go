@@ -51,7 +51,7 @@ func appMigrations(schema string, file func(v int, up, down string) (string, str
 func checkWorks(t *testing.T, pool *pgxpool.Pool, table outbox.Table) {
 	t.Helper()
 	ctx := context.Background()
-	if err := migrations.CheckTable(ctx, pool, table); err != nil {
+	if err := migrations.Outbox.Check(ctx, pool, table); err != nil {
 		t.Fatal(err)
 	}
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Service: "payment-service", Table: table})
@@ -123,7 +123,7 @@ func TestGoose(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fsys, versions, err := migrations.Goose(table)
+	fsys, versions, err := migrations.Outbox.Goose(table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestGoose(t *testing.T) {
 	if _, err := outboxMigrations.DownTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.CheckTable(ctx, pool, table); !errors.Is(err, migrations.ErrNoTable) {
+	if err := migrations.Outbox.Check(ctx, pool, table); !errors.Is(err, migrations.ErrNoTable) {
 		t.Fatalf("after goose down-to 0: %v, want no table", err)
 	}
 	// Only goose's own tables are left (with their sequences and keys).
@@ -191,7 +191,7 @@ func TestTern(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fsys, versions, err := migrations.Tern(table)
+	fsys, versions, err := migrations.Outbox.Tern(table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestTern(t *testing.T) {
 	if err := m.MigrateTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.CheckTable(ctx, pool, table); !errors.Is(err, migrations.ErrNoTable) {
+	if err := migrations.Outbox.Check(ctx, pool, table); !errors.Is(err, migrations.ErrNoTable) {
 		t.Fatalf("after tern migrate to 0: %v, want no table", err)
 	}
 	rows, _ := pool.Query(ctx, "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1", s)

@@ -19,7 +19,7 @@
 -- the previous interval, the current one and 7 ahead; the relay keeps 7
 -- ahead, and derives the interval from the partitions' bounds. There is no
 -- DEFAULT partition. To choose another interval, change the step below (or
--- pass it to migrations.UpPartitioned) before the first run.
+-- pass it to migrations.Partitioned) before the first run.
 DO $$
 DECLARE
     step  interval := interval '1 day'; -- fxoutbox:interval

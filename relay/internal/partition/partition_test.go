@@ -28,10 +28,10 @@ func setUp(t *testing.T) (*pgxpool.Pool, partition.Env) {
 	pool := testenv.Pool(t)
 	tbl := outbox.Table{Schema: testenv.Name("t_"), Name: "Orders"}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+tbl.Schema+" CASCADE") })
-	if err := migrations.UpPartitioned(context.Background(), pool, tbl, time.Hour); err != nil {
+	if err := migrations.Partitioned.WithInterval(time.Hour).Up(context.Background(), pool, tbl); err != nil {
 		t.Fatal(err)
 	}
-	return pool, partition.Env{Table: tbl, Cursor: migrations.CursorTable(tbl), Delivered: tablesql.Delivered(tbl),
+	return pool, partition.Env{Table: tbl, Cursor: sqlname.Cursor(tbl), Delivered: tablesql.Delivered(tbl),
 		LockNS: locks.Namespace(tbl.String()), LockKey: locks.Partitions, LockTimeout: 200 * time.Millisecond, Retention: time.Hour}
 }
 

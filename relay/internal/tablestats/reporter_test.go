@@ -58,13 +58,13 @@ func TestParkedGaugeInCursorMode(t *testing.T) {
 	pool := testenv.Pool(t)
 	tbl := testenv.Table(t, pool)
 	ctx := context.Background()
-	if err := migrations.UpCursor(ctx, pool, tbl); err != nil {
+	if err := migrations.Cursor.Up(ctx, pool, tbl); err != nil {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{
-		"INSERT INTO " + sqlname.Ident(migrations.CursorTable(tbl)) + " (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g",
+		"INSERT INTO " + sqlname.Ident(sqlname.Cursor(tbl)) + " (lane, lanes, done, base) SELECT g, 4, pg_current_snapshot(), 0 FROM generate_series(0, 3) g",
 		"INSERT INTO " + sqlname.Ident(tbl) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES (gen_random_uuid(), 'a', 'k', 'a.b', '{}', 't', 'k')",
-		"INSERT INTO " + sqlname.Ident(migrations.ParkedTable(tbl)) + " (id, event_id, topic, reason, last_error, attempts, last_try_at)" +
+		"INSERT INTO " + sqlname.Ident(sqlname.Parked(tbl)) + " (id, event_id, topic, reason, last_error, attempts, last_try_at)" +
 			" SELECT g, gen_random_uuid(), 't' || (g % 3), CASE WHEN g % 2 = 0 THEN '[kafka.message_too_large] x' ELSE 'no type' END, 'the error', 1, now()" +
 			" FROM generate_series(1, 12) g",
 	} {
