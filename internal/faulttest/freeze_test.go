@@ -72,7 +72,7 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 	// relay still holds its lanes (until PostgreSQL ends its transaction).
 	// Asserted as an order of events, read in that order (the rows, then
 	// the locks), not as a duration: a loaded machine is slower, not wrong.
-	bound := helperBatchTimeout + 5*time.Second
+	bound := helperFreezeBatchTimeout + 5*time.Second
 	flow := waitFor(t, 60*time.Second, "the rows of the other lanes to be published", func() bool {
 		return w.count(t, w.waiting()+" AND id <= "+strconv.FormatInt(lastBefore, 10)+" AND NOT "+inHeld) == 0
 	})

@@ -41,7 +41,7 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	child.next("HOLDING", 60*time.Second)
 	child.signal(syscall.SIGSTOP)
 	frozen := time.Now()
-	bound := helperBatchTimeout + 5*time.Second
+	bound := helperFreezeBatchTimeout + 5*time.Second
 
 	var held, busy []int32
 	var pid int32

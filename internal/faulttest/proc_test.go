@@ -47,9 +47,17 @@ const (
 	// relay's defaults).
 	envHelperBatchTimeout = "FAULTTEST_HELPER_BATCH_TIMEOUT"
 	envHelperTxnTimeout   = "FAULTTEST_HELPER_TXN_TIMEOUT"
-	// helperBatchTimeout is the frozen child's BatchTimeout: PostgreSQL ends
-	// its transaction BatchTimeout + 5s after its last statement.
+	// helperBatchTimeout is the exactly-once frozen child's BatchTimeout
+	// (mode "run"): PostgreSQL ends its transaction BatchTimeout + 5s after
+	// its last statement.
 	helperBatchTimeout = 2 * time.Second
+	// helperFreezeBatchTimeout is the BatchTimeout of a child in mode
+	// "freeze". The freeze tests check what happens while its lanes are
+	// still held (other lanes flow), an order of events and not a duration,
+	// but the hold ends by the clock: at BatchTimeout + 5s the server ends
+	// the frozen transaction. 15s leaves a loaded machine 20s to show the
+	// order (with 2s, a run at load 30 once took 7.06s for the other lanes).
+	helperFreezeBatchTimeout = 15 * time.Second
 	// helperLifetime ends a child whose parent vanished without killing it.
 	helperLifetime = 3 * time.Minute
 	// linePrefix marks the child's reports on its stdout (the test
@@ -142,7 +150,7 @@ func TestHelperRelayProcess(t *testing.T) {
 		if pub.hold, err = time.ParseDuration(os.Getenv(envHelperHold)); err != nil {
 			fail("%s: %v", envHelperHold, err)
 		}
-		cfg.BatchTimeout = helperBatchTimeout
+		cfg.BatchTimeout = helperFreezeBatchTimeout
 	case "run":
 		for env, d := range map[string]*time.Duration{envHelperBatchTimeout: &cfg.BatchTimeout, envHelperTxnTimeout: &cfg.TransactionTimeout} {
 			if v := os.Getenv(env); v != "" {
