@@ -38,7 +38,7 @@ import (
 
 // keepSaveEvery is the longest a kept lane's row stays behind what its
 // worker delivered (the duplicates a crash can cause).
-var keepSaveEvery = 500 * time.Millisecond
+const keepSaveEvery = 500 * time.Millisecond
 
 // laneKeeper is one worker's kept lanes and its connection. Only the
 // worker's goroutine uses it.
@@ -55,6 +55,7 @@ type laneKeeper struct {
 	dirty map[int32]bool
 	used  map[int32]bool
 	saved time.Time // the last write
+	every time.Duration
 }
 
 // newKeeper returns a worker's laneKeeper, or nil where lanes are not kept.
@@ -65,7 +66,11 @@ func (r *Relay) newKeeper() *laneKeeper {
 	if _, ok := r.db.(acquirer); !ok {
 		return nil
 	}
-	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}}
+	every := r.cur.keepEvery // set by tests only
+	if every <= 0 {
+		every = keepSaveEvery
+	}
+	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every}
 }
 
 // usable reports whether k runs the worker's batches.
@@ -105,12 +110,20 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		}
 		k.conn, k.saved = pc, time.Now()
 	}
-	return k.conn.Begin(ctx)
+	tx, err := k.conn.Begin(ctx)
+	if err != nil {
+		// The connection was lost (or its idle session ended): its locks
+		// went with it, and the kept positions must be read from the rows.
+		k.drop(ctx)
+		k.r.cur.forget()
+		return nil, err
+	}
+	return tx, nil
 }
 
 // due reports whether the kept lanes' positions are to be written.
 func (k *laneKeeper) due() bool {
-	return k.keeping() && len(k.lanes) > 0 && time.Since(k.saved) >= keepSaveEvery
+	return k.keeping() && len(k.lanes) > 0 && time.Since(k.saved) >= k.every
 }
 
 // wait returns a channel that fires when the kept positions are due, for
@@ -121,7 +134,7 @@ func (k *laneKeeper) wait() (<-chan time.Time, func()) {
 	if !k.keeping() || len(k.lanes) == 0 {
 		return nil, func() {}
 	}
-	d := max(time.Until(k.saved.Add(keepSaveEvery)), 0)
+	d := max(time.Until(k.saved.Add(k.every)), 0)
 	if d >= k.r.cfg.PollInterval {
 		return nil, func() {}
 	}
@@ -156,7 +169,7 @@ func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.
 			take = append(take, l.Lane)
 		}
 	}
-	if time.Since(k.saved) >= keepSaveEvery {
+	if time.Since(k.saved) >= k.every {
 		cb.flush = true
 		in := map[int32]bool{}
 		var write []cursor.Lane

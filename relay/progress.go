@@ -117,6 +117,9 @@ type cursorState struct {
 	kmu     sync.Mutex
 	known   map[int32]cursor.Lane
 	knownAt time.Time
+
+	// keepEvery replaces keepSaveEvery when positive (tests).
+	keepEvery time.Duration
 }
 
 // knownEvery is how often a relay reads every lane's position.
