@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 )
@@ -44,7 +43,7 @@ const keepSaveEvery = 500 * time.Millisecond
 // worker's goroutine uses it.
 type laneKeeper struct {
 	r    *Relay
-	conn *pgxpool.Conn
+	conn *pgx.Conn // taken out of the pool, as the LISTEN connection is
 	// off: the server cannot bound an idle session (no
 	// idle_session_timeout, PostgreSQL 13): no lane is kept.
 	off bool
@@ -96,8 +95,11 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := pc.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", k.idleSession()); err != nil {
-			_ = pc.Hijack().Close(context.WithoutCancel(ctx))
+		// Out of the pool: it holds its locks and its setting for good,
+		// and the pool keeps its size for the rest of the relay.
+		conn := pc.Hijack()
+		if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", k.idleSession()); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				return nil, err
 			}
@@ -108,7 +110,7 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 			k.r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); cursor batches write their lanes' positions each time", "error", err)
 			return k.r.db.Begin(ctx)
 		}
-		k.conn, k.saved = pc, time.Now()
+		k.conn, k.saved = conn, time.Now()
 	}
 	tx, err := k.conn.Begin(ctx)
 	if err != nil {
@@ -253,7 +255,7 @@ func (k *laneKeeper) drop(ctx context.Context) {
 	if k == nil || k.conn == nil {
 		return
 	}
-	_ = k.conn.Hijack().Close(context.WithoutCancel(ctx))
+	_ = k.conn.Close(context.WithoutCancel(ctx))
 	k.conn = nil
 	clear(k.lanes)
 	clear(k.dirty)
