@@ -17,16 +17,18 @@ import (
 // lock in the lanes' namespace, so that no other relay or worker can take
 // them. Their positions are then the worker's: a batch reads a kept lane's
 // position from the worker, not from its row, and writes nothing; the
-// worker writes the positions that changed at most every keepSaveEvery (in
-// the batch's transaction when one is due, or a transaction of its own when
-// the worker is idle), and lets go, after that write committed, of the
-// lanes that no batch took since the previous one. A lane's row is so
+// worker writes the positions that changed at most every keepSaveEvery, or
+// once its batches read MaxBatchSize rows since the last write (in the batch's
+// transaction when one is due, or a transaction of its own when the worker
+// is idle), and lets go, after that write committed, of the lanes that no
+// batch took since the previous one. A lane's row is so
 // written about twice a second while it has events, instead of once per
 // batch.
 //
 // What the row does not hold yet was delivered: a relay that crashes, or
 // whose connection is lost, leaves its lanes' rows behind what it published
-// in the last keepSaveEvery (and its last batch), and the relay that takes
+// in the last keepSaveEvery, fewer than MaxBatchSize events, and its last
+// batch; the relay that takes
 // the lanes next sends those events again, in order. A worker whose batch
 // fails closes its connection (the server drops its locks) and forgets the
 // positions it kept. A relay frozen between batches loses its connection,
@@ -55,6 +57,9 @@ type laneKeeper struct {
 	used  map[int32]bool
 	saved time.Time // the last write
 	every time.Duration
+	// unsaved counts the rows that batches read from kept lanes since the
+	// last write: at MaxBatchSize the batch writes (see plan).
+	unsaved int
 }
 
 // newKeeper returns a worker's laneKeeper, or nil where lanes are not kept.
@@ -171,7 +176,11 @@ func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.
 			take = append(take, l.Lane)
 		}
 	}
-	if time.Since(k.saved) >= k.every {
+	// Due by time, or by the rows the lanes' rows do not hold yet: a batch
+	// that brings them to MaxBatchSize writes, so that a crash repeats
+	// fewer than MaxBatchSize events besides its last batch (in a drain,
+	// batches of MaxBatchSize write each time, as without kept lanes).
+	if time.Since(k.saved) >= k.every || k.unsaved+len(cb.ids) >= k.r.cfg.MaxBatchSize {
 		cb.flush = true
 		in := map[int32]bool{}
 		var write []cursor.Lane
@@ -227,9 +236,10 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 		}
 	}
 	if !cb.flush {
+		k.unsaved += len(cb.ids)
 		return nil
 	}
-	k.saved = time.Now()
+	k.saved, k.unsaved = time.Now(), 0
 	var free []int32
 	for id := range k.lanes {
 		if !k.used[id] {
