@@ -61,6 +61,8 @@ type batchInfo struct {
 	// heldElsewhere: the claim took nothing because the lanes of the
 	// unpublished events it saw were all held by other relays (or workers).
 	heldElsewhere bool
+	// keep: the worker's cursor lanes kept across batches (nil: none).
+	keep *laneKeeper
 }
 
 // runOnce is RunOnce with a claim of up to size rows. next is the size of
@@ -81,6 +83,11 @@ func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchIn
 func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
 	held := r.heldKeys()
 	var eo *eoBatch
+	var keep *laneKeeper
+	var db DB = r.db
+	if info != nil && info.keep.usable() {
+		keep, db = info.keep, info.keep
+	}
 	find := func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
 		if err := r.checkMarks(ctx); err != nil {
 			return claimed{}, err
@@ -92,7 +99,7 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	}
 	if r.cur != nil {
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
-			return r.cursorClaim(ctx, tx, size, held)
+			return r.cursorClaim(ctx, tx, size, held, keep)
 		}
 	}
 	if r.eo != nil {
@@ -109,7 +116,7 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 			return c, err
 		}
 	}
-	c, d, err := r.pipeline(ctx, find)
+	c, d, err := r.pipelineOn(ctx, db, find)
 	if eo != nil {
 		r.eoFinish(ctx, eo, err)
 	}

@@ -45,7 +45,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	for lane := range b.w.owned {
 		owned = append(owned, lane)
 	}
-	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned)
+	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned, nil)
 	if err != nil || len(found) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
@@ -57,7 +57,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 		return c, err
 	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.
-	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes)
+	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes, nil)
 	if err != nil {
 		return c, err
 	}

@@ -35,10 +35,16 @@ type finder func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error)
 // errNotVisible, untouched and without counting a failed step, when the
 // stream's finder asks to be run again.
 func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d delivery, err error) {
+	return r.pipelineOn(ctx, r.db, find)
+}
+
+// pipelineOn is pipeline with the transaction begun on db (a worker's
+// connection that keeps cursor lanes, see laneKeeper).
+func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, d delivery, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	t := time.Now()
-	tx, err := r.db.Begin(ctx)
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		_, err = r.metrics.lap(ctx, StepClaim, t, fmt.Errorf("relay: begin: %w", err))
 		return c, d, err
@@ -49,10 +55,13 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 		// committed, or is read again after a failure.
 		defer func() {
 			switch {
+			case c.cur != nil && (err == nil || c.cur.committed):
+				r.cursorCommitted(ctx, c.cur)
 			case err != nil:
 				r.cur.forget()
-			case c.cur != nil:
-				r.cur.remember(c.cur.saved...)
+				if k, ok := db.(*laneKeeper); ok {
+					k.drop(ctx) // its kept positions may be lost: start from the rows
+				}
 			}
 		}()
 	}
@@ -61,7 +70,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 	if errors.Is(err, errIsolate) {
 		// The claim met a row it cannot read: start over, reading ids first.
 		_ = tx.Rollback(ctx)
-		if tx, err = r.db.Begin(ctx); err != nil {
+		if tx, err = db.Begin(ctx); err != nil {
 			_, err = r.metrics.lap(ctx, StepClaim, t, fmt.Errorf("relay: begin: %w", err))
 			return c, d, err
 		}
@@ -105,6 +114,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)
 			}
+			c.cur.committed = true
 			r.pacer.done(badParked...)
 			return c, d, nil
 		}
@@ -181,6 +191,9 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 			// Acknowledged events will be sent again (same x-event-id).
 			return d, fmt.Errorf("relay: commit: %w", err)
+		}
+		if cur != nil {
+			cur.committed = true
 		}
 		r.logFailures(rows, errs, d.failed, reasons, d.parked)
 	}

@@ -117,6 +117,9 @@ type cursorState struct {
 	kmu     sync.Mutex
 	known   map[int32]cursor.Lane
 	knownAt time.Time
+
+	// keepEvery replaces keepSaveEvery when positive (tests).
+	keepEvery time.Duration
 }
 
 // knownEvery is how often a relay reads every lane's position.
@@ -124,7 +127,7 @@ const knownEvery = time.Second
 
 // findArgs returns Find's arguments from the positions known, reading
 // them all when the copy is older than knownEvery.
-func (r *Relay) findArgs(ctx context.Context, tx pgx.Tx) (map[string]any, error) {
+func (r *Relay) findArgs(ctx context.Context, tx pgx.Tx, k *laneKeeper) (map[string]any, error) {
 	c := r.cur
 	c.kmu.Lock()
 	stale := c.known == nil || time.Since(c.knownAt) >= knownEvery
@@ -149,7 +152,18 @@ func (r *Relay) findArgs(ctx context.Context, tx pgx.Tx) (map[string]any, error)
 	}
 	c.kmu.Lock()
 	defer c.kmu.Unlock()
-	return cursor.FindArgs(r.cfg.Lanes, c.known), nil
+	if !k.keeping() || len(k.lanes) == 0 {
+		return cursor.FindArgs(r.cfg.Lanes, c.known), nil
+	}
+	// The lanes the worker keeps stand where it left them.
+	pos := make(map[int32]cursor.Lane, len(c.known))
+	for id, l := range c.known {
+		pos[id] = l
+	}
+	for id, l := range k.lanes {
+		pos[id] = l
+	}
+	return cursor.FindArgs(r.cfg.Lanes, pos), nil
 }
 
 // remember records lanes' positions read from the table or committed.
@@ -189,6 +203,39 @@ type cursorBatch struct {
 	full   bool            // the read stopped at its limit
 	last   int64           // the last id read
 	saved  []cursor.Lane   // the positions cursorSave wrote
+
+	// Lanes kept across batches (cursorkeep.go): the worker's keeper, each
+	// lane's position after the batch, whether the batch writes the kept
+	// positions, the lanes it keeps from now on, and whether its
+	// transaction committed.
+	own       *laneKeeper
+	next      []cursor.Lane
+	flush     bool
+	take      []int32
+	committed bool
+}
+
+// cursorCommitted takes the positions of a batch that committed (or had
+// nothing to write) into the relay's copy and the worker's kept lanes.
+func (r *Relay) cursorCommitted(ctx context.Context, cb *cursorBatch) {
+	r.cur.remember(cb.saved...)
+	k := cb.own
+	if !k.keeping() {
+		return
+	}
+	if err := k.committed(ctx, cb); err != nil {
+		r.cfg.Logger.Warn("outbox relay: lost the connection that keeps lanes; the next holder sends their last events again", "error", err)
+		k.drop(ctx)
+		r.cur.forget()
+		return
+	}
+	kept := make([]cursor.Lane, 0, len(cb.next))
+	for _, l := range cb.next {
+		if p, ok := k.lanes[l.Lane]; ok {
+			kept = append(kept, p)
+		}
+	}
+	r.cur.remember(kept...)
 }
 
 // ErrCursorNotReady wraps the reasons a table cannot be relayed with
@@ -304,18 +351,25 @@ func (r *Relay) cursorReady(ctx context.Context) error {
 // (opening their windows), and reads the next n rows of those windows in id
 // order. Rows whose key waits for a failed event's retry are read but not
 // returned; their lane stops before them.
-func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string) (claimed, error) {
+//
+// k is the worker's keeper (nil where lanes are not kept): a claim that
+// finds nothing while the kept positions are due returns an empty batch,
+// whose save writes them.
+func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, k *laneKeeper) (claimed, error) {
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}
 	if err := r.cursorSweep(ctx); err != nil {
 		return claimed{}, err
 	}
-	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil)
+	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil, k)
+	if err == nil && len(locked) == 0 && k.due() {
+		return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
+	}
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
-	return r.cursorRead(ctx, tx, locked, n, held, seen, nil)
+	return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k)
 }
 
 // cursorFind try-locks the lanes with waiting rows that cover about n of
@@ -323,7 +377,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 // and whether lanes with rows were held by others.
 //
 // The lanes in owned (an exactly-once worker's) come first.
-func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32) (locked []int32, seen int, heldElsewhere bool, err error) {
+func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32, k *laneKeeper) (locked []int32, seen int, heldElsewhere bool, err error) {
 	// The window grows (4x, up to 32n) while the lanes in it are all held
 	// by other relays: a frozen or slow relay's lanes may fill the oldest
 	// rows, and the others' work lies past them.
@@ -339,7 +393,7 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32)
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
 		}
-		args, err := r.findArgs(ctx, tx)
+		args, err := r.findArgs(ctx, tx, k)
 		if err != nil {
 			return nil, 0, false, err
 		}
@@ -438,7 +492,7 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 // window with no row left in it closes, one with rows stops before them,
 // for the next claim.
 func (r *Relay) moveOn(ctx context.Context, tx pgx.Tx, locked []int32) ([]cursor.Lane, error) {
-	c, err := r.cursorRead(ctx, tx, locked, r.cfg.BatchSize, nil, 0, map[int32]bool{})
+	c, err := r.cursorRead(ctx, tx, locked, r.cfg.BatchSize, nil, 0, map[int32]bool{}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -458,12 +512,17 @@ func (r *Relay) moveOn(ctx context.Context, tx pgx.Tx, locked []int32) ([]cursor
 // With publish not nil, only the rows of the lanes in it are returned; the
 // others' stop their lanes (an exactly-once worker publishes only the lanes
 // it took over).
-func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, publish map[int32]bool) (claimed, error) {
+//
+// The positions of the lanes the worker keeps (k) are its own, not their
+// rows'.
+func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, publish map[int32]bool, k *laneKeeper) (claimed, error) {
 	q := r.cur.q
 	// A new statement: its snapshot sees what the lanes' previous holder
 	// committed.
-	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}
-	rows, err := tx.Query(ctx, q.Load, pgx.NamedArgs{"locked": locked, "lanes": r.cfg.Lanes})
+	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: k}
+	loadArgs := cursor.KeptArgs(k.given(locked))
+	loadArgs["locked"], loadArgs["lanes"] = locked, r.cfg.Lanes
+	rows, err := tx.Query(ctx, q.Load, pgx.NamedArgs(loadArgs))
 	if err != nil {
 		return claimed{}, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
 	}
@@ -617,10 +676,16 @@ func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, s
 	}
 	// A lane whose position did not change is not written.
 	var changed []cursor.Lane
-	for _, l := range cb.advance(func(id int64) bool { return resolved[id] }) {
+	next := cb.advance(func(id int64) bool { return resolved[id] })
+	for _, l := range next {
 		if old := cb.lanes[l.Lane]; !old.Equal(l) {
 			changed = append(changed, l)
 		}
+	}
+	if cb.own.keeping() {
+		// Lanes kept across batches: written when due (see laneKeeper).
+		cb.own.plan(b, cb, next, changed)
+		return
 	}
 	if len(changed) > 0 {
 		r.cursorSaveLanes(b, changed)

@@ -254,8 +254,10 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	size := r.cfg.BatchSize
 	woken := false // the batch runs because of a wake-up
 	var quiet time.Time
+	keep := r.newKeeper() // cursor lanes kept across batches
+	defer keep.close(ctx)
 	for {
-		var info batchInfo
+		info := batchInfo{keep: keep}
 		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)
 		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {
@@ -296,7 +298,15 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		}
 		size = r.cfg.BatchSize
 		var ok bool
-		if woken, ok = r.waitWake(ticker.C, wake, quiet); !ok {
+		tick, stopTick := (<-chan time.Time)(ticker.C), func() {}
+		if due, stop := keep.wait(); due != nil {
+			// The kept lanes' positions are written when due, if no batch
+			// runs before.
+			tick, stopTick = due, stop
+		}
+		woken, ok = r.waitWake(tick, wake, quiet)
+		stopTick()
+		if !ok {
 			return
 		}
 	}

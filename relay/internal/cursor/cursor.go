@@ -168,7 +168,9 @@ type Queries struct {
 	// short range.
 	Idle string
 	// Load reads the positions of the lanes in @locked, in a statement
-	// after the locks, opening the closed windows at its snapshot.
+	// after the locks, opening the closed windows at its snapshot. The
+	// lanes that the relay kept from earlier batches come as arguments
+	// (KeptArgs): their rows are behind what it delivered.
 	Load string
 	// Read reads the next @n rows of the lanes' windows, in id order;
 	// ReadIDs reads only their ids and lanes (when a row cannot be read).
@@ -177,6 +179,10 @@ type Queries struct {
 	Read, ReadIDs string
 	// Save writes the lanes' positions.
 	Save string
+	// Own takes session locks on @lanes in namespace @ns, which the
+	// transaction holds already (a lane kept across batches: see
+	// docs/progress.md); Release lets them go.
+	Own, Release string
 	// Cleanup deletes rows older than $1 that every lane delivered, at
 	// most $2 of them.
 	Cleanup string
@@ -228,6 +234,10 @@ func parkedCopy(t, p, cond, n, rets string) string {
 		" FROM " + t + " e JOIN f ON e.id = f.id WHERE " + cond +
 		" ON CONFLICT (event_id) DO UPDATE SET " + strings.Join(set, ", ") + " RETURNING " + rets
 }
+
+// skipArray is the Skip of a lane given as text x.s ("1,2,3", see
+// JoinSkip), as the bigint[] the positions table keeps.
+const skipArray = "coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}')"
 
 // NewQueries returns the statements for table, its positions table cursor
 // and its parked table parked, reading cols (the relay's columns, for
@@ -327,7 +337,10 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		// the (txid, id) index.
 		Load: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top)," +
 			" c AS MATERIALIZED (SELECT c.lane, c.done, coalesce(c.upto, s.now) AS upto, c.upto IS NULL AS opening, c.base, c.pos, c.floor, c.top, c.skip" +
-			" FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]))," +
+			" FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]) AND c.lane <> ALL(@kl::int[])" +
+			" UNION ALL SELECT x.l, x.d::pg_snapshot, coalesce(x.u::pg_snapshot, s.now), x.u IS NULL, x.b, x.p, x.f, x.t, " + skipArray +
+			" FROM unnest(@kl::int[], @kd::text[], @ku::text[], @kb::bigint[], @kp::bigint[], @kf::bigint[], @kt::bigint[], @ks::text[]) AS x(l, d, u, b, p, f, t, s), s" +
+			" WHERE x.l = ANY(@locked::int[]))," +
 			" k AS MATERIALIZED (SELECT ARRAY(SELECT c.opening FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS opening," +
 			" ARRAY(SELECT c.done FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS dones," +
 			" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
@@ -344,9 +357,11 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		Read:      read(cols + ", " + ln + " - 1"),
 		ReadIDs:   read("e.id, " + ln + " - 1"),
 		Save: "UPDATE " + c + " c SET done = x.d::pg_snapshot, upto = x.u::pg_snapshot, base = x.b, pos = x.p, floor = x.f, top = x.t," +
-			" skip = coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}'), updated_at = now()" +
+			" skip = " + skipArray + ", updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
 			" WHERE c.lane = x.l",
+		Own:     "SELECT count(pg_advisory_lock(@ns, l)) FROM unnest(@lanes::int[]) l",
+		Release: "SELECT count(pg_advisory_unlock(@ns, l)) FROM unnest(@lanes::int[]) l",
 		Idle: "SELECT lane FROM (SELECT lane FROM " + c + " WHERE upto IS NULL AND lane <> ALL(coalesce(@locked::int[], '{}'))" +
 			" AND pg_snapshot_xmax(done) < pg_snapshot_xmax(pg_current_snapshot()) OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)",
 		// Cleanup deletes rows that their lane's done snapshot holds.
@@ -464,4 +479,22 @@ func JoinSkip(ids []int64) string {
 		parts[i] = strconv.FormatInt(id, 10)
 	}
 	return strings.Join(parts, ",")
+}
+
+// KeptArgs returns Load's arguments for the positions of the lanes a relay
+// kept (their rows in the table are behind them): @kl, @kd, @ku, @kb, @kp,
+// @kf, @kt and @ks, as Save's.
+func KeptArgs(kept []Lane) map[string]any {
+	n := len(kept)
+	lane, done, upto, skip := make([]int32, 0, n), make([]string, 0, n), make([]*string, 0, n), make([]string, 0, n)
+	base, pos, floor, top := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+	for _, l := range kept {
+		lane, done, base, pos, floor, top = append(lane, l.Lane), append(done, l.Done), append(base, l.Base), append(pos, l.Pos), append(floor, l.Floor), append(top, l.Top)
+		var u *string
+		if l.Upto != "" {
+			u = &l.Upto
+		}
+		upto, skip = append(upto, u), append(skip, JoinSkip(l.Skip))
+	}
+	return map[string]any{"kl": lane, "kd": done, "ku": upto, "kb": base, "kp": pos, "kf": floor, "kt": top, "ks": skip}
 }

@@ -1,0 +1,298 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
+)
+
+// Lanes kept across batches (cursor progress, Mode Poll, AtLeastOnce, a
+// pool as the DB): each worker runs its batches on a connection of its own
+// and keeps the lanes it delivers on locked between them, with a session
+// lock in the lanes' namespace, so that no other relay or worker can take
+// them. Their positions are then the worker's: a batch reads a kept lane's
+// position from the worker, not from its row, and writes nothing; the
+// worker writes the positions that changed at most every keepSaveEvery, or
+// once its batches read MaxBatchSize rows since the last write (in the batch's
+// transaction when one is due, or a transaction of its own when the worker
+// is idle), and lets go, after that write committed, of the lanes that no
+// batch took since the previous one. A lane's row is so
+// written about twice a second while it has events, instead of once per
+// batch.
+//
+// What the row does not hold yet was delivered: a relay that crashes, or
+// whose connection is lost, leaves its lanes' rows behind what it published
+// in the last keepSaveEvery, fewer than MaxBatchSize events, and its last
+// batch; the relay that takes
+// the lanes next sends those events again, in order. A worker whose batch
+// fails closes its connection (the server drops its locks) and forgets the
+// positions it kept. A relay frozen between batches loses its connection,
+// and so its lanes, after idle_session_timeout (BatchTimeout + 5s, at least
+// twice PollInterval + 5s), as one frozen in a batch does after
+// idle_in_transaction_session_timeout; its next batch then fails before
+// sending anything.
+
+// keepSaveEvery is the longest a kept lane's row stays behind what its
+// worker delivered (the duplicates a crash can cause).
+const keepSaveEvery = 500 * time.Millisecond
+
+// laneKeeper is one worker's kept lanes and its connection. Only the
+// worker's goroutine uses it.
+type laneKeeper struct {
+	r    *Relay
+	conn *pgx.Conn // taken out of the pool, as the LISTEN connection is
+	// off: the server cannot bound an idle session (no
+	// idle_session_timeout, PostgreSQL 13): no lane is kept.
+	off bool
+	// lanes are the kept lanes' positions, as committed; dirty the ones
+	// not written to their rows; used the ones a batch took since the
+	// last write.
+	lanes map[int32]cursor.Lane
+	dirty map[int32]bool
+	used  map[int32]bool
+	saved time.Time // the last write
+	every time.Duration
+	// unsaved counts the rows that batches read from kept lanes since the
+	// last write: at MaxBatchSize the batch writes (see plan).
+	unsaved int
+}
+
+// newKeeper returns a worker's laneKeeper, or nil where lanes are not kept.
+func (r *Relay) newKeeper() *laneKeeper {
+	if r.cur == nil || r.eo != nil || r.cfg.Mode != Poll {
+		return nil
+	}
+	if _, ok := r.db.(acquirer); !ok {
+		return nil
+	}
+	every := r.cur.keepEvery // set by tests only
+	if every <= 0 {
+		every = keepSaveEvery
+	}
+	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every}
+}
+
+// usable reports whether k runs the worker's batches.
+func (k *laneKeeper) usable() bool { return k != nil && !k.off }
+
+// keeping reports whether k's batch may keep lanes (its connection is up).
+func (k *laneKeeper) keeping() bool { return k.usable() && k.conn != nil }
+
+// idleSession is the bound on the connection's idle time, in milliseconds.
+func (k *laneKeeper) idleSession() string {
+	d := max(k.r.cfg.BatchTimeout, 2*k.r.cfg.PollInterval) + 5*time.Second
+	return strconv.FormatInt(d.Milliseconds(), 10)
+}
+
+// Begin begins a batch's transaction on the worker's connection, which it
+// acquires first when it has none.
+func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
+	if k.off {
+		return k.r.db.Begin(ctx)
+	}
+	if k.conn == nil {
+		pc, err := k.r.db.(acquirer).Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// Out of the pool: it holds its locks and its setting for good,
+		// and the pool keeps its size for the rest of the relay.
+		conn := pc.Hijack()
+		if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", k.idleSession()); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			// No bound on an idle session: a frozen relay would keep its
+			// lanes for ever. Each batch locks its lanes, as with a DB that
+			// is not a pool.
+			k.off = true
+			k.r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); cursor batches write their lanes' positions each time", "error", err)
+			return k.r.db.Begin(ctx)
+		}
+		k.conn, k.saved = conn, time.Now()
+	}
+	tx, err := k.conn.Begin(ctx)
+	if err != nil {
+		// The connection was lost (or its idle session ended): its locks
+		// went with it, and the kept positions must be read from the rows.
+		k.drop(ctx)
+		k.r.cur.forget()
+		return nil, err
+	}
+	return tx, nil
+}
+
+// due reports whether the kept lanes' positions are to be written.
+func (k *laneKeeper) due() bool {
+	return k.keeping() && len(k.lanes) > 0 && time.Since(k.saved) >= k.every
+}
+
+// wait returns a channel that fires when the kept positions are due, for
+// the worker's wait between batches instead of its PollInterval ticker, and
+// a func that stops it; nil when nothing is kept or the ticker comes first
+// anyway (the wait stays within PollInterval either way).
+func (k *laneKeeper) wait() (<-chan time.Time, func()) {
+	if !k.keeping() || len(k.lanes) == 0 {
+		return nil, func() {}
+	}
+	d := max(time.Until(k.saved.Add(k.every)), 0)
+	if d >= k.r.cfg.PollInterval {
+		return nil, func() {}
+	}
+	t := time.NewTimer(d)
+	return t.C, func() { t.Stop() }
+}
+
+// given returns the positions of the lanes of locked that k keeps (Load
+// reads them instead of their rows).
+func (k *laneKeeper) given(locked []int32) []cursor.Lane {
+	if !k.keeping() {
+		return nil
+	}
+	var out []cursor.Lane
+	for _, l := range locked {
+		if p, ok := k.lanes[l]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// plan queues a batch's writes, given each of its lanes' position after it
+// (next) and the ones that changed: nothing, or when due every position not
+// written yet; and the session locks of the lanes that changed and are not
+// kept yet, which the batch keeps from now on.
+func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.Lane) {
+	cb.next = next
+	var take []int32
+	for _, l := range changed {
+		if _, ok := k.lanes[l.Lane]; !ok {
+			take = append(take, l.Lane)
+		}
+	}
+	// Due by time, or by the rows the lanes' rows do not hold yet: a batch
+	// that brings them to MaxBatchSize writes, so that a crash repeats
+	// fewer than MaxBatchSize events besides its last batch (in a drain,
+	// batches of MaxBatchSize write each time, as without kept lanes).
+	if time.Since(k.saved) >= k.every || k.unsaved+len(cb.ids) >= k.r.cfg.MaxBatchSize {
+		cb.flush = true
+		in := map[int32]bool{}
+		var write []cursor.Lane
+		for _, l := range next {
+			in[l.Lane] = true
+			// The row is behind l: a kept lane's when l is not what the
+			// worker kept or that is not written yet; another's when the
+			// batch moved it.
+			kept, ok := k.lanes[l.Lane]
+			if ok && (k.dirty[l.Lane] || !kept.Equal(l)) || !ok && !cb.lanes[l.Lane].Equal(l) {
+				write = append(write, l)
+			}
+		}
+		for id := range k.dirty {
+			if !in[id] {
+				write = append(write, k.lanes[id])
+			}
+		}
+		if len(write) > 0 {
+			k.r.cursorSaveLanes(b, write)
+		}
+		cb.saved = write
+	}
+	if len(take) > 0 {
+		b.Queue(k.r.cur.q.Own, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": take})
+		cb.take = take
+	}
+}
+
+// committed takes a batch's outcome once its transaction committed (or
+// had nothing to write): the lanes' positions are kept; after a write,
+// the lanes no batch took since the previous one are let go.
+func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
+	written := map[int32]bool{}
+	for _, l := range cb.saved {
+		written[l.Lane] = true
+		delete(k.dirty, l.Lane)
+	}
+	for _, id := range cb.take {
+		k.lanes[id] = cursor.Lane{}
+	}
+	for _, l := range cb.next {
+		old, ok := k.lanes[l.Lane]
+		if !ok {
+			continue // locked for this batch only: its row is its position
+		}
+		k.used[l.Lane] = true
+		if !old.Equal(l) {
+			k.lanes[l.Lane] = l
+			if !written[l.Lane] {
+				k.dirty[l.Lane] = true
+			}
+		}
+	}
+	if !cb.flush {
+		k.unsaved += len(cb.ids)
+		return nil
+	}
+	k.saved, k.unsaved = time.Now(), 0
+	var free []int32
+	for id := range k.lanes {
+		if !k.used[id] {
+			free = append(free, id)
+		}
+	}
+	clear(k.used)
+	if len(free) == 0 {
+		return nil
+	}
+	for _, id := range free {
+		delete(k.lanes, id)
+	}
+	if _, err := k.conn.Exec(ctx, k.r.cur.q.Release, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": free}); err != nil {
+		return fmt.Errorf("relay: let go of %d lanes of %s: %w", len(free), k.r.cfg.Table, err)
+	}
+	return nil
+}
+
+// drop closes the connection (the server drops its locks) and forgets the
+// kept positions: their rows are what the next holder reads.
+func (k *laneKeeper) drop(ctx context.Context) {
+	if k == nil || k.conn == nil {
+		return
+	}
+	_ = k.conn.Close(context.WithoutCancel(ctx))
+	k.conn = nil
+	clear(k.lanes)
+	clear(k.dirty)
+	clear(k.used)
+}
+
+// close writes the kept positions not written yet and closes the
+// connection (the worker stops).
+func (k *laneKeeper) close(ctx context.Context) {
+	if k == nil || k.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.r.cfg.BatchTimeout)
+	defer cancel()
+	if len(k.dirty) > 0 {
+		var write []cursor.Lane
+		for id := range k.dirty {
+			write = append(write, k.lanes[id])
+		}
+		err := pgx.BeginFunc(ctx, k.conn, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			k.r.cursorSaveLanes(b, write)
+			return tx.SendBatch(ctx, b).Close()
+		})
+		if err != nil {
+			k.r.cfg.Logger.Warn("outbox relay: could not write the positions of the lanes kept at stop; the next relay sends their last events again", "lanes", len(write), "error", err)
+		}
+	}
+	k.drop(ctx)
+}

@@ -1,0 +1,139 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay"
+)
+
+// killKeepers terminates the backends that hold session locks on the
+// table's lanes: the connections on which a cursor relay's workers keep
+// their lanes, as if the relay's host had crashed.
+func (s *setup) killKeepers(t *testing.T) int {
+	t.Helper()
+	ns := uint32(locks.Namespace(s.table.String()))
+	var n int
+	err := s.pool.QueryRow(s.ctx, `SELECT count(pg_terminate_backend(pid)) FROM (SELECT DISTINCT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = $1::bigint::oid AND objsubid = 2 AND granted AND pid <> pg_backend_pid()) p`, int64(ns)).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// countByID counts each event's deliveries.
+func countByID(msgs []*sarama.ConsumerMessage) map[string]int {
+	out := map[string]int{}
+	for _, m := range msgs {
+		out[testenv.Header(m, outbox.HeaderEventID)]++
+	}
+	return out
+}
+
+// A cursor relay's worker keeps the lanes it delivers on between batches
+// and writes their positions only every keepSaveEvery (here: never, before
+// it stops). What a crash repeats is exactly what the rows did not hold:
+// killed, its connection's locks go, and the lanes' next holder (here the
+// relay itself, on a new connection) sends those events again, each key in
+// order; nothing is lost. At Stop the kept positions are written, and a
+// new relay sends nothing again.
+func TestCursorKeptLanesCrashRepeatsOnlyWhatRowsDoNotHold(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	const total = 40
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond})
+	relay.SetKeepSaveEvery(r, time.Hour)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = r.Stop(context.Background())
+		}
+	})
+	s.write(t, topic, total, 8)
+	cons.WaitForDistinct(total, 30*time.Second)
+	// The rows of the lanes were not written: they hold none of the events.
+	if n := s.waiting(t); n != total {
+		t.Fatalf("the lanes' rows hold %d of %d delivered events before any write was due; want 0 (kept lanes are written every keepSaveEvery)", total-n, total)
+	}
+	if n := s.killKeepers(t); n == 0 {
+		t.Fatal("no connection holds the table's lanes: the relay's worker does not keep them")
+	}
+	// Each event again, once, from the rows' positions.
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := len(cons.Messages())
+		return n >= 2*total, fmt.Sprintf("%d messages, want %d (each event again after the crash)", n, 2*total)
+	})
+	time.Sleep(300 * time.Millisecond)
+	msgs := cons.Messages()
+	distinct, dups := checkOrder(t, msgs)
+	if distinct != total || dups != total {
+		t.Errorf("got %d distinct events and %d duplicates; want %d and %d (each event once more)", distinct, dups, total, total)
+	}
+	for id, n := range countByID(msgs) {
+		if n != 2 {
+			t.Errorf("event %s delivered %d times, want 2", id, n)
+		}
+	}
+	// The second copies keep each key's order too.
+	checkOrder(t, msgs[len(msgs)-total:])
+	// Stop writes the kept positions: a new relay sends nothing again.
+	if err := r.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if n := s.waiting(t); n != 0 {
+		t.Fatalf("after Stop the lanes' rows leave %d events to deliver, want 0", n)
+	}
+	r2 := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
+	drain(t, r2)
+	time.Sleep(300 * time.Millisecond)
+	if n := len(cons.Messages()); n != 2*total {
+		t.Errorf("%d messages after a new relay's claims, want %d: the positions written at Stop hold every event", n, 2*total)
+	}
+}
+
+// A running cursor relay writes the positions of the lanes it keeps within
+// keepSaveEvery of delivering, also when it then has nothing to do, and
+// lets the lanes go: the rows hold every event, and another relay can lock
+// the lanes.
+func TestCursorKeptLanesAreWrittenWhileIdle(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	const lanes = 16
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 50 * time.Millisecond, Lanes: lanes})
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	s.write(t, topic, 30, 6)
+	cons.WaitForDistinct(30, 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := s.waiting(t)
+		return n == 0, fmt.Sprintf("the lanes' rows leave %d delivered events to deliver while the relay runs", n)
+	})
+	ns := locks.Namespace(s.table.String())
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		var free int
+		err := s.pool.QueryRow(s.ctx, "SELECT count(*) FILTER (WHERE pg_try_advisory_xact_lock($1, l)) FROM generate_series(0, $2 - 1) l", ns, lanes).Scan(&free)
+		return err == nil && free == lanes, fmt.Sprintf("%d of %d lanes free (%v) once the relay has nothing to deliver", free, lanes, err)
+	})
+}
