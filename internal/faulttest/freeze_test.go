@@ -44,13 +44,18 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 	frozen := time.Now()
 	t.Logf("relay process (pid %d) frozen with SIGSTOP holding %d events", child.cmd.Process.Pid, len(held))
 
-	// The lanes it holds: its transaction's advisory locks.
+	// The lanes it holds: its batch transaction's advisory locks. Only the
+	// session in a transaction: the relay's table-statistics reporter holds
+	// a session lock in the same namespace on another connection, for as
+	// long as the process lives, and a check of its pid would see "locks
+	// still held" for ever.
 	var lanes []int32
 	var state string
 	var pid int32
 	if err := pool.QueryRow(w.ctx, `SELECT coalesce(array_agg(l.objid::int ORDER BY l.objid), '{}'), coalesce(min(a.state), ''), coalesce(min(a.pid), 0)
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1`, app).Scan(&lanes, &state, &pid); err != nil {
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1
+		  AND a.state LIKE 'idle in transaction%'`, app).Scan(&lanes, &state, &pid); err != nil {
 		t.Fatal(err)
 	}
 	if len(lanes) == 0 {

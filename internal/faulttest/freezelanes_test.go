@@ -47,7 +47,8 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	var pid int32
 	if err := pool.QueryRow(w.ctx, `SELECT coalesce(array_agg(l.objid::int ORDER BY l.objid), '{}'), coalesce(min(a.pid), 0)
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1`, app).Scan(&held, &pid); err != nil {
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.application_name = $1
+		  AND a.state LIKE 'idle in transaction%'`, app).Scan(&held, &pid); err != nil {
 		t.Fatal(err)
 	}
 	if len(held) == 0 {
