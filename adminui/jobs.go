@@ -285,16 +285,17 @@ func (h *Handler) apiAction(rq *request) {
 	go func() {
 		defer h.wg.Done()
 		n, err := o.run(h.ctx, func(done int) { h.jobs.update(j, func(j *bulkJob) { j.Done = done }) })
+		// The audit line is written before the job shows its end: whoever
+		// sees the job done or failed finds its line in the log.
 		var snap bulkJob
-		h.jobs.update(j, func(j *bulkJob) {
-			now := time.Now()
-			j.Done, j.Ended, j.State = n, &now, "done"
-			if err != nil {
-				j.State, j.Error = "failed", err.Error()
-			}
-			snap = *j
-		})
+		h.jobs.update(j, func(j *bulkJob) { snap = *j })
+		now := time.Now()
+		snap.Done, snap.Ended, snap.State = n, &now, "done"
+		if err != nil {
+			snap.State, snap.Error = "failed", err.Error()
+		}
 		h.audit(&snap)
+		h.jobs.update(j, func(j *bulkJob) { j.Done, j.Ended, j.State, j.Error = snap.Done, snap.Ended, snap.State, snap.Error })
 	}()
 	snap, _ := h.jobs.get(j.ID)
 	rq.w.Header().Set("Content-Type", "application/json")
