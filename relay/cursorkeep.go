@@ -69,9 +69,10 @@ type laneKeeper struct {
 	// unsaved counts the rows that batches read from kept lanes since the
 	// last write: at MaxBatchSize the batch writes (see plan).
 	unsaved int
-	// found is when a claim last ran Find (see fast); findEvery is
-	// keptFindEvery, or what a test set.
+	// found is when a claim last ran Find (see fast), and seen the
+	// waiting rows it saw; findEvery is keptFindEvery, or what a test set.
 	found     time.Time
+	seen      int
 	findEvery time.Duration
 }
 
@@ -105,10 +106,10 @@ func (k *laneKeeper) fast() bool {
 	return k.keeping() && len(k.lanes) > 0 && time.Since(k.found) < k.findEvery
 }
 
-// searched notes that a claim ran Find.
-func (k *laneKeeper) searched() {
+// searched notes that a claim ran Find, which saw seen waiting rows.
+func (k *laneKeeper) searched(seen int) {
 	if k != nil {
-		k.found = time.Now()
+		k.found, k.seen = time.Now(), seen
 	}
 }
 

@@ -369,7 +369,9 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if k.fast() {
 		// The lanes the worker keeps, without Find: their positions are
 		// the worker's and their locks its connection's.
-		c, err := r.cursorRead(ctx, tx, k.kept(), n, held, 0, nil, k, true)
+		// The waiting rows the last Find saw stand for seen: with a
+		// backlog the worker claims again at once, as after that Find.
+		c, err := r.cursorRead(ctx, tx, k.kept(), n, held, k.seen, nil, k, true)
 		if err != nil || len(c.rows) > 0 || len(c.bad) > 0 {
 			if err == nil {
 				r.cur.keptClaims.Add(1)
@@ -380,7 +382,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 		// (this read wrote nothing and is forgotten).
 	}
 	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil, k)
-	k.searched()
+	k.searched(seen)
 	if err == nil && len(locked) == 0 && k.due() {
 		return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
 	}
