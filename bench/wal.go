@@ -136,6 +136,11 @@ type WalStatement struct {
 	Rows    int64   `json:"rows"`
 	// WalBytes is the WAL the statement wrote (pg_stat_statements.wal_bytes).
 	WalBytes int64 `json:"wal_bytes"`
+	// Plans and MeanPlanUs: how often the statement was planned, and the
+	// mean planning time (pg_stat_statements.track_planning): a prepared
+	// statement that is planned at each call pays this each time.
+	Plans      int64   `json:"plans"`
+	MeanPlanUs float64 `json:"mean_plan_us"`
 }
 
 // statements returns the statements that took the most time since the
@@ -144,7 +149,7 @@ func (c *walCluster) statements(ctx context.Context) []WalStatement {
 	if !c.e.p.walStatements {
 		return nil
 	}
-	rows, err := c.e.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time * 1000, rows, wal_bytes::bigint
+	rows, err := c.e.pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 160), calls, total_exec_time, mean_exec_time * 1000, rows, wal_bytes::bigint, plans, mean_plan_time * 1000
 		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 14`)
 	if err != nil {
 		log.Printf("pg_stat_statements: %v", err)
@@ -153,8 +158,8 @@ func (c *walCluster) statements(ctx context.Context) []WalStatement {
 	var out []WalStatement
 	for rows.Next() {
 		var s WalStatement
-		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanUs, &s.Rows, &s.WalBytes) == nil {
-			s.TotalMS, s.MeanUs = round1(s.TotalMS), round1(s.MeanUs)
+		if rows.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanUs, &s.Rows, &s.WalBytes, &s.Plans, &s.MeanPlanUs) == nil {
+			s.TotalMS, s.MeanUs, s.MeanPlanUs = round1(s.TotalMS), round1(s.MeanUs), round1(s.MeanPlanUs)
 			out = append(out, s)
 		}
 	}
@@ -341,6 +346,17 @@ func (e *env) startCluster(ctx context.Context, name, level string) (*walCluster
 		}
 		if err == nil {
 			_, err = pgScript(ctx, penv, "restart")
+		}
+		if err == nil {
+			// Planning time too: a setting of the library, known once it
+			// is loaded.
+			if conn, err = pgx.Connect(ctx, c.url); err == nil {
+				_, err = conn.Exec(ctx, "ALTER SYSTEM SET pg_stat_statements.track_planning = on")
+				if err == nil {
+					_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
+				}
+				conn.Close(ctx)
+			}
 		}
 		if err != nil {
 			c.stop()

@@ -210,3 +210,56 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 	}
 	s.noRowUpdated(t)
 }
+
+// A row that cannot be read in a kept lane, met by a claim without Find
+// (one statement for the kept lanes' positions and rows): the claim reads
+// the lanes again the general way, the row is parked, and the lane goes on
+// past it.
+func TestCursorKeptLanesParkAnUnreadableRow(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: 2})
+	relay.SetKeepSaveEvery(r, time.Hour)
+	relay.SetKeepFind(r, time.Hour)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	s.write(t, topic, 40, 10)
+	cons.WaitForDistinct(40, 30*time.Second)
+
+	before := relay.KeptClaims(r)
+	// Both lanes are kept now: kbad's is one of them.
+	bad := s.insertUnreadable(t, topic, "kbad")
+	after := s.insertRaw(t, topic, "kbad", []byte(`{"after":true}`))
+	s.write(t, topic, 40, 10)
+	cons.WaitForDistinct(81, unreadableWait)
+	waitUntil(t, unreadableWait, "the unreadable row parked", func() bool {
+		_, parked := s.parked(t, bad)
+		return parked
+	})
+	if relay.KeptClaims(r) == before {
+		t.Error("no claim read the kept lanes without Find")
+	}
+	got := map[string]int{}
+	for _, m := range cons.Messages() {
+		got[testenv.Header(m, outbox.HeaderEventID)]++
+	}
+	if got[bad.String()] != 0 || got[after.String()] != 1 {
+		t.Errorf("the unreadable row reached Kafka %d times (want 0: parked), its key's later event %d times (want 1)", got[bad.String()], got[after.String()])
+	}
+	if relay.KeptUnreadable(r) == 0 {
+		t.Error("no claim without Find met the unreadable row")
+	}
+	dups := 0
+	for _, n := range got {
+		dups += n - 1
+	}
+	if len(got) != 81 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 81 and 0", len(got), dups)
+	}
+}

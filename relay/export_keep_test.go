@@ -14,3 +14,7 @@ func SetKeepFind(r *Relay, d time.Duration) { r.cur.keepFind = d }
 // KeptClaims returns how many claims of r read the lanes its workers keep
 // without Find and had events to send.
 func KeptClaims(r *Relay) int64 { return r.cur.keptClaims.Load() }
+
+// KeptUnreadable returns how many claims of r read kept lanes in one
+// statement, met a row that could not be read and read the lanes again.
+func KeptUnreadable(r *Relay) int64 { return r.cur.keptUnreadable.Load() }

@@ -124,6 +124,9 @@ type cursorState struct {
 	// keptClaims counts the claims that read the kept lanes without Find
 	// and had events to send (tests).
 	keptClaims atomic.Int64
+	// keptUnreadable counts the reads of kept lanes in one statement that
+	// met a row that could not be read (tests).
+	keptUnreadable atomic.Int64
 }
 
 // knownEvery is how often a relay reads every lane's position.
@@ -371,7 +374,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 		// the worker's and their locks its connection's.
 		// The waiting rows the last Find saw stand for seen: with a
 		// backlog the worker claims again at once, as after that Find.
-		c, err := r.cursorRead(ctx, tx, k.kept(), n, held, k.seen, nil, k, true)
+		c, err := r.cursorReadKept(ctx, tx, k.kept(), n, held, k.seen, k, true)
 		if err != nil || len(c.rows) > 0 || len(c.bad) > 0 {
 			if err == nil {
 				r.cur.keptClaims.Add(1)
@@ -389,7 +392,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
-	return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, false)
+	return r.cursorReadKept(ctx, tx, locked, n, held, seen, k, false)
 }
 
 // cursorFind try-locks the lanes with waiting rows that cover about n of
@@ -650,6 +653,13 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	if err != nil {
 		return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
 	}
+	return cb.finish(out, bad, n, held, seen, publish), nil
+}
+
+// finish is the end of a cursor claim that read out (and bad) of at most n
+// rows: rows whose key waits for a retry, or whose lane stopped, are read
+// but not returned.
+func (cb *cursorBatch) finish(out []row, bad []unreadable, n int, held []string, seen int, publish map[int32]bool) claimed {
 	cb.full = len(cb.ids) == n
 	if len(cb.ids) > 0 {
 		cb.last = cb.ids[len(cb.ids)-1]
@@ -673,7 +683,75 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 		}
 		kept = append(kept, x)
 	}
-	return claimed{rows: kept, bad: bad, more: cb.full || seen >= 2*n, cur: cb}, nil
+	return claimed{rows: kept, bad: bad, more: cb.full || seen >= 2*n, cur: cb}
+}
+
+// cursorReadKept is cursorRead for a claim that publishes, in one
+// statement (cursor.Queries.Kept) instead of Load and Read where every lane
+// locked is one the worker keeps (k): their positions are the worker's.
+// It reads nothing, and returns no batch, when those lanes have no row to
+// read (their windows stay as they were). Where a row cannot be read the
+// transaction goes back to the savepoint and cursorRead reads the lanes
+// again, setting the row aside.
+func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, k *laneKeeper, first bool) (claimed, error) {
+	given := k.given(locked)
+	if len(given) != len(locked) || len(given) == 0 {
+		return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, first)
+	}
+	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: k}
+	args := cursor.KeptReadArgs(r.cfg.Lanes, given)
+	args["n"], args["lanes"] = n, r.cfg.Lanes
+	var out []row
+	var x row
+	var lane int32
+	var now string
+	var top int64
+	var lateLanes []int32
+	var lateIDs []int64
+	b := &pgx.Batch{}
+	if first {
+		b.Queue(r.txSettings, r.idleMillis)
+	}
+	// Under a savepoint, as cursorRead's Read.
+	b.Queue(r.q.savepoint)
+	b.Queue(r.cur.q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
+		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane,
+			&now, &top, &lateLanes, &lateIDs}, func() error {
+			cb.laneOf[x.id] = lane
+			cb.ids = append(cb.ids, x.id)
+			out = append(out, x)
+			x = row{}
+			return nil
+		})
+		return err
+	})
+	err := tx.SendBatch(ctx, b).Close()
+	if err != nil && isUnreadable(err) {
+		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+		}
+		r.cur.keptUnreadable.Add(1)
+		return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, false)
+	}
+	if err != nil {
+		return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
+	}
+	if len(out) == 0 {
+		return claimed{more: seen >= 2*n}, nil
+	}
+	lates := make(map[int32]int64, len(lateLanes))
+	for i, l := range lateLanes {
+		if i < len(lateIDs) {
+			lates[l] = lateIDs[i]
+		}
+	}
+	for _, l := range given {
+		l = cursor.Opened(l, now, top, lates)
+		cb.lanes[l.Lane] = l
+		cb.order = append(cb.order, l.Lane)
+		r.cur.remember(l)
+	}
+	return cb.finish(out, nil, n, held, seen, nil), nil
 }
 
 // cursorSave writes the positions of a cursor batch's lanes after its

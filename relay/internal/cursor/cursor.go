@@ -172,6 +172,15 @@ type Queries struct {
 	// lanes that the relay kept from earlier batches come as arguments
 	// (KeptArgs): their rows are behind what it delivered.
 	Load string
+	// Kept is Load and Read in one statement, for lanes whose positions
+	// the relay gives (KeptReadArgs: the lanes a worker kept across
+	// batches, whose rows are behind it): it opens their closed windows at
+	// its snapshot, finds those windows' late rows and reads the next @n
+	// rows, as Load then Read would. Each row carries the statement's
+	// snapshot, the highest id then, and the lowest late row of each lane
+	// whose window it opened (see Opened); no row, when the lanes have
+	// none to read.
+	Kept string
 	// Read reads the next @n rows of the lanes' windows, in id order;
 	// ReadIDs reads only their ids and lanes (when a row cannot be read).
 	// Their arguments are the lanes' states indexed by lane (see
@@ -353,6 +362,25 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
 			" CASE WHEN c.opening THEN (SELECT top FROM s) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
+		Kept: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top)," +
+			" k AS MATERIALIZED (SELECT @opening::bool[] AS opening, @dones::text[]::pg_snapshot[] AS dones, @bases::bigint[] AS bases," +
+			" @uptos::text[]::pg_snapshot[] AS uptos, @starts::bigint[] AS starts, @xmax::text::xid8 AS xmax, @base::bigint AS base," +
+			" @xips::text[]::xid8[] AS xips)," +
+			" l AS (" + opened(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
+			" UNION ALL " + opened(byXip, "true") + ")," +
+			" m AS MATERIALIZED (SELECT lane, min(id) AS id FROM l GROUP BY lane)," +
+			// A lane whose window opens on late rows starts below them.
+			" f AS MATERIALIZED (SELECT CASE WHEN EXISTS (SELECT FROM m) THEN (SELECT array_agg(CASE WHEN m.id IS NULL THEN u.st ELSE least(u.st, m.id - 1) END ORDER BY u.i)" +
+			" FROM unnest((SELECT starts FROM k)) WITH ORDINALITY u(st, i) LEFT JOIN m ON m.lane = u.i - 1) ELSE (SELECT starts FROM k) END AS starts)," +
+			" r AS (SELECT " + cols + ", " + ln + " - 1 AS lane FROM " + t + " e" +
+			" WHERE e.id > least(@from::bigint, (SELECT min(id) - 1 FROM m)) AND e.id > ((SELECT starts FROM f))[" + ln + "]" +
+			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
+			" AND pg_visible_in_snapshot(e.txid, coalesce(((SELECT uptos FROM k))[" + ln + "], (SELECT now FROM s)))" +
+			" AND e.id <> ALL(@skip::bigint[])" + waiting +
+			" ORDER BY e.id LIMIT @n)" +
+			" SELECT r.*, (SELECT now::text FROM s), (SELECT top FROM s)," +
+			" coalesce((SELECT array_agg(lane ORDER BY lane) FROM m), '{}'), coalesce((SELECT array_agg(id ORDER BY lane) FROM m), '{}')" +
+			" FROM r ORDER BY r.id",
 		Positions: "SELECT lane, done::text, coalesce(upto::text, ''), base, coalesce(pos, 0), coalesce(floor, base + 1), coalesce(top, 0), coalesce(skip, '{}') FROM " + c,
 		Read:      read(cols + ", " + ln + " - 1"),
 		ReadIDs:   read("e.id, " + ln + " - 1"),
@@ -497,4 +525,76 @@ func KeptArgs(kept []Lane) map[string]any {
 		upto, skip = append(upto, u), append(skip, JoinSkip(l.Skip))
 	}
 	return map[string]any{"kl": lane, "kd": done, "ku": upto, "kb": base, "kp": pos, "kf": floor, "kt": top, "ks": skip}
+}
+
+// KeptReadArgs returns Kept's arguments for the positions of the lanes a
+// relay kept, and @from, @skip: as Load's then Read's would be, but for
+// the snapshot, which Kept takes.
+func KeptReadArgs(lanes int, kept []Lane) map[string]any {
+	opening, dones, uptos := make([]*bool, lanes), make([]*string, lanes), make([]*string, lanes)
+	bases, starts := make([]*int64, lanes), make([]*int64, lanes)
+	skip, xips := []int64{}, []string{}
+	var from, base *int64
+	var xmax *uint64
+	seen := map[string]bool{}
+	for _, l := range kept {
+		if l.Lane < 0 || int(l.Lane) >= lanes {
+			continue
+		}
+		o, d, b := !l.Open(), l.Done, l.Base
+		opening[l.Lane], dones[l.Lane], bases[l.Lane] = &o, &d, &b
+		// An opening window starts at its base (Kept lowers that to its
+		// late rows), an open one where it stands.
+		st := l.Start()
+		starts[l.Lane] = &st
+		if from == nil || st < *from {
+			from = &st
+		}
+		if l.Open() {
+			u := l.Upto
+			uptos[l.Lane] = &u
+			skip = append(skip, l.Skip...)
+			continue
+		}
+		if base == nil || b > *base {
+			base = &b
+		}
+		x, xip := snapshotParts(l.Done)
+		if xmax == nil || x < *xmax {
+			xmax = &x
+		}
+		for _, v := range xip {
+			if !seen[v] {
+				seen[v] = true
+				xips = append(xips, v)
+			}
+		}
+	}
+	if from == nil {
+		zero := int64(0)
+		from = &zero
+	}
+	var xmaxText *string
+	if xmax != nil {
+		t := strconv.FormatUint(*xmax, 10)
+		xmaxText = &t
+	}
+	return map[string]any{"opening": opening, "dones": dones, "uptos": uptos, "bases": bases, "starts": starts,
+		"xmax": xmaxText, "base": base, "xips": xips, "from": *from, "skip": skip}
+}
+
+// Opened returns the position of kept lane l after Kept read with the
+// snapshot now, the highest id top and the lowest late row of the lanes
+// whose windows it opened (lates, by lane): a closed window opens at now,
+// as Load opens it.
+func Opened(l Lane, now string, top int64, lates map[int32]int64) Lane {
+	if l.Open() {
+		return l
+	}
+	l.Upto, l.Pos, l.Skip, l.Top = now, 0, []int64{}, top
+	l.Floor = l.Base + 1
+	if id, ok := lates[l.Lane]; ok && id < l.Floor {
+		l.Floor = id
+	}
+	return l
 }
