@@ -166,15 +166,18 @@ func TestHelperRelayProcess(t *testing.T) {
 	var use relay.Publisher = pub
 	if delivery == relay.ExactlyOnce {
 		// The relay publishes through inner's brokers and configuration
-		// itself; the hooks sit at the batch's mark.
+		// itself; the hooks sit at the batch's mark, or under cursor
+		// progress at the positions' save, both after the Kafka commit.
 		use = inner
 		db = &markHookDB{pool: pool, mark: "UPDATE " + sqlname.Ident(table) + " SET published_at = now() WHERE id = ANY($1)",
 			onMark: pub.onMark(pool, table)}
+		if progress == relay.ProgressCursor {
+			db = &markHookDB{pool: pool, save: cursorSave(table), onMark: pub.onMark(pool, table)}
+		}
 	} else if progress == relay.ProgressCursor && (mode == "kill" || mode == "freeze") {
 		// The hooks sit at the positions' save, which follows the ack.
 		pub.atSave = true
-		db = &markHookDB{pool: pool, save: "UPDATE " + sqlname.Ident(sqlname.Cursor(table)) + " c SET done = ",
-			onMark: pub.onSave()}
+		db = &markHookDB{pool: pool, save: cursorSave(table), onMark: pub.onSave()}
 	}
 	r, err := relay.New(db, use, cfg)
 	if err != nil {
@@ -303,6 +306,12 @@ func (p *faultPublisher) onSave() func(ctx context.Context, ids []int64) func(er
 		}
 		return nil
 	}
+}
+
+// cursorSave is how the statement saving a cursor relay's positions in
+// table begins.
+func cursorSave(table outbox.Table) string {
+	return "UPDATE " + sqlname.Ident(sqlname.Cursor(table)) + " c SET done = "
 }
 
 // markHookDB is the relay's database in an exactly-once relay process: a
