@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,6 +38,14 @@ import (
 // idle_in_transaction_session_timeout; its next batch then fails before
 // sending anything.
 
+// keptFindEvery is how often a worker that keeps lanes runs Find while its
+// kept lanes have events to send: its other claims read the kept lanes
+// alone (see fast), so a lane that no worker keeps waits up to this long
+// for this worker while the kept lanes stay busy (a claim whose kept lanes
+// have nothing to send runs Find at once, and so do the other workers and
+// relays that are woken).
+const keptFindEvery = 25 * time.Millisecond
+
 // keepSaveEvery is the longest a kept lane's row stays behind what its
 // worker delivered (the duplicates a crash can cause).
 const keepSaveEvery = 500 * time.Millisecond
@@ -60,6 +69,11 @@ type laneKeeper struct {
 	// unsaved counts the rows that batches read from kept lanes since the
 	// last write: at MaxBatchSize the batch writes (see plan).
 	unsaved int
+	// found is when a claim last ran Find (see fast), and seen the
+	// waiting rows it saw; findEvery is keptFindEvery, or what a test set.
+	found     time.Time
+	seen      int
+	findEvery time.Duration
 }
 
 // newKeeper returns a worker's laneKeeper, or nil where lanes are not kept.
@@ -74,7 +88,39 @@ func (r *Relay) newKeeper() *laneKeeper {
 	if every <= 0 {
 		every = keepSaveEvery
 	}
-	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every}
+	find := r.cur.keepFind // set by tests only
+	if find <= 0 {
+		find = keptFindEvery
+	}
+	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every, findEvery: find}
+}
+
+// fast reports whether the next claim reads the kept lanes alone, without
+// Find: lanes are kept and Find ran less than findEvery ago. Such a claim
+// is one statement fewer, and its Load and Read are those of a claim whose
+// Find locked the kept lanes (their positions are the worker's, their
+// session locks the connection's), so order, late rows, held keys and
+// parking are as in any claim; it returns to Find when the kept lanes
+// have nothing to send.
+func (k *laneKeeper) fast() bool {
+	return k.keeping() && len(k.lanes) > 0 && time.Since(k.found) < k.findEvery
+}
+
+// searched notes that a claim ran Find, which saw seen waiting rows.
+func (k *laneKeeper) searched(seen int) {
+	if k != nil {
+		k.found, k.seen = time.Now(), seen
+	}
+}
+
+// kept returns the kept lanes, in order.
+func (k *laneKeeper) kept() []int32 {
+	out := make([]int32, 0, len(k.lanes))
+	for id := range k.lanes {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // usable reports whether k runs the worker's batches.
@@ -222,12 +268,21 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 	for _, id := range cb.take {
 		k.lanes[id] = cursor.Lane{}
 	}
+	read := map[int32]bool{}
+	for _, lane := range cb.laneOf {
+		read[lane] = true
+	}
 	for _, l := range cb.next {
 		old, ok := k.lanes[l.Lane]
 		if !ok {
 			continue // locked for this batch only: its row is its position
 		}
-		k.used[l.Lane] = true
+		if read[l.Lane] || slices.Contains(cb.take, l.Lane) {
+			// Used: the batch read rows of the lane (a claim without Find
+			// takes every kept lane along, and one whose window only
+			// opened and closed on nothing is let go at the next write).
+			k.used[l.Lane] = true
+		}
 		if !old.Equal(l) {
 			k.lanes[l.Lane] = l
 			if !written[l.Lane] {

@@ -12,6 +12,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/unitofwork"
 )
 
 // killKeepers terminates the backends that hold session locks on the
@@ -136,4 +137,76 @@ func TestCursorKeptLanesAreWrittenWhileIdle(t *testing.T) {
 		err := s.pool.QueryRow(s.ctx, "SELECT count(*) FILTER (WHERE pg_try_advisory_xact_lock($1, l)) FROM generate_series(0, $2 - 1) l", ns, lanes).Scan(&free)
 		return err == nil && free == lanes, fmt.Sprintf("%d of %d lanes free (%v) once the relay has nothing to deliver", free, lanes, err)
 	})
+}
+
+// A worker that keeps lanes reads them without Find while they have events
+// to send (here: Find only when they have none). Those claims keep every
+// guarantee of a claim through Find: each event once, each key in order,
+// and the late rows of a transaction that was open while its kept lane's
+// windows opened and closed are delivered after it commits.
+func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	// Two lanes and twenty keys: after the first events both lanes are
+	// kept, so every later key is in a kept lane.
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: 2})
+	relay.SetKeepSaveEvery(r, time.Hour)
+	relay.SetKeepFind(r, time.Hour)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Stop(s.ctx) }()
+	add := func(tx unitofwork.Tx, key string, seq int) error {
+		return tx.Add(s.ctx, outbox.Event{AggregateType: "order", AggregateID: key, Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": seq}})
+	}
+	writeRange := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error { return add(tx, fmt.Sprintf("k%d", i%20), i) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	writeRange(0, 100)
+	cons.WaitForDistinct(100, 30*time.Second)
+
+	// A transaction opens and writes first (its rows have lower ids than
+	// the next ones) and stays open while the kept lanes deliver on.
+	long, err := s.pool.Begin(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(s.ctx) }()
+	for i := range 3 {
+		if err := s.uow.AddTx(s.ctx, long, outbox.Event{AggregateType: "order", AggregateID: "slow", Type: "order.updated.v1",
+			Topic: topic, Payload: map[string]int{"seq": i}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := relay.KeptClaims(r)
+	writeRange(100, 300)
+	cons.WaitForDistinct(300, 30*time.Second)
+	if relay.KeptClaims(r) == before {
+		t.Fatal("no claim read the kept lanes without Find while they had events to send")
+	}
+	for _, m := range cons.Messages() {
+		if string(m.Key) == "slow" {
+			t.Fatal("an event of the open transaction was delivered before it committed")
+		}
+	}
+	if err := long.Commit(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	writeRange(300, 400)
+	cons.WaitForDistinct(403, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	distinct, dups := checkOrder(t, cons.Messages())
+	if distinct != 403 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 403 and 0", distinct, dups)
+	}
+	s.noRowUpdated(t)
 }

@@ -57,7 +57,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 		return c, err
 	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.
-	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes, nil)
+	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes, nil, false)
 	if err != nil {
 		return c, err
 	}

@@ -5,3 +5,12 @@ import "time"
 // SetKeepSaveEvery sets how often the workers of r, a cursor relay, write
 // the positions of the lanes they keep across batches; before Start.
 func SetKeepSaveEvery(r *Relay, d time.Duration) { r.cur.keepEvery = d }
+
+// SetKeepFind sets how often the workers of r, a cursor relay, run Find
+// while the lanes they keep have events to send (keptFindEvery); before
+// Start.
+func SetKeepFind(r *Relay, d time.Duration) { r.cur.keepFind = d }
+
+// KeptClaims returns how many claims of r read the lanes its workers keep
+// without Find and had events to send.
+func KeptClaims(r *Relay) int64 { return r.cur.keptClaims.Load() }

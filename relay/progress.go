@@ -118,8 +118,12 @@ type cursorState struct {
 	known   map[int32]cursor.Lane
 	knownAt time.Time
 
-	// keepEvery replaces keepSaveEvery when positive (tests).
-	keepEvery time.Duration
+	// keepEvery and keepFind replace keepSaveEvery and keptFindEvery
+	// when positive (tests).
+	keepEvery, keepFind time.Duration
+	// keptClaims counts the claims that read the kept lanes without Find
+	// and had events to send (tests).
+	keptClaims atomic.Int64
 }
 
 // knownEvery is how often a relay reads every lane's position.
@@ -362,14 +366,30 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if err := r.cursorSweep(ctx); err != nil {
 		return claimed{}, err
 	}
+	if k.fast() {
+		// The lanes the worker keeps, without Find: their positions are
+		// the worker's and their locks its connection's.
+		// The waiting rows the last Find saw stand for seen: with a
+		// backlog the worker claims again at once, as after that Find.
+		c, err := r.cursorRead(ctx, tx, k.kept(), n, held, k.seen, nil, k, true)
+		if err != nil || len(c.rows) > 0 || len(c.bad) > 0 {
+			if err == nil {
+				r.cur.keptClaims.Add(1)
+			}
+			return c, err
+		}
+		// Nothing to send in the kept lanes: Find looks at every lane
+		// (this read wrote nothing and is forgotten).
+	}
 	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil, k)
+	k.searched(seen)
 	if err == nil && len(locked) == 0 && k.due() {
 		return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
 	}
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
-	return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k)
+	return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, false)
 }
 
 // cursorFind try-locks the lanes with waiting rows that cover about n of
@@ -492,7 +512,7 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 // window with no row left in it closes, one with rows stops before them,
 // for the next claim.
 func (r *Relay) moveOn(ctx context.Context, tx pgx.Tx, locked []int32) ([]cursor.Lane, error) {
-	c, err := r.cursorRead(ctx, tx, locked, r.cfg.BatchSize, nil, 0, map[int32]bool{}, nil)
+	c, err := r.cursorRead(ctx, tx, locked, r.cfg.BatchSize, nil, 0, map[int32]bool{}, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -514,30 +534,34 @@ func (r *Relay) moveOn(ctx context.Context, tx pgx.Tx, locked []int32) ([]cursor
 // it took over).
 //
 // The positions of the lanes the worker keeps (k) are its own, not their
-// rows'.
-func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, publish map[int32]bool, k *laneKeeper) (claimed, error) {
+// rows'. first says that the read is the transaction's first statement,
+// which sets its settings (txSettings) as Find does otherwise.
+func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int, held []string, seen int, publish map[int32]bool, k *laneKeeper, first bool) (claimed, error) {
 	q := r.cur.q
 	// A new statement: its snapshot sees what the lanes' previous holder
 	// committed.
 	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: k}
 	loadArgs := cursor.KeptArgs(k.given(locked))
 	loadArgs["locked"], loadArgs["lanes"] = locked, r.cfg.Lanes
-	rows, err := tx.Query(ctx, q.Load, pgx.NamedArgs(loadArgs))
-	if err != nil {
-		return claimed{}, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)
+	pre, preArgs := "", []any(nil)
+	if first {
+		pre, preArgs = r.txSettings, []any{r.idleMillis}
 	}
 	var l cursor.Lane
 	var floor *int64
-	_, err = pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &floor, &l.Skip, &l.Top}, func() error {
-		l.Floor = l.Base + 1
-		if floor != nil {
-			l.Floor = *floor
-		}
-		cb.lanes[l.Lane] = l
-		cb.order = append(cb.order, l.Lane)
-		r.cur.remember(l)
-		l = cursor.Lane{}
-		return nil
+	err := r.query(ctx, tx, pre, preArgs, q.Load, pgx.NamedArgs(loadArgs), func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &floor, &l.Skip, &l.Top}, func() error {
+			l.Floor = l.Base + 1
+			if floor != nil {
+				l.Floor = *floor
+			}
+			cb.lanes[l.Lane] = l
+			cb.order = append(cb.order, l.Lane)
+			r.cur.remember(l)
+			l = cursor.Lane{}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return claimed{}, fmt.Errorf("relay: read the lanes' positions in %s: %w", r.cfg.Table, err)

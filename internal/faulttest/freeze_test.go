@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -63,7 +64,7 @@ func TestFrozenRelayLosesItsLanes(t *testing.T) {
 	}
 	t.Logf("it holds lanes %v; its session is %q", lanes, state)
 	// Relay's lane of a row, for the default 64 lanes (relay/claim.go).
-	inHeld := "((hashtext(partition_key) & 2147483647) % 64) = ANY('{" + joinInts(lanes) + "}'::int[])"
+	inHeld := tablesql.Lane("partition_key", defaultLanes) + " = ANY('{" + joinInts(lanes) + "}'::int[])"
 	heldRows := "event_id::text = ANY('{" + strings.Join(held, ",") + "}')"
 	var lastBefore int64
 	if err := pool.QueryRow(w.ctx, "SELECT max(id) FROM "+sqlname.Ident(w.table)).Scan(&lastBefore); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -55,7 +56,7 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 		t.Fatal("the frozen relay holds no lane locks")
 	}
 	// Lanes with events waiting (the relay's lane function, 64 lanes).
-	if err := pool.QueryRow(w.ctx, "SELECT coalesce(array_agg(DISTINCT (hashtext(partition_key) & 2147483647) % 64), '{}') FROM "+
+	if err := pool.QueryRow(w.ctx, "SELECT coalesce(array_agg(DISTINCT "+tablesql.Lane("partition_key", defaultLanes)+"), '{}') FROM "+
 		sqlname.Ident(w.table)+" WHERE "+w.waiting()).Scan(&busy); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestFrozenRelayHoldsOnlyItsLanes(t *testing.T) {
 	for i := 0; probe == ""; i++ {
 		k := fmt.Sprintf("probe-%d", i)
 		var lane int32
-		if err := pool.QueryRow(w.ctx, "SELECT (hashtext($1) & 2147483647) % 64", k).Scan(&lane); err != nil {
+		if err := pool.QueryRow(w.ctx, "SELECT "+tablesql.Lane("$1", defaultLanes), k).Scan(&lane); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Contains(busy, lane) {

@@ -65,6 +65,10 @@ func cursorReady(t testing.TB, db migrations.DB, table outbox.Table) {
 	}
 }
 
+// defaultLanes is relay.Config.Lanes' default, the lanes of the battery's
+// relays, for tablesql.Lane.
+const defaultLanes = "64"
+
 // deliveredSQL is the condition, on a row of table (unqualified columns),
 // that the row was delivered, under progress p: published_at set (marks),
 // or held by its lane's position (cursor): in the lane's done snapshot
@@ -80,7 +84,7 @@ func deliveredSQL(table outbox.Table, p relay.Progress) string {
 		return "published_at IS NOT NULL"
 	}
 	return "(" + tablesql.Delivered(table) + " OR EXISTS (SELECT FROM " + sqlname.Ident(sqlname.Cursor(table)) + " w" +
-		" WHERE w.lane = ((hashtext(partition_key) & 2147483647) % w.lanes) AND w.upto IS NOT NULL AND pg_visible_in_snapshot(txid, w.upto)" +
+		" WHERE w.lane = " + tablesql.Lane("partition_key", "w.lanes") + " AND w.upto IS NOT NULL AND pg_visible_in_snapshot(txid, w.upto)" +
 		" AND (id <= greatest(w.pos, w.floor - 1) OR id = ANY(w.skip))))"
 }
 

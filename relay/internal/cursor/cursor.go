@@ -237,7 +237,7 @@ func parkedCopy(t, p, cond, n, rets string) string {
 
 // skipArray is the Skip of a lane given as text x.s ("1,2,3", see
 // JoinSkip), as the bigint[] the positions table keeps.
-const skipArray = "coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(nullif(x.s, ''), ',')) s), '{}')"
+const skipArray = "CASE WHEN coalesce(x.s, '') = '' THEN '{}'::bigint[] ELSE coalesce((SELECT array_agg(s::bigint ORDER BY s::bigint) FROM unnest(string_to_array(x.s, ',')) s), '{}') END"
 
 // NewQueries returns the statements for table, its positions table cursor
 // and its parked table parked, reading cols (the relay's columns, for
