@@ -339,13 +339,33 @@ func (d *markHookDB) Begin(ctx context.Context) (pgx.Tx, error) {
 type markHookTx struct {
 	pgx.Tx
 	db *markHookDB
+	// read: the transaction read events to publish (a cursor claim's
+	// read). A save in a transaction that did not (the idle lanes' sweep,
+	// the positions an exactly-once relay takes over) is no batch's.
+	read bool
+}
+
+// cursorReadPrefix is how a cursor claim's read of events begins (not the
+// sweep's read of ids).
+const cursorReadPrefix = "SELECT e.id, e.event_id"
+
+func (tx *markHookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.HasPrefix(sql, cursorReadPrefix) {
+		tx.read = true
+	}
+	return tx.Tx.Query(ctx, sql, args...)
 }
 
 func (tx *markHookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, cursorReadPrefix) {
+			tx.read = true
+		}
+	}
+	for _, q := range b.QueuedQueries {
 		var ids []int64
 		switch {
-		case tx.db.save != "" && strings.HasPrefix(q.SQL, tx.db.save):
+		case tx.db.save != "" && strings.HasPrefix(q.SQL, tx.db.save) && tx.read:
 		case tx.db.mark != "" && q.SQL == tx.db.mark && len(q.Arguments) == 1:
 			ids, _ = q.Arguments[0].([]int64)
 		default:
