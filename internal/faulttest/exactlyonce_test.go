@@ -39,7 +39,8 @@ func eoWorld(t *testing.T, b *broker, keys int) *world {
 // TestExactlyOnceRelaysKilledAfterCommit runs four exactly-once relay
 // processes on a backlog and a stream of writes, each SIGKILLing itself
 // after its 1st to 3rd batch's Kafka transaction committed and before the
-// batch's rows were marked, and restarts each one killed, for at least 8 s
+// batch's rows were marked (under cursor progress: before a save of the
+// lanes' positions, which follows each batch's Kafka commit), and restarts each one killed, for at least 8 s
 // and until there were eight such kills (45 s at most); a last
 // relay then publishes the rest. Each lane's next owner must read the
 // lane's progress back and mark what the dead one committed instead of
@@ -89,7 +90,7 @@ func TestExactlyOnceRelaysKilledAfterCommit(t *testing.T) {
 	if errs := ws.halt(); len(errs) > 0 {
 		t.Errorf("%d writer commits failed, first: %v", len(errs), errs[0])
 	}
-	t.Logf("%d relay processes killed after a batch's Kafka commit, before its mark, %d more at random; %d of %d events published",
+	t.Logf("%d relay processes killed after a batch's Kafka commit, before its mark (or positions' save), %d more at random; %d of %d events published",
 		kills, replicas, w.published(t), w.count(t, "true"))
 	if kills < replicas {
 		t.Errorf("only %d kills after a commit: the test did not exercise the read-back", kills)
@@ -140,7 +141,7 @@ func TestExactlyOnceFrozenRelayIsFenced(t *testing.T) {
 	}
 	lease := helperBatchTimeout + 5*time.Second
 	waitFor(t, time.Minute, "the frozen relay's lease to end and every row written before the freeze to be published", func() bool {
-		return time.Since(frozen) > lease+time.Second && w.count(t, "published_at IS NULL AND id <= "+strconv.FormatInt(last, 10)) == 0
+		return time.Since(frozen) > lease+time.Second && w.count(t, w.waiting()+" AND id <= "+strconv.FormatInt(last, 10)) == 0
 	})
 	before := len(child.stderr.String())
 	child.signal(syscall.SIGCONT)
@@ -450,7 +451,7 @@ func TestExactlyOncePostgresCrash(t *testing.T) {
 		t.Errorf("%d writer commits failed after the restart, first: %v", len(errs), errs[0])
 	}
 	waitFor(t, 2*time.Minute, "every event published", func() bool {
-		n, err := countRows(w, "published_at IS NULL")
+		n, err := countRows(w, w.waiting())
 		return err == nil && n == 0
 	})
 	if n := w.count(t, "attempts > 0 OR parked_at IS NOT NULL"); n != 0 {

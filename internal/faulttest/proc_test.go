@@ -166,15 +166,18 @@ func TestHelperRelayProcess(t *testing.T) {
 	var use relay.Publisher = pub
 	if delivery == relay.ExactlyOnce {
 		// The relay publishes through inner's brokers and configuration
-		// itself; the hooks sit at the batch's mark.
+		// itself; the hooks sit at the batch's mark, or under cursor
+		// progress at the positions' save, both after the Kafka commit.
 		use = inner
 		db = &markHookDB{pool: pool, mark: "UPDATE " + sqlname.Ident(table) + " SET published_at = now() WHERE id = ANY($1)",
 			onMark: pub.onMark(pool, table)}
+		if progress == relay.ProgressCursor {
+			db = &markHookDB{pool: pool, save: cursorSave(table), onMark: pub.onMark(pool, table)}
+		}
 	} else if progress == relay.ProgressCursor && (mode == "kill" || mode == "freeze") {
 		// The hooks sit at the positions' save, which follows the ack.
 		pub.atSave = true
-		db = &markHookDB{pool: pool, save: "UPDATE " + sqlname.Ident(sqlname.Cursor(table)) + " c SET done = ",
-			onMark: pub.onSave()}
+		db = &markHookDB{pool: pool, save: cursorSave(table), onMark: pub.onSave()}
 	}
 	r, err := relay.New(db, use, cfg)
 	if err != nil {
@@ -305,6 +308,12 @@ func (p *faultPublisher) onSave() func(ctx context.Context, ids []int64) func(er
 	}
 }
 
+// cursorSave is how the statement saving a cursor relay's positions in
+// table begins.
+func cursorSave(table outbox.Table) string {
+	return "UPDATE " + sqlname.Ident(sqlname.Cursor(table)) + " c SET done = "
+}
+
 // markHookDB is the relay's database in an exactly-once relay process: a
 // pool whose transactions call onMark before they send the statement mark
 // (the batch's mark, not the read-back's, which differs), with the ids
@@ -330,13 +339,33 @@ func (d *markHookDB) Begin(ctx context.Context) (pgx.Tx, error) {
 type markHookTx struct {
 	pgx.Tx
 	db *markHookDB
+	// read: the transaction read events to publish (a cursor claim's
+	// read). A save in a transaction that did not (the idle lanes' sweep,
+	// the positions an exactly-once relay takes over) is no batch's.
+	read bool
+}
+
+// cursorReadPrefix is how a cursor claim's read of events begins (not the
+// sweep's read of ids).
+const cursorReadPrefix = "SELECT e.id, e.event_id"
+
+func (tx *markHookTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.HasPrefix(sql, cursorReadPrefix) {
+		tx.read = true
+	}
+	return tx.Tx.Query(ctx, sql, args...)
 }
 
 func (tx *markHookTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, cursorReadPrefix) {
+			tx.read = true
+		}
+	}
+	for _, q := range b.QueuedQueries {
 		var ids []int64
 		switch {
-		case tx.db.save != "" && strings.HasPrefix(q.SQL, tx.db.save):
+		case tx.db.save != "" && strings.HasPrefix(q.SQL, tx.db.save) && tx.read:
 		case tx.db.mark != "" && q.SQL == tx.db.mark && len(q.Arguments) == 1:
 			ids, _ = q.Arguments[0].([]int64)
 		default:

@@ -42,24 +42,17 @@ func testProgress(t testing.TB) relay.Progress {
 
 // progressFor is the progress of a scenario's relays: OUTBOX_TEST_PROGRESS,
 // unless the scenario's relays cannot record cursor progress (exactly-once
-// delivery), in which case it logs that the scenario runs with
-// marks and returns ProgressMarks.
+// streaming, which the relay refuses), in which case it logs that the
+// scenario runs with marks and returns ProgressMarks. Exactly-once polling
+// relays record cursor progress (their positions travel in the Kafka
+// transaction's progress records).
 func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.Progress {
 	t.Helper()
 	p := testProgress(t)
-	if p != relay.ProgressCursor {
+	if p != relay.ProgressCursor || delivery == relay.AtLeastOnce || mode == relay.Poll {
 		return p
 	}
-	var why string
-	switch {
-	case delivery != relay.AtLeastOnce && mode != relay.Poll:
-		why = "exactly-once streaming"
-	case delivery != relay.AtLeastOnce:
-		why = "exactly-once delivery"
-	default:
-		return p
-	}
-	t.Logf("%s=cursor: cursor progress does not apply to %s (the relay refuses it at start): the cursor variant is skipped, this scenario runs with marks progress as without the variable", envProgress, why)
+	t.Logf("%s=cursor: cursor progress does not apply to exactly-once streaming (the relay refuses it at start): the cursor variant is skipped, this scenario runs with marks progress as without the variable", envProgress)
 	return relay.ProgressMarks
 }
 
