@@ -76,10 +76,12 @@ func runChild() error {
 	if os.Getenv("FXBENCH_MODE") == "stream" {
 		rc.Mode = relay.Stream
 	}
-	if s := os.Getenv("FXBENCH_PROGRESS"); s != "" {
-		if rc.Progress, err = relay.ParseProgress(s); err != nil {
-			return err
-		}
+	switch s := os.Getenv("FXBENCH_PROGRESS"); s {
+	case "", relay.ProgressMarks.String():
+	case relay.ProgressCursor.String():
+		rc.Progress = relay.ProgressCursor
+	default:
+		return fmt.Errorf("FXBENCH_PROGRESS=%q: use marks or cursor", s)
 	}
 	if s := os.Getenv("FXBENCH_RETENTION"); s != "" {
 		if rc.Retention, err = time.ParseDuration(s); err != nil {

@@ -39,6 +39,16 @@ func countByID(msgs []*sarama.ConsumerMessage) map[string]int {
 	return out
 }
 
+// consumeAll waits until cons has read every record that the partitions of
+// topic hold (up to their high-water marks, testenv.RecordCount) and
+// returns what it read. Call it once nothing publishes to topic any more
+// (the relays stopped, or drained by RunOnce): a late duplicate is then
+// counted, not missed.
+func consumeAll(t *testing.T, cons *testenv.Consumer, brokers []string, topic string) []*sarama.ConsumerMessage {
+	t.Helper()
+	return cons.WaitFor(testenv.RecordCount(t, brokers, topic), 30*time.Second)
+}
+
 // A cursor relay's worker keeps the lanes it delivers on between batches
 // and writes their positions only every keepSaveEvery (here: never, before
 // it stops). What a crash repeats is exactly what the rows did not hold:
@@ -79,8 +89,14 @@ func TestCursorKeptLanesCrashRepeatsOnlyWhatRowsDoNotHold(t *testing.T) {
 		n := len(cons.Messages())
 		return n >= 2*total, fmt.Sprintf("%d messages, want %d (each event again after the crash)", n, 2*total)
 	})
-	time.Sleep(300 * time.Millisecond)
-	msgs := cons.Messages()
+	// Stop writes the kept positions (see below); once it returned the relay
+	// sends nothing more, and every record it sent is read: a third copy
+	// of an event too.
+	if err := r.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	msgs := consumeAll(t, cons, brokers, topic)
 	distinct, dups := checkOrder(t, msgs)
 	if distinct != total || dups != total {
 		t.Errorf("got %d distinct events and %d duplicates; want %d and %d (each event once more)", distinct, dups, total, total)
@@ -92,18 +108,13 @@ func TestCursorKeptLanesCrashRepeatsOnlyWhatRowsDoNotHold(t *testing.T) {
 	}
 	// The second copies keep each key's order too.
 	checkOrder(t, msgs[len(msgs)-total:])
-	// Stop writes the kept positions: a new relay sends nothing again.
-	if err := r.Stop(s.ctx); err != nil {
-		t.Fatal(err)
-	}
-	stopped = true
+	// Stop wrote the kept positions: a new relay sends nothing again.
 	if n := s.waiting(t); n != 0 {
 		t.Fatalf("after Stop the lanes' rows leave %d events to deliver, want 0", n)
 	}
 	r2 := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
-	drain(t, r2)
-	time.Sleep(300 * time.Millisecond)
-	if n := len(cons.Messages()); n != 2*total {
+	drain(t, r2) // RunOnce returns after the broker acknowledged what it sent
+	if n := len(consumeAll(t, cons, brokers, topic)); n != 2*total {
 		t.Errorf("%d messages after a new relay's claims, want %d: the positions written at Stop hold every event", n, 2*total)
 	}
 }

@@ -49,17 +49,6 @@ func (d Delivery) String() string {
 	return "Delivery(" + strconv.Itoa(int(d)) + ")"
 }
 
-// ParseDelivery parses "at-least-once" or "exactly-once".
-func ParseDelivery(s string) (Delivery, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "at-least-once", "":
-		return AtLeastOnce, nil
-	case "exactly-once":
-		return ExactlyOnce, nil
-	}
-	return 0, &outbox.ConfigError{Field: "Delivery", Reason: fmt.Sprintf("is %q: use at-least-once or exactly-once", s)}
-}
-
 // kafkaSource is a publisher that can give the relay its brokers and
 // sarama configuration, for the transactional producers of ExactlyOnce.
 // SaramaPublisher (and a type embedding it) is one.

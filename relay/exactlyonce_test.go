@@ -53,13 +53,6 @@ func TestExactlyOnceRefusesWhatItCannotKeep(t *testing.T) {
 			}
 		})
 	}
-	d, err := relay.ParseDelivery("exactly-once")
-	if err != nil || d != relay.ExactlyOnce || d.String() != "exactly-once" {
-		t.Fatalf("ParseDelivery = %v, %v", d, err)
-	}
-	if _, err := relay.ParseDelivery("twice"); err == nil {
-		t.Fatal("ParseDelivery(twice) = nil error")
-	}
 }
 
 // fakeDB is a DB that New accepts; the refusals come before any query.

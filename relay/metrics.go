@@ -86,7 +86,8 @@ import (
 //	    times this relay found its slot lost and resumed from the table while it made
 //	    a new one: outbox.stream.slot.loss = invalidated (wal_status lost: past
 //	    max_slot_wal_keep_size) | missing (gone after this relay had used it: dropped,
-//	    or a promoted standby that never had it)
+//	    or a promoted standby that never had it); each loss once, however often the
+//	    relay meets the lost slot again before it has a usable one
 //
 // Per table, reported by one replica only (see below):
 //

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,17 +48,6 @@ func (p Progress) String() string {
 		return "cursor"
 	}
 	return "Progress(" + strconv.Itoa(int(p)) + ")"
-}
-
-// ParseProgress parses "marks" or "cursor".
-func ParseProgress(s string) (Progress, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "marks", "":
-		return ProgressMarks, nil
-	case "cursor":
-		return ProgressCursor, nil
-	}
-	return 0, fmt.Errorf("relay: progress %q: use marks or cursor", s)
 }
 
 // validateProgress checks Progress and what ProgressCursor needs.

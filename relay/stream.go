@@ -202,6 +202,10 @@ type StreamStatus struct {
 	// used it (dropped, or the server is a promoted standby that did not
 	// have it; see docs/streaming.md). A slot missing at a relay's first
 	// connection is not counted: the relay cannot tell it from a new table.
+	// Each loss counts once: meeting the same lost slot again (retries
+	// before it is dropped, or while the relay cannot drop it, then its
+	// absence once dropped) does not count until the relay has found or
+	// made a usable slot.
 	SlotLost int64
 }
 
@@ -224,11 +228,57 @@ type streamInfo struct {
 	// checkpointAt: unix nanoseconds of the last checkpoint written.
 	checkpointAt atomic.Int64
 	// slotInvalidated and slotMissing count the slots lost (StreamStatus's
-	// SlotLost); slotSeen says this relay found or made its slot since the
-	// last loss it counted, so that a slot missing next is a loss.
+	// SlotLost), each loss once (see countLoss).
 	slotInvalidated atomic.Int64
 	slotMissing     atomic.Int64
-	slotSeen        atomic.Bool
+	// slotView is what this relay knows of its slot; only the stream's
+	// goroutine uses it.
+	slotView slotView
+}
+
+// slotView is what a relay knows of its slot, to count each loss once.
+type slotView int
+
+const (
+	// slotUnknown: the relay has not found its slot usable nor made it
+	// (its first connection): a missing slot may be a new table's.
+	slotUnknown slotView = iota
+	// slotAlive: the relay found its slot usable or made it since the last
+	// loss it counted: a slot invalidated or missing next is a new loss.
+	slotAlive
+	// slotLost: the relay counted a loss and has not found a usable slot
+	// since: meeting the lost slot again (the retry that follows, before
+	// the drop shows; every RetryInterval while it cannot drop it; missing
+	// once it is dropped) is the same loss.
+	slotLost
+)
+
+// slotFound records that the relay found its slot usable (not
+// invalidated) or made it: a loss after this is a new one.
+func (s *streamInfo) slotFound() { s.slotView = slotAlive }
+
+// countLoss counts the loss of the relay's slot, invalidated or missing
+// (slotInvalidated, slotMissing), after say (which logs it), and reports
+// whether it counted it: a loss is counted once, when the relay first meets
+// it, and not again until the relay has found or made a usable slot. An
+// invalidated slot is a loss even at the relay's first connection (the
+// server says what happened); a missing one only after the relay found or
+// made the slot (before that it cannot be told from a new table's).
+func (s *streamInfo) countLoss(kind string, say func()) bool {
+	switch {
+	case s.slotView == slotLost:
+		return false
+	case kind == slotMissing && s.slotView != slotAlive:
+		return false
+	}
+	s.slotView = slotLost
+	say() // before the count, which those who watch it may read at once
+	if kind == slotMissing {
+		s.slotMissing.Add(1)
+	} else {
+		s.slotInvalidated.Add(1)
+	}
+	return true
 }
 
 func (s *streamInfo) slotName() string {

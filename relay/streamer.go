@@ -73,19 +73,35 @@ func (r *Relay) runStream(ctx context.Context) {
 			// The table holds every event and the lanes' positions (or the
 			// marks) say which were delivered: drop the lost slot and
 			// create a new one; meanwhile, and until the new slot's
-			// handover, the relay publishes by polling from there.
-			derr := r.dropLostSlot(ctx)
+			// handover, the relay publishes by polling from there. The
+			// loss is counted when the relay first meets it, not again
+			// on the retries that meet the same lost slot.
+			dropped, derr := r.dropLostSlot(ctx)
+			if r.stopping() {
+				return
+			}
+			say := func() {
+				if derr == nil {
+					r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size, or was dropped and made anew); publishing from the table by polling, from the last checkpoint, while a new slot is created, then streaming again",
+						"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "dropped", dropped, "error", err)
+					return
+				}
+				r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size), and dropping it failed; publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
+					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "drop_error", derr, "retry_in", r.cfg.Stream.RetryInterval)
+			}
+			if !r.stream.countLoss(slotInvalidated, say) {
+				// The same loss met again: said (and counted) already,
+				// unless the relay still cannot drop the slot.
+				if derr != nil {
+					say()
+				} else {
+					r.cfg.Logger.Info("outbox relay: the invalidated replication slot is dealt with; creating a new one",
+						"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "dropped", dropped)
+				}
+			}
 			if derr == nil {
-				r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size, or was dropped and made anew); dropped it: publishing from the table by polling, from the last checkpoint, while a new slot is created, then streaming again",
-					"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err)
-				r.stream.slotInvalidated.Add(1)
-				r.stream.slotSeen.Store(false) // the slot missing next is this loss
 				continue
 			}
-			r.cfg.Logger.Error("outbox relay: the replication slot was invalidated (it fell further behind than max_slot_wal_keep_size), and dropping it failed; publishing by polling instead. Drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('"+r.stream.slotName()+"')) to make the relay create a new one and stream again",
-				"table", r.cfg.Table.String(), "slot", r.stream.slotName(), "error", err, "drop_error", derr, "retry_in", r.cfg.Stream.RetryInterval)
-			r.stream.slotInvalidated.Add(1)
-			r.stream.slotSeen.Store(false)
 			until := make(chan struct{})
 			t := time.AfterFunc(r.cfg.Stream.RetryInterval, func() { close(until) })
 			r.loop(ctx, 0, until)
@@ -109,21 +125,58 @@ func (r *Relay) runStream(ctx context.Context) {
 }
 
 // dropLostSlot drops the relay's slot if the server invalidated it (its
-// wal_status is lost); a slot that is not there (dropped meanwhile) is no
-// error.
-func (r *Relay) dropLostSlot(ctx context.Context) error {
+// wal_status is lost), and reports whether it did; a slot that is not
+// there (dropped meanwhile) or no longer lost (made anew) is no error. The
+// walsender that refused to stream from the lost slot holds it until it
+// has sent the refusal and cleaned up, after the relay read the refusal:
+// a lost slot that is still active is waited for (up to BatchTimeout),
+// rather than taken for dropped by someone else.
+func (r *Relay) dropLostSlot(ctx context.Context) (bool, error) {
 	slot := r.stream.slot.Load()
 	if slot == nil {
-		return errors.New("relay: the slot's name is not known")
+		return false, errors.New("relay: the slot's name is not known")
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
-	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active AND wal_status = 'lost'", *slot); err != nil {
-			return fmt.Errorf("relay: drop the invalidated slot %s: %w", *slot, err)
+	const wait = 10 * time.Millisecond
+	for {
+		var dropped, exists, lost bool
+		var pid *int32
+		err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active AND wal_status = 'lost'", *slot)
+			if err != nil {
+				return err
+			}
+			if dropped = tag.RowsAffected() > 0; dropped {
+				return nil
+			}
+			err = tx.QueryRow(ctx, "SELECT true, coalesce(wal_status = 'lost', false), active_pid FROM pg_replication_slots WHERE slot_name = $1", *slot).Scan(&exists, &lost, &pid)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("relay: drop the invalidated slot %s: %w", *slot, err)
+		case dropped:
+			return true, nil
+		case !exists || !lost:
+			return false, nil
+		case pid == nil:
+			continue // released between the two statements: drop it now
 		}
-		return nil
-	})
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-r.stop:
+			t.Stop()
+			return false, nil
+		case <-ctx.Done():
+			t.Stop()
+			return false, fmt.Errorf("relay: drop the invalidated slot %s: it is still in use by the server process %d after %v (another relay's connection?): %w", *slot, *pid, r.cfg.BatchTimeout, ctx.Err())
+		}
+	}
 }
 
 // replicationConfig returns the replication connection's configuration
@@ -228,22 +281,26 @@ func (s *streamer) start(ctx context.Context) error {
 // relay publishes by polling.
 func (s *streamer) createSlot(ctx context.Context) error {
 	r := s.r
-	exists, err := s.conn.SlotExists(ctx, r.db)
+	exists, lost, err := s.conn.SlotExists(ctx, r.db)
 	if err != nil {
 		return err
 	}
 	if exists {
-		r.stream.slotSeen.Store(true)
+		// An invalidated slot is not a usable one: StartReplication
+		// says so, and runStream counts the loss once.
+		if !lost {
+			r.stream.slotFound()
+		}
 		return nil
 	}
-	if r.stream.slotSeen.Swap(false) {
-		// This relay used the slot and it is gone: dropped, or the
-		// server is a promoted standby that never had it.
-		r.stream.slotMissing.Add(1)
+	// A relay that found or made the slot and finds it gone (dropped, or
+	// the server is a promoted standby that never had it) counts a loss,
+	// unless it is the invalidated slot it counted and dropped.
+	r.stream.countLoss(slotMissing, func() {
 		r.stream.state.Store(int32(StreamFallback))
 		r.cfg.Logger.Error("outbox relay: the replication slot this relay streamed from is gone (dropped, or the server is a promoted standby without it); publishing from the table by polling (from the last checkpoint under cursor progress, from the marks otherwise) while a new slot is created, then streaming again",
 			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
-	}
+	})
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
@@ -259,8 +316,11 @@ func (s *streamer) createSlot(ctx context.Context) error {
 	r.loop(ctx, 0, done)
 	cancel() // Stop came first: abandon the creation
 	<-done
+	if err == nil {
+		// Made by this relay, or by another one meanwhile: a new slot.
+		r.stream.slotFound()
+	}
 	if created {
-		r.stream.slotSeen.Store(true)
 		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
 			"table", r.cfg.Table.String(), "slot", s.conn.Slot(), "failover", s.conn.Failover())
 	}

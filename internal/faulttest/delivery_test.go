@@ -29,7 +29,9 @@ var (
 // fails the test.
 func testDelivery(t testing.TB) relay.Delivery {
 	t.Helper()
-	deliveryOnce.Do(func() { deliveryVal, deliveryErr = relay.ParseDelivery(os.Getenv(envDelivery)) })
+	deliveryOnce.Do(func() {
+		deliveryVal, deliveryErr = parseChoice(os.Getenv(envDelivery), relay.AtLeastOnce, relay.ExactlyOnce)
+	})
 	if deliveryErr != nil {
 		t.Fatalf("%s: %v", envDelivery, deliveryErr)
 	}

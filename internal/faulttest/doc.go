@@ -60,12 +60,15 @@
 // TestLeaderKillsKeepPerKeyOrder SIGKILLs the node leading most partitions
 // three times (OUTBOX_FAULTTEST_KILLS).
 //
-// The streaming relay (relay.Stream) has three: on the tests' own
+// The streaming relay (relay.Stream) has four: on the tests' own
 // PostgreSQL cluster, TestStreamSlotInvalidatedResumesFromTheTable (with
 // marks and with cursor progress: the server invalidates the slot while the
 // relay is stopped, max_slot_wal_keep_size 1MB for the test, reset after;
 // the relay drops the lost slot, publishes from the table by polling from
-// its last checkpoint, and streams from a new slot) and TestStreamSurvivesPostgresCrash (pg_ctl
+// its last checkpoint, and streams from a new slot, counting the loss
+// once), TestStreamSlotInvalidatedCountedOnce (a relay whose role may not
+// call pg_drop_replication_slot meets the lost slot again every
+// RetryInterval and counts it once) and TestStreamSurvivesPostgresCrash (pg_ctl
 // stop -m immediate under load); with the package's broker (real broker
 // only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
 // relay confirms never passes the WAL position at which the broker died).

@@ -126,11 +126,11 @@ func TestHelperRelayProcess(t *testing.T) {
 	}
 	defer inner.Close()
 	pub := &faultPublisher{inner: inner, mode: mode}
-	delivery, err := relay.ParseDelivery(os.Getenv(envHelperDelivery))
+	delivery, err := parseChoice(os.Getenv(envHelperDelivery), relay.AtLeastOnce, relay.ExactlyOnce)
 	if err != nil {
 		fail("%s: %v", envHelperDelivery, err)
 	}
-	progress, err := relay.ParseProgress(os.Getenv(envHelperProgress))
+	progress, err := parseChoice(os.Getenv(envHelperProgress), relay.ProgressMarks, relay.ProgressCursor)
 	if err != nil {
 		fail("%s: %v", envHelperProgress, err)
 	}

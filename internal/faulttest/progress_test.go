@@ -2,7 +2,9 @@ package faulttest
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -23,6 +25,23 @@ import (
 // instead of published_at. Unset (or "marks"): the relays' default.
 const envProgress = "OUTBOX_TEST_PROGRESS"
 
+// parseChoice returns the one of values whose String is s (any case, spaces
+// around ignored), values[0] when s is empty: the battery's variables take
+// the spellings of OUTBOX_DELIVERY and OUTBOX_PROGRESS, which are the
+// values' String.
+func parseChoice[T fmt.Stringer](s string, values ...T) (T, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	var names []string
+	for _, v := range values {
+		if s == "" || s == v.String() {
+			return v, nil
+		}
+		names = append(names, v.String())
+	}
+	var zero T
+	return zero, fmt.Errorf("%q: use %s", s, strings.Join(names, " or "))
+}
+
 var (
 	progressOnce sync.Once
 	progressVal  relay.Progress
@@ -33,7 +52,9 @@ var (
 // fails the test.
 func testProgress(t testing.TB) relay.Progress {
 	t.Helper()
-	progressOnce.Do(func() { progressVal, progressErr = relay.ParseProgress(os.Getenv(envProgress)) })
+	progressOnce.Do(func() {
+		progressVal, progressErr = parseChoice(os.Getenv(envProgress), relay.ProgressMarks, relay.ProgressCursor)
+	})
 	if progressErr != nil {
 		t.Fatalf("%s: %v", envProgress, progressErr)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -53,6 +54,12 @@ func (w *world) startStreamRelay(t *testing.T, tune func(*relay.Config)) *stream
 // (nil: the default).
 func (w *world) startStreamRelayWith(t *testing.T, tune func(*relay.Config), sc *sarama.Config) *streamRelay {
 	t.Helper()
+	return w.startStreamRelayOn(t, w.pool, tune, sc)
+}
+
+// startStreamRelayOn is startStreamRelayWith on the database pool db.
+func (w *world) startStreamRelayOn(t *testing.T, db *pgxpool.Pool, tune func(*relay.Config), sc *sarama.Config) *streamRelay {
+	t.Helper()
 	pub, err := relay.NewSaramaPublisher(w.brokers, sc)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +84,7 @@ func (w *world) startStreamRelayWith(t *testing.T, tune func(*relay.Config), sc 
 		}
 		return err
 	})
-	if x.Relay, err = relay.New(w.pool, counted, cfg); err != nil {
+	if x.Relay, err = relay.New(db, counted, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if err := x.Start(w.ctx); err != nil {
@@ -182,22 +189,6 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 	}
 	w.progress = progress
 	w.streaming(t)
-	setKeep := func(v string) {
-		t.Helper()
-		q := "ALTER SYSTEM RESET max_slot_wal_keep_size"
-		if v != "" {
-			q = "ALTER SYSTEM SET max_slot_wal_keep_size = '" + v + "'"
-		}
-		if _, err := pool.Exec(w.ctx, q); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(w.ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The cluster's directory is kept for the next tests: leave it as it was.
-	t.Cleanup(func() { setKeep("") })
-
 	// A first relay creates the slot and streams, then stops.
 	first := w.startStreamRelay(t, nil)
 	waitFor(t, 30*time.Second, "the first relay to stream", func() bool { return first.state() == relay.Streaming })
@@ -210,24 +201,7 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 	rate := float64(written) / time.Since(began).Seconds()
 
 	// With no relay reading it, the slot falls behind the server's bound.
-	setKeep("1MB")
-	var st string
-	for i := 0; ; i++ {
-		if st = w.slotWALStatus(t); st == "lost" {
-			break
-		}
-		if i == 100 {
-			t.Fatalf("slot wal_status %q after %d WAL switches and checkpoints, want lost", st, i)
-		}
-		if _, err := pool.Exec(w.ctx, "SELECT pg_switch_wal()"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(w.ctx, "CHECKPOINT"); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond) // writers fill the next segment
-	}
-	setKeep("") // the invalidation is for good; the new slot must not be lost again
+	w.invalidateSlot(t)
 	t.Logf("slot invalidated; %d events wait", w.unpublished(t))
 
 	reader := sdkmetric.NewManualReader()
@@ -258,11 +232,10 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 		t.Fatalf("%d writer commits failed, first: %v", len(errs), errs[0])
 	}
 	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
-	// The loss is counted as invalidated, never as missing. Under load the
-	// relay has once met the same loss twice, 12 ms apart (its retry saw the
-	// slot still lost before the drop showed), and counted 2: at least one.
-	if lost := slotsLost(t, reader); lost["invalidated"] < 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != lost["invalidated"] {
-		t.Errorf("after streaming from the new slot: %s = %v and StreamStatus.SlotLost %d, want the loss counted as invalidated", relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
+	// The loss is counted once, as invalidated, never as missing (nor again
+	// by a retry that met the lost slot before the drop showed).
+	if lost := slotsLost(t, reader); lost["invalidated"] != 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != 1 {
+		t.Errorf("after streaming from the new slot: %s = %v and StreamStatus.SlotLost %d, want one loss, invalidated", relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
 	}
 	r.stop(t)
 	faults := 0
@@ -274,6 +247,145 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 		t.Logf("writers at %.0f events/s: up to %d duplicates allowed", rate, faults*maxBatchSize)
 	}
 	w.verify(t, faults)
+}
+
+// invalidateSlot makes the server invalidate the table's slot, which no
+// relay may hold then: max_slot_wal_keep_size 1MB (reset once the slot is
+// lost, and at cleanup: the cluster's directory is kept for the next
+// tests), then WAL, switches and checkpoints until its wal_status is lost.
+func (w *world) invalidateSlot(t *testing.T) {
+	t.Helper()
+	setKeep := func(v string) {
+		t.Helper()
+		q := "ALTER SYSTEM RESET max_slot_wal_keep_size"
+		if v != "" {
+			q = "ALTER SYSTEM SET max_slot_wal_keep_size = '" + v + "'"
+		}
+		if _, err := w.pool.Exec(w.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.pool.Exec(w.ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { setKeep("") })
+	setKeep("1MB")
+	var st string
+	for i := 0; ; i++ {
+		if st = w.slotWALStatus(t); st == "lost" {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("slot wal_status %q after %d WAL switches and checkpoints, want lost", st, i)
+		}
+		// A megabyte of WAL (writers, when they run, add theirs), then a
+		// new segment and a checkpoint, which invalidates the slot once
+		// it is further behind than the bound.
+		for _, q := range []string{"SELECT pg_logical_emit_message(false, 'faulttest', repeat('x', 1 << 20))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := w.pool.Exec(w.ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	setKeep("") // the invalidation is for good; the new slot must not be lost again
+}
+
+// TestStreamSlotInvalidatedCountedOnce: a relay that meets its lost slot
+// again and again counts the loss once. Its role may stream and create
+// slots (REPLICATION) but not call pg_drop_replication_slot (EXECUTE
+// revoked from PUBLIC on the test's own cluster), so every RetryInterval
+// the relay polls, retries, meets the same invalidated slot and fails to
+// drop it, as a retry that meets the slot before its drop shows does; once
+// the function is granted again, the relay drops the slot, finds it
+// missing, creates a new one and streams. Through it all the slot was
+// lost once: outbox.stream.slots_lost says invalidated 1, missing 0.
+func TestStreamSlotInvalidatedCountedOnce(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	pg := ownPG(t)
+	pool := pg.pool(t)
+	w := newWorldFor(t, pool, brokers, 10, relay.AtLeastOnce, relay.Stream)
+	w.streaming(t)
+
+	// The relay's role: not a superuser (who may call any function), with
+	// REPLICATION and the table's privileges.
+	role := testenv.Name("faulttest_relay_")
+	schema := pgx.Identifier{w.table.Schema}.Sanitize()
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN REPLICATION",
+		"GRANT USAGE ON SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL TABLES IN SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL SEQUENCES IN SCHEMA " + schema + " TO " + role,
+		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + schema + " TO " + role,
+	} {
+		if _, err := pool.Exec(w.ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	pc, err := pgxpool.ParseConfig(pg.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.User = role
+	relayDB, err := pgxpool.NewWithConfig(w.ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relayDB.Close)
+
+	first := w.startStreamRelayOn(t, relayDB, nil, nil)
+	waitFor(t, 30*time.Second, "the first relay to stream", func() bool { return first.state() == relay.Streaming })
+	ws := w.startWriters(t, 2)
+	waitFor(t, 30*time.Second, "20 events published", func() bool { return w.published(t) >= 20 })
+	first.stop(t)
+	w.invalidateSlot(t)
+
+	const revoke, grant = "REVOKE EXECUTE ON FUNCTION pg_drop_replication_slot(name) FROM PUBLIC", "GRANT EXECUTE ON FUNCTION pg_drop_replication_slot(name) TO PUBLIC"
+	if _, err := pool.Exec(w.ctx, revoke); err != nil {
+		t.Fatal(err)
+	}
+	granted := false
+	t.Cleanup(func() {
+		if !granted {
+			_, _ = pool.Exec(context.Background(), grant)
+		}
+	})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := w.startStreamRelayOn(t, relayDB, func(c *relay.Config) {
+		c.MeterProvider = mp
+		c.Stream.RetryInterval = 100 * time.Millisecond
+	}, nil)
+	const failed = "dropping it failed"
+	waitFor(t, 60*time.Second, "the relay to fail to drop the lost slot three times", func() bool { return strings.Count(r.log.String(), failed) >= 3 })
+	if lost := slotsLost(t, reader); lost["invalidated"] != 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != 1 {
+		t.Errorf("after the relay met the lost slot %d times: %s = %v and StreamStatus.SlotLost %d, want one loss, invalidated",
+			strings.Count(r.log.String(), failed), relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
+	}
+	if st := r.state(); st != relay.StreamFallback {
+		t.Errorf("state %v while the lost slot cannot be dropped, want %v", st, relay.StreamFallback)
+	}
+
+	if _, err := pool.Exec(w.ctx, grant); err != nil {
+		t.Fatal(err)
+	}
+	granted = true
+	waitFor(t, 60*time.Second, "the relay to stream from a new slot", func() bool { return r.state() == relay.Streaming })
+	if st := w.slotWALStatus(t); st != "reserved" {
+		t.Errorf("new slot wal_status %q, want reserved", st)
+	}
+	if errs := ws.halt(); len(errs) > 0 {
+		t.Fatalf("%d writer commits failed, first: %v", len(errs), errs[0])
+	}
+	waitFor(t, 60*time.Second, "every event published", func() bool { return w.unpublished(t) == 0 })
+	if lost := slotsLost(t, reader); lost["invalidated"] != 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != 1 {
+		t.Errorf("after streaming from the new slot: %s = %v and StreamStatus.SlotLost %d, want one loss, invalidated", relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
+	}
 }
 
 // crash stops the cluster's server the way a crash would (pg_ctl stop -m

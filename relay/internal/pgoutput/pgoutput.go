@@ -194,22 +194,27 @@ func (c *Conn) Close(ctx context.Context) {
 	_ = c.conn.Close(cctx)
 }
 
-// SlotExists reports whether the slot exists, asking db.
+// SlotExists reports whether the slot exists, and whether the server
+// invalidated it (its wal_status is lost: StartReplication will fail with
+// outbox.ErrSlotInvalidated), asking db.
 func (c *Conn) SlotExists(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
-}) (bool, error) {
+}) (exists, lost bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	tx, err := db.Begin(cctx)
 	if err != nil {
-		return false, fmt.Errorf("relay: look for replication slot: %w", err)
+		return false, false, fmt.Errorf("relay: look for replication slot: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
-	var n int
-	if err := tx.QueryRow(cctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", c.slot).Scan(&n); err != nil {
-		return false, fmt.Errorf("relay: look for replication slot: %w", err)
+	err = tx.QueryRow(cctx, "SELECT true, coalesce(wal_status = 'lost', false) FROM pg_replication_slots WHERE slot_name = $1", c.slot).Scan(&exists, &lost)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, false, nil
 	}
-	return n > 0, nil
+	if err != nil {
+		return false, false, fmt.Errorf("relay: look for replication slot: %w", err)
+	}
+	return exists, lost, nil
 }
 
 // CreateSlot creates the slot and reports whether it did; a slot another

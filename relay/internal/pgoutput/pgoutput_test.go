@@ -36,8 +36,8 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 	if conn.Slot() != slot {
 		t.Fatalf("slot %q, want %q", conn.Slot(), slot)
 	}
-	if ok, err := conn.SlotExists(ctx, pool); err != nil || !ok {
-		t.Fatalf("SlotExists = %v, %v; want true", ok, err)
+	if ok, lost, err := conn.SlotExists(ctx, pool); err != nil || !ok || lost {
+		t.Fatalf("SlotExists = %v, lost %v, %v; want true, not lost", ok, lost, err)
 	}
 	if err := conn.StartReplication(ctx); err != nil {
 		t.Fatal(err)
