@@ -330,8 +330,8 @@ func (c Config) validateDelivery() error {
 		return nil
 	case c.Delivery != ExactlyOnce:
 		return bad("Delivery", c.Delivery, "use relay.AtLeastOnce or relay.ExactlyOnce")
-	case c.Mode != Poll:
-		return bad("Delivery", c.Delivery, "needs Mode Poll: the streaming relay does not publish in Kafka transactions; use Poll, or at-least-once delivery")
+	case c.Mode == Stream && c.Progress != ProgressCursor:
+		return bad("Delivery", c.Delivery, "needs Progress cursor in Mode Stream: the exactly-once stream publishes what it decodes and keeps its progress in the progress topic; set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor, with the cursor migration), or use Mode Poll")
 	case c.Ordering != PerKey:
 		return bad("Delivery", c.Delivery, "needs Ordering PerKey: its transactions are bound to lanes")
 	case c.TransactionTimeout < minTxnTimeout || c.TransactionTimeout > c.BatchTimeout:

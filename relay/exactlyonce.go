@@ -111,7 +111,8 @@ type exactlyOnce struct {
 	client  sarama.Client
 	checked bool // the progress topic exists, with one partition
 	free    []*eoWorker
-	made    int // workers made: the next one's number
+	made    int                // workers made: the next one's number
+	stream  *kafkaproducer.Txn // Stream mode: the stream's producer (streameo.go)
 	closed  bool
 }
 
