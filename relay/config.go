@@ -55,8 +55,10 @@ type Config struct {
 	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
 	// lane's events, in a Kafka transaction with the lane's progress, for
 	// read_committed consumers that see each event once (see
-	// docs/exactly-once.md). ExactlyOnce needs Mode Poll, Ordering PerKey and a
-	// SaramaPublisher, and commits each batch's marks synchronously.
+	// docs/exactly-once.md). ExactlyOnce needs Ordering PerKey and a
+	// SaramaPublisher, and commits each batch's marks synchronously; in
+	// Mode Stream it needs Progress cursor, and each batch of the stream is
+	// one transaction with the stream's record (see docs/streaming.md).
 	// Default at-least-once.
 	Delivery Delivery `env:"OUTBOX_DELIVERY"`
 	// Progress is ProgressMarks (default: published_at is set on each

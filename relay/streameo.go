@@ -142,7 +142,6 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 			if err := json.Unmarshal(l.Value, &p); err != nil || (p.Mode != streamModeStream && p.Mode != streamModeTable) {
 				return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record in %q is not the relay's (%s)", r.eo.topic, l.Value)
 			}
-			r.metrics.fenced(ctx, fenceFencing, 1)
 			return txn, &p, nil
 		}
 		// The id's last transaction is decided (Init), its marker not
@@ -473,6 +472,10 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	txn, p, err := r.eoStreamInit(ctx)
 	if err != nil {
 		return false, err
+	}
+	if p != nil {
+		// The previous streamer's id is this one's: fenced by the Init.
+		r.metrics.fenced(ctx, fenceFencing, 1)
 	}
 	if created || p == nil || p.Mode != streamModeStream {
 		f.eo = &eoStream{txn: txn, ids: map[int64]uint64{}}

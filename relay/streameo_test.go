@@ -180,7 +180,7 @@ func TestStreamExactlyOnceKilledBeforeConfirm(t *testing.T) {
 	waitUntil(t, 60*time.Second, "streaming", a.streaming)
 	before := s.slotConfirmed(t)
 	ws := s.startKeyWriters(t, topic, 3, 20)
-	waitUntil(t, 60*time.Second, "500 events written", func() bool { return ws.written.Load() >= 500 })
+	waitUntil(t, 2*time.Minute, "300 events published", func() bool { return len(cons.Messages()) >= 300 })
 	cut.cut.Store(true)
 	a.kill()
 	total, err := ws.halt()
@@ -191,9 +191,6 @@ func TestStreamExactlyOnceKilledBeforeConfirm(t *testing.T) {
 		t.Fatalf("the slot's position moved from %v to %v: the test meant the server to hear of none", before, got)
 	}
 	published := len(cons.Messages())
-	if published == 0 {
-		t.Fatal("the killed relay published nothing: the test meant it to")
-	}
 
 	b := s.startEOStream(t, streamEOConfig())
 	waitUntil(t, 60*time.Second, "streaming again", b.streaming)
@@ -280,7 +277,7 @@ func TestStreamExactlyOnceSlotDropped(t *testing.T) {
 	a := s.startEOStream(t, streamEOConfig())
 	waitUntil(t, 60*time.Second, "streaming", a.streaming)
 	ws := s.startKeyWriters(t, topic, 3, 20)
-	waitUntil(t, 60*time.Second, "events published", func() bool { return len(cons.Messages()) >= 300 })
+	waitUntil(t, 2*time.Minute, "events published", func() bool { return len(cons.Messages()) >= 300 })
 	a.kill()
 	waitUntil(t, 30*time.Second, "the slot dropped once the killed relay's walsender ended", func() bool {
 		_, err := s.pool.Exec(s.ctx, "SELECT pg_drop_replication_slot($1)", slot)
@@ -293,7 +290,7 @@ func TestStreamExactlyOnceSlotDropped(t *testing.T) {
 	n := ws.written.Load()
 	waitUntil(t, 60*time.Second, "writes while no relay runs", func() bool { return ws.written.Load() >= n+200 })
 	b := s.startEOStream(t, streamEOConfig())
-	waitUntil(t, 60*time.Second, "streaming on a new slot", b.streaming)
+	waitUntil(t, 2*time.Minute, "streaming on a new slot (after the handover from polling)", b.streaming)
 	n = int64(len(cons.Messages()))
 	waitUntil(t, 60*time.Second, "more events published", func() bool { return int64(len(cons.Messages())) >= n+100 })
 	total, err := ws.halt()
