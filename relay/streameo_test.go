@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -299,4 +300,44 @@ func TestStreamExactlyOnceSlotDropped(t *testing.T) {
 	}
 	committedOnce(t, cons, total)
 	waitUntil(t, time.Minute, "the checkpoint to hold every event", func() bool { return s.waiting(t) == 0 })
+}
+
+// TestStreamExactlyOnceReconnects: while writers commit, the streaming
+// relay's replication connection is ended on the server five times (as a
+// PostgreSQL restart ends it); each time the relay connects again and
+// resumes from the stream's record. A read_committed consumer gets every
+// event once, each key in order.
+func TestStreamExactlyOnceReconnects(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	topic := testenv.Topic(t, s.kafka(t), 4)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	s.streaming(t)
+	a := s.startEOStream(t, streamEOConfig())
+	waitUntil(t, 60*time.Second, "streaming", a.streaming)
+	ws := s.startKeyWriters(t, topic, 3, 20)
+	slot := testenv.Slot(t, s.pool, s.table)
+	for i := range 5 {
+		n := len(cons.Messages())
+		waitUntil(t, 2*time.Minute, "events published", func() bool { return len(cons.Messages()) >= n+100 })
+		var pid *int32
+		waitUntil(t, 2*time.Minute, "a walsender on the slot", func() bool {
+			err := s.pool.QueryRow(s.ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
+			return err == nil && pid != nil
+		})
+		if _, err := s.pool.Exec(s.ctx, "SELECT pg_terminate_backend($1)", *pid); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 2*time.Minute, fmt.Sprintf("round %d: streaming again on a new walsender", i), func() bool {
+			var now *int32
+			err := s.pool.QueryRow(s.ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&now)
+			return err == nil && now != nil && *now != *pid && a.streaming()
+		})
+	}
+	total, err := ws.halt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	committedOnce(t, cons, total)
 }
