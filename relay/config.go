@@ -55,8 +55,10 @@ type Config struct {
 	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
 	// lane's events, in a Kafka transaction with the lane's progress, for
 	// read_committed consumers that see each event once (see
-	// docs/exactly-once.md). ExactlyOnce needs Mode Poll, Ordering PerKey and a
-	// SaramaPublisher, and commits each batch's marks synchronously.
+	// docs/exactly-once.md). ExactlyOnce needs Ordering PerKey and a
+	// SaramaPublisher, and commits each batch's marks synchronously; in
+	// Mode Stream it needs Progress cursor, and each batch of the stream is
+	// one transaction with the stream's record (see docs/streaming.md).
 	// Default at-least-once.
 	Delivery Delivery `env:"OUTBOX_DELIVERY"`
 	// Progress is ProgressMarks (default: published_at is set on each
@@ -330,8 +332,8 @@ func (c Config) validateDelivery() error {
 		return nil
 	case c.Delivery != ExactlyOnce:
 		return bad("Delivery", c.Delivery, "use relay.AtLeastOnce or relay.ExactlyOnce")
-	case c.Mode != Poll:
-		return bad("Delivery", c.Delivery, "needs Mode Poll: the streaming relay does not publish in Kafka transactions; use Poll, or at-least-once delivery")
+	case c.Mode == Stream && c.Progress != ProgressCursor:
+		return bad("Delivery", c.Delivery, "needs Progress cursor in Mode Stream: the exactly-once stream publishes what it decodes and keeps its progress in the progress topic; set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor, with the cursor migration), or use Mode Poll")
 	case c.Ordering != PerKey:
 		return bad("Delivery", c.Delivery, "needs Ordering PerKey: its transactions are bound to lanes")
 	case c.TransactionTimeout < minTxnTimeout || c.TransactionTimeout > c.BatchTimeout:

@@ -33,8 +33,9 @@
 // Mode [Stream] follows the table's committed inserts in a logical
 // replication slot (pgoutput) instead of polling, through the same publish
 // path; see [Streaming from the WAL]. Delivery [ExactlyOnce] makes each batch
-// one Kafka transaction with a progress record per lane, so each event
-// reaches each read_committed consumer once; see [Exactly once]. Progress
+// one Kafka transaction with a progress record per lane (streaming: with the
+// stream's record), so each event reaches each read_committed consumer once;
+// see [Exactly once]. Progress
 // [ProgressCursor] records each lane's position once per batch instead of
 // marking every event; see [Cursor progress].
 //

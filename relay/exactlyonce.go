@@ -34,8 +34,10 @@ const (
 	// writes the lane's progress to the table's progress topic, and marks
 	// the rows after the commit: every event reaches each read_committed
 	// consumer once, in per-key order, across relay, broker and database
-	// crashes (see docs/exactly-once.md). It needs Mode Poll,
-	// Ordering PerKey and a SaramaPublisher; a batch is one lane's events.
+	// crashes (see docs/exactly-once.md). It needs Ordering PerKey and a
+	// SaramaPublisher; a polling batch is one lane's events. In Mode Stream
+	// it needs ProgressCursor, and each batch of the stream is one
+	// transaction with the stream's record (docs/streaming.md).
 	ExactlyOnce
 )
 
@@ -100,7 +102,8 @@ type exactlyOnce struct {
 	client  sarama.Client
 	checked bool // the progress topic exists, with one partition
 	free    []*eoWorker
-	made    int // workers made: the next one's number
+	made    int                // workers made: the next one's number
+	stream  *kafkaproducer.Txn // Stream mode: the stream's producer (streameo.go)
 	closed  bool
 }
 

@@ -21,9 +21,9 @@ import (
 	"github.com/fxoutbox/outbox/relay"
 )
 
-// TestExactlyOnceRefusesWhatItCannotKeep: exactly-once needs the poll
-// mode, per-key lanes, the relay's own producer and a transaction timeout
-// within the batch's.
+// TestExactlyOnceRefusesWhatItCannotKeep: exactly-once needs cursor
+// progress when it streams, per-key lanes, the relay's own producer and a
+// transaction timeout within the batch's.
 func TestExactlyOnceRefusesWhatItCannotKeep(t *testing.T) {
 	t.Parallel()
 	pub, err := relay.NewSaramaPublisher([]string{"127.0.0.1:1"}, nil)
@@ -38,7 +38,7 @@ func TestExactlyOnceRefusesWhatItCannotKeep(t *testing.T) {
 		cfg  relay.Config
 		want string
 	}{
-		{"stream", pub, relay.Config{Mode: relay.Stream}, "needs Mode Poll"},
+		{"stream with marks", pub, relay.Config{Mode: relay.Stream}, "needs Progress cursor in Mode Stream"},
 		{"unordered", pub, relay.Config{Ordering: relay.Unordered}, "needs Ordering PerKey"},
 		{"own publisher", own, relay.Config{}, "pass a *relay.SaramaPublisher"},
 		{"timeout", pub, relay.Config{TransactionTimeout: time.Minute}, "TransactionTimeout"},

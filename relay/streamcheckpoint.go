@@ -29,7 +29,10 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 	f.cpAt = time.Now()
 	// Rows resolved before the candidate was taken are seen by its
 	// snapshot (they were acknowledged after their commit was decoded).
-	write := f.cand != nil && f.resolved > f.written && f.passed(f.cand)
+	// Exactly once: not before the stream's first record, which says the
+	// stream (not the lanes' positions and their records) holds its
+	// progress.
+	write := f.cand != nil && f.resolved > f.written && f.passed(f.cand) && (f.eo == nil || f.eo.committed)
 	take := !final && (f.cand == nil || f.passed(f.cand))
 	if !write && !take {
 		return
@@ -133,8 +136,7 @@ func (f *feed) finish(ctx context.Context) {
 		now := time.Now()
 		if !f.busy {
 			if batch := f.next(now.Add(r.cfg.Stream.Linger)); len(batch) > 0 {
-				f.busy = true
-				go f.publish(ctx, batch)
+				f.dispatch(ctx, batch)
 			}
 		}
 		t := time.NewTimer(max(0, min(time.Until(deadline), f.wait(now))))
@@ -146,7 +148,9 @@ func (f *feed) finish(ctx context.Context) {
 			case tx.End > c.lsn:
 				f.lastEnd, txs = tx.End, nil // it stays in the slot
 			default:
-				f.take(tx)
+				if f.take(ctx, tx) != nil {
+					txs = nil
+				}
 			}
 		case res := <-f.results:
 			f.busy = false

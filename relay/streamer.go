@@ -33,8 +33,9 @@ type streamRow struct {
 // confirms positions once everything before them is handled. The reader
 // receives meanwhile, so receiving and publishing overlap.
 type streamer struct {
-	r    *Relay
-	conn *pgoutput.Conn
+	r       *Relay
+	conn    *pgoutput.Conn
+	created bool // this relay made the slot (createSlot)
 
 	ready      []streamRow // rows of committed transactions, not yet handled
 	readySince time.Time   // when the first of them was received
@@ -100,6 +101,15 @@ func (r *Relay) runStream(ctx context.Context) {
 				}
 			}
 			if derr == nil {
+				continue
+			}
+			if err := r.eoStreamFallback(ctx); err != nil {
+				// Exactly once: the stream's progress must reach the
+				// lanes' positions before the relay polls.
+				r.health.set(0, err)
+				if !r.sleep(b.Fail(), r.kicks[0]) {
+					return
+				}
 				continue
 			}
 			until := make(chan struct{})
@@ -225,7 +235,7 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 			r.stream.state.Store(int32(StreamStarting))
 		}
 		r.cfg.Logger.Info("outbox relay: streaming from the replication slot, publishing what it decodes", "table", r.cfg.Table.String(), "slot", conn.Slot(), "publication", r.cfg.Table.Publication())
-		err = r.runFeed(ctx, conn)
+		err = r.runFeed(ctx, conn, s.created)
 	} else {
 		if err := s.start(ctx); err != nil {
 			return err
@@ -301,6 +311,9 @@ func (s *streamer) createSlot(ctx context.Context) error {
 		r.cfg.Logger.Error("outbox relay: the replication slot this relay streamed from is gone (dropped, or the server is a promoted standby without it); publishing from the table by polling (from the last checkpoint under cursor progress, from the marks otherwise) while a new slot is created, then streaming again",
 			"table", r.cfg.Table.String(), "slot", s.conn.Slot())
 	})
+	if err := r.eoStreamFallback(ctx); err != nil {
+		return err
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
@@ -320,6 +333,7 @@ func (s *streamer) createSlot(ctx context.Context) error {
 		// Made by this relay, or by another one meanwhile: a new slot.
 		r.stream.slotFound()
 	}
+	s.created = created
 	if created {
 		r.cfg.Logger.Info("outbox relay: created the replication slot; events written before it are published from the table first",
 			"table", r.cfg.Table.String(), "slot", s.conn.Slot(), "failover", s.conn.Failover())

@@ -80,8 +80,9 @@ type feedTx struct {
 // feedRow is a decoded row waiting to be published.
 type feedRow struct {
 	row
-	tx  *feedTx
-	bad error // could not be decoded: parked by id
+	tx   *feedTx
+	bad  error  // could not be decoded: parked by id
+	txid uint64 // its transaction's id (exactly-once: the stream's record)
 }
 
 // heldKey is a key that failed: its rows from the failed one on, in order,
@@ -97,6 +98,9 @@ type feedResult struct {
 	rows  []*feedRow
 	errs  []error
 	alone []int
+	// restart (exactly-once): the stream starts over from its record
+	// (errStreamRestart); nothing of the batch is settled.
+	restart error
 }
 
 // feed follows one replication connection under cursor progress.
@@ -124,6 +128,8 @@ type feed struct {
 	written  int64           // resolved when the last checkpoint written was taken
 	cpWarned bool
 	lastEnd  pglogrepl.LSN // the end of the last transaction received
+
+	eo *eoStream // Delivery ExactlyOnce: the stream's record (streameo.go)
 }
 
 // backoffState counts the feed's consecutive failed batches (nothing
@@ -141,12 +147,19 @@ type checkpointCand struct {
 }
 
 // runFeed publishes from conn (replication started, the reader not yet)
-// until Stop or an error.
-func (r *Relay) runFeed(ctx context.Context, conn *pgoutput.Conn) error {
+// until Stop or an error; created says this relay made the slot.
+func (r *Relay) runFeed(ctx context.Context, conn *pgoutput.Conn, created bool) error {
 	f := &feed{r: r, conn: conn, held: map[string]*heldKey{}, lastFails: map[string]int{}, results: make(chan feedResult, 1)}
 	rctx, stopReader := context.WithCancel(ctx)
 	go conn.Read(rctx)
-	err := f.handover(ctx)
+	var err error
+	resume := false
+	if r.eo != nil {
+		resume, err = f.eoStart(ctx, created)
+	}
+	if err == nil && !resume {
+		err = f.handover(ctx)
+	}
 	if err == nil {
 		err = f.follow(ctx)
 	}
@@ -197,7 +210,7 @@ func (f *feed) handover(ctx context.Context) error {
 				return fmt.Errorf("relay: stream handover of %s: %w", r.cfg.Table, err)
 			}
 			if covered {
-				return f.handedOver(dones, began)
+				return f.handedOver(ctx, dones, began)
 			}
 			if try == 0 {
 				// Windows that a batch left open at its limit close when
@@ -216,7 +229,7 @@ func (f *feed) handover(ctx context.Context) error {
 
 // handedOver starts streaming: the decoded rows that every lane's done
 // snapshot sees were delivered by polling.
-func (f *feed) handedOver(dones []string, began time.Time) error {
+func (f *feed) handedOver(ctx context.Context, dones []string, began time.Time) error {
 	r := f.r
 	snaps := make([]snapshot, 0, len(dones))
 	for _, d := range dones {
@@ -227,6 +240,11 @@ func (f *feed) handedOver(dones []string, began time.Time) error {
 		snaps = append(snaps, s)
 	}
 	f.skip = intersect(snaps)
+	if f.eo != nil {
+		if err := f.eoHandedOver(ctx); err != nil {
+			return err
+		}
+	}
 	r.stream.state.Store(int32(Streaming))
 	r.health.set(0, nil)
 	r.cfg.Logger.Info("outbox relay: streaming; the table's waiting events were published by polling first",
@@ -338,8 +356,7 @@ func (f *feed) follow(ctx context.Context) error {
 		now := time.Now()
 		if !f.busy {
 			if batch := f.next(now); len(batch) > 0 {
-				f.busy = true
-				go f.publish(ctx, batch)
+				f.dispatch(ctx, batch)
 			}
 		}
 		var txs <-chan pgoutput.Tx
@@ -354,7 +371,7 @@ func (f *feed) follow(ctx context.Context) error {
 			if !ok {
 				err = f.readerErr()
 			} else {
-				f.take(tx)
+				err = f.take(ctx, tx)
 			}
 		case res := <-f.results:
 			f.busy = false
@@ -365,6 +382,9 @@ func (f *feed) follow(ctx context.Context) error {
 		if err == nil && time.Since(f.cpAt) >= checkpointEvery {
 			f.checkpoint(ctx, false)
 		}
+		if err == nil {
+			f.eoAdvance(ctx)
+		}
 	}
 }
 
@@ -372,6 +392,9 @@ func (f *feed) follow(ctx context.Context) error {
 // no batch is in flight), a held key's retry, or the next checkpoint.
 func (f *feed) wait(now time.Time) time.Duration {
 	d := time.Until(f.cpAt.Add(checkpointEvery))
+	if f.eo != nil {
+		d = min(d, time.Until(f.eo.candAt.Add(eoCandEvery)))
+	}
 	if !f.busy {
 		if len(f.queue) > 0 {
 			d = min(d, f.since.Add(f.r.cfg.Stream.Linger).Sub(now))
@@ -384,17 +407,24 @@ func (f *feed) wait(now time.Time) time.Duration {
 }
 
 // take adds a decoded transaction: its rows that every lane delivered
-// already are resolved at once, those of a held key join it, the others
-// the queue.
-func (f *feed) take(x pgoutput.Tx) {
+// already (exactly-once: that the stream's record holds) are resolved at
+// once, those of a held key join it, the others the queue.
+func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
+	var skip []bool
+	if f.eo != nil {
+		var err error
+		if skip, err = f.eo.skip(ctx, f.r, x); err != nil {
+			return err
+		}
+	}
 	tx := &feedTx{end: x.End, commit: x.Commit}
 	f.txs = append(f.txs, tx)
 	f.lastEnd = x.End
 	if len(f.txs) == 1 {
 		f.r.stream.oldest.Store(x.Commit.UnixNano())
 	}
-	for _, d := range x.Rows {
-		if d.Txid != 0 && f.skip.visible(d.Txid) {
+	for i, d := range x.Rows {
+		if skip != nil && skip[i] || skip == nil && d.Txid != 0 && f.skip.visible(d.Txid) {
 			continue
 		}
 		if d.Err != nil && d.ID == 0 {
@@ -402,7 +432,7 @@ func (f *feed) take(x pgoutput.Tx) {
 			continue
 		}
 		r := &feedRow{row: row{id: d.ID, eventID: d.EventID, eventType: d.EventType, topic: d.Topic, key: d.Key, payload: d.Payload,
-			headers: d.Headers, attempts: d.Attempts, createdAt: d.CreatedAt, requeued: d.Attempts == 0 && d.LastError != ""}, tx: tx, bad: d.Err}
+			headers: d.Headers, attempts: d.Attempts, createdAt: d.CreatedAt, requeued: d.Attempts == 0 && d.LastError != ""}, tx: tx, bad: d.Err, txid: d.Txid}
 		tx.left++
 		f.rows++
 		f.bytes += len(r.payload) + len(r.headers)
@@ -416,6 +446,7 @@ func (f *feed) take(x pgoutput.Tx) {
 		f.queue = append(f.queue, r)
 	}
 	f.confirm()
+	return nil
 }
 
 // next takes the next batch: the rows of the held keys whose retry is due
@@ -434,8 +465,8 @@ func (f *feed) next(now time.Time) []*feedRow {
 			}
 		}
 	}
-	if len(batch) == 0 && len(f.queue) < max && now.Before(f.since.Add(f.r.cfg.Stream.Linger)) {
-		return nil
+	if len(batch) == 0 && len(f.queue) < max && now.Before(f.since.Add(f.r.cfg.Stream.Linger)) || f.eoFull() {
+		return batch
 	}
 	n := min(len(f.queue), max-len(batch))
 	if n > 0 {
@@ -486,6 +517,12 @@ func (f *feed) publish(ctx context.Context, batch []*feedRow) {
 // error only when the database failed.
 func (f *feed) settle(ctx context.Context, res feedResult) error {
 	r := f.r
+	if res.restart != nil {
+		// Exactly-once: nothing of the batch committed, or not known;
+		// the stream starts over from its record.
+		return res.restart
+	}
+	defer f.eoSettled(res)
 	now := time.Now()
 	var (
 		failed  []int // permanent failures to charge
@@ -626,6 +663,7 @@ func (f *feed) resolve(x *feedRow) {
 	f.bytes -= len(x.payload) + len(x.headers)
 	f.resolved++
 	delete(f.lastFails, x.key)
+	f.eoResolved(x)
 }
 
 // confirm confirms the end of the oldest transactions whose rows are all
