@@ -10,7 +10,7 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 # Runs a command with DATABASE_URL exported.
 WITH_PG = set -euo pipefail; eval "export $$(scripts/pg.sh up)";
 
-.PHONY: test test-kafka demo bench lint vulncheck vet fmt pg-up pg-down kafka-up kafka-down devkafka-up devkafka-down clean
+.PHONY: test test-kafka test-faults-eo demo bench lint vulncheck vet fmt pg-up pg-down kafka-up kafka-down devkafka-up devkafka-down clean
 
 ## test: every test, on PostgreSQL and the in-process development broker (kfake), with -race.
 test:
@@ -31,6 +31,17 @@ test-kafka:
 	echo "== go test on Apache Kafka (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
 	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
 	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
+
+## test-faults-eo: the fault scenarios that judge delivery (relays killed every 0.5 s and between ack and commit,
+## frozen relays, broker SIGKILLs and leader kills, 3 brokers below min ISR, PostgreSQL crashed, poison requeued),
+## their relays exactly once under cursor progress, on Apache Kafka, read back read_committed.
+EO_FAULTS ?= ^(TestRelayProcessesKilledEveryHalfSecond|TestRelayKilledBetweenAckAndCommit|TestFrozenRelayLosesItsLanes|TestFrozenRelayHoldsOnlyItsLanes|TestRelaySurvivesBrokerCrash|TestLeaderKillsKeepPerKeyOrder|TestBelowMinISRParksNothing|TestRelaySurvivesPostgresCrash|TestPoisonRequeuedRightAfterFix)$$
+test-faults-eo:
+	@$(WITH_PG) \
+	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
+	echo "== fault scenarios, exactly once under cursor progress (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
+	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 OUTBOX_TEST_DELIVERY=exactly-once OUTBOX_TEST_PROGRESS=cursor \
+		$(GO) test $(GOTEST_FLAGS) -run '$(EO_FAULTS)' ./internal/faulttest/
 
 ## demo: the example orders and billing services end to end, duplicates and trace tree included (embedded broker unless KAFKA_BROKERS is set).
 demo:
