@@ -116,8 +116,14 @@ type Drain struct {
 	// rounds' ratios) and PostgreSQL CPU per event.
 	CursorEPS     float64 `json:"cursor_eps"`
 	CursorVsMarks float64 `json:"cursor_vs_marks"`
-	CursorPGUs    float64 `json:"cursor_pg_us_per_event"`
-	MarksPGUs     float64 `json:"marks_pg_us_per_event"`
+	// EOVsALO: exactly-once's drain against at-least-once's (1 relay,
+	// defaults; median of the rounds' ratios); EO2VsALO2 the same with 2
+	// relays and BatchSize 500 (the eos.* figures of issue 32: on Apache
+	// Kafka when KAFKA_BROKERS is set).
+	EOVsALO    float64 `json:"eo_vs_alo,omitempty"`
+	EO2VsALO2  float64 `json:"eo_vs_alo_2relays,omitempty"`
+	CursorPGUs float64 `json:"cursor_pg_us_per_event"`
+	MarksPGUs  float64 `json:"marks_pg_us_per_event"`
 
 	Contenders []*DrainContender `json:"contenders"`
 }
@@ -326,6 +332,12 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	if cur := get("fxoutbox cursor default"); cur.EPS > 0 {
 		d.CursorEPS, d.CursorPGUs, d.MarksPGUs = cur.EPS, cur.PGUsPerEvent, fxd.PGUsPerEvent
 		d.CursorVsMarks = medianRatio(cur.series(), fxd.series())
+	}
+	if eo := get("fxoutbox exactly-once default"); eo.EPS > 0 && fxd.EPS > 0 {
+		d.EOVsALO = medianRatio(eo.series(), fxd.series())
+	}
+	if eo2, alo2 := get("fxoutbox exactly-once b500 x2"), get("fxoutbox b500 x2"); eo2.EPS > 0 && alo2.EPS > 0 {
+		d.EO2VsALO2 = medianRatio(eo2.series(), alo2.series())
 	}
 	d.FxoutboxB500x1EPS = get("fxoutbox b500 x1").EPS
 	d.FxoutboxB500x2EPS = get("fxoutbox b500 x2").EPS

@@ -75,7 +75,10 @@ type Latency struct {
 	Replicas3P50Vs1 float64 `json:"replicas3_p50_vs_1,omitempty"`
 	Replicas3P99Vs1 float64 `json:"replicas3_p99_vs_1,omitempty"`
 	// fxoutbox wake with cursor progress (relay.ProgressCursor) at 1k/s.
-	CursorP50  float64 `json:"cursor_p50_ms,omitempty"`
+	CursorP50 float64 `json:"cursor_p50_ms,omitempty"`
+	// EOP50, EOP99: "fxoutbox wake exactly-once" at 1k/s, read committed.
+	EOP50      float64 `json:"eo_p50_ms,omitempty"`
+	EOP99      float64 `json:"eo_p99_ms,omitempty"`
 	CursorP99  float64 `json:"cursor_p99_ms,omitempty"`
 	CursorP999 float64 `json:"cursor_p999_ms,omitempty"`
 	// The same at 1k/s while a transaction that wrote events stays open
@@ -366,6 +369,9 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 		s.Saturated, s.WritersShort = 2*nSat > len(s.Rounds), 2*nShort > len(s.Rounds)
 		if s.Contender == "fxoutbox wake" && s.Rate == 1000 {
 			l.P50, l.P99, l.P999 = s.P50, s.P99, s.P999
+		}
+		if s.Contender == "fxoutbox wake exactly-once" && s.Rate == 1000 {
+			l.EOP50, l.EOP99 = s.P50, s.P99
 		}
 		if s.Contender == "fxoutbox wake cursor" && s.Rate == 1000 {
 			l.CursorP50, l.CursorP99, l.CursorP999 = s.P50, s.P99, s.P999

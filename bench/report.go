@@ -106,6 +106,15 @@ func evaluateTargets(r *results) []Target {
 	if d := r.Drain; d != nil && d.CursorVsMarks > 0 {
 		atLeast("drain: cursor vs marks", ">= 1.5x (1 relay, defaults, same backlog)", d.CursorVsMarks, 1.5, "x")
 	}
+	if d := r.Drain; d != nil && d.EOVsALO > 0 {
+		atLeast("eos: drain exactly-once vs at-least-once", ">= 0.85x (1 relay, defaults; Apache Kafka with KAFKA_BROKERS)", d.EOVsALO, 0.85, "x")
+	}
+	if d := r.Drain; d != nil && d.EO2VsALO2 > 0 {
+		atLeast("eos: drain exactly-once vs at-least-once, 2 relays", ">= 0.85x (b500; Apache Kafka with KAFKA_BROKERS)", d.EO2VsALO2, 0.85, "x")
+	}
+	if l := r.Latency; l != nil && l.EOP50 > 0 {
+		atMost("eos: exactly-once p50 at 1k/s", "<= 8 ms (read committed; Apache Kafka with KAFKA_BROKERS)", l.EOP50, 8, "ms")
+	}
 	if l := r.Latency; l != nil && l.CursorP50 > 0 {
 		atMost("latency: cursor p50 at 1k/s (wake)", "<= 5 ms", l.CursorP50, 5, "ms")
 		atMost("latency: cursor p99 at 1k/s (wake)", "<= 25 ms", l.CursorP99, 25, "ms")
