@@ -14,8 +14,9 @@ import (
 var mayImport = map[string][]string{
 	".":                                    {"internal/textcut"},
 	"unitofwork":                           {".", "internal/record", "internal/sqlname", "internal/defaults"},
-	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
+	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/marks", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
 	"relay/internal/cursor":                {".", "internal/sqlname", "internal/tablesql"},
+	"relay/internal/marks":                 {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/failure":               {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
 	"relay/internal/kafkaproducer":         {"relay/internal/failure"},

@@ -116,7 +116,7 @@ func (r *Relay) Cleanup(ctx context.Context) (int, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	cutoff := time.Now().Add(-r.cfg.Retention)
-	ct, err := tx.Exec(ctx, r.q.cleanup, cutoff, r.cfg.CleanupBatch)
+	ct, err := tx.Exec(ctx, r.q.Cleanup, cutoff, r.cfg.CleanupBatch)
 	if err != nil {
 		return 0, fmt.Errorf("relay: cleanup %s: %w", r.cfg.Table, err)
 	}

@@ -14,8 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
-	"github.com/fxoutbox/outbox/internal/sqlname"
-	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/marks"
 )
 
 // Ordering says what a relay promises about the order of events in Kafka.
@@ -48,137 +47,27 @@ func (o Ordering) String() string {
 	return "Ordering(" + strconv.Itoa(int(o)) + ")"
 }
 
-// lane is the SQL expression that maps a row's partition key to its lane;
-// $lanes is the number of lanes. hashtext is stable across servers and
-// versions (PostgreSQL 12+).
-var lane = tablesql.Lane("partition_key", "@lanes")
-
-// streamTakes is the stream claim's condition on a streamed row e (see
-// streamer.claim): its lane is this transaction's or becomes it (the lanes
-// polling relays try-lock), and its key has no unpublished row below @top
-// outside the batch @batch. The waiting keys are read once per statement:
-// a correlated check per row walked the batch's own rows for each row,
-// quadratic in the batch size.
-func streamTakes(t outbox.Table) string {
-	return "pg_try_advisory_xact_lock(@ns, " + strings.Replace(lane, "partition_key", "e.partition_key", 1) + "::int)" +
-		" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + sqlname.Ident(t) + " o" +
-		" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))"
-}
-
+// queries are the marks progress's statements, with the batch statements
+// both progress modes share (relay/internal/marks), and the table's
+// advisory lock namespace.
 type queries struct {
-	claim  string // unordered: lock rows
-	window string // per key: lanes with work among the first rows, in order of their first row
-	// claimHeld and windowHeld are claim and window without the rows of
-	// the keys in @held (keys waiting for a failed event's retry), used
-	// only while some key is held.
-	claimHeld  string
-	windowHeld string
-	// windowOwned and windowOwnedHeld are window and windowHeld for an
-	// exactly-once worker: the lanes in @owned first.
-	windowOwned     string
-	windowOwnedHeld string
-	claimIDs        string // unordered, isolating unreadable rows: lock rows, reading only their ids
-	savepoint       string // before the read of rows by id, so a row that cannot be read does not abort the batch
-	rollbackTo      string
-	firstID         string // the first claimable row of @ids, reading only its id
-	unreadable      string // charge (and park) rows that cannot be read, without reading them
-	lock            string // per key: try-lock candidate lanes
-	read            string // per key: the rows the window saw in locked lanes
-	mark            string
-	attempt         string
-	// The stream's claim (see streamer.claim): mark the streamed rows that
-	// are still unpublished published, under PerKey only those whose lane
-	// this transaction holds (or gets) and whose key has no older
-	// unpublished row; streamState classifies the rows it did not claim;
-	// unmark takes the mark back from rows that failed.
-	streamClaim          string
-	streamClaimUnordered string
-	streamState          string
-	streamStateUnordered string
-	unmark               string
-	cleanup              string
-	// markCommitted (ExactlyOnce, see eoAcquire) marks the events of a
-	// lane's last Kafka transaction published.
-	markCommitted string
-	ns            int32 // advisory lock namespace of the table
-	// upto holds, for each claim statement, its variant that takes only
-	// rows with id <= @upto (see bounded).
-	upto map[string]string
+	marks.Queries
+	ns int32 // advisory lock namespace of the table
+	// The stream's claim statements (marks.Queries' StreamClaim,
+	// StreamClaimUnordered, StreamState, StreamStateUnordered) under the
+	// names streamclaim.go reads them by.
+	streamClaim, streamClaimUnordered, streamState, streamStateUnordered string
 }
 
+// rowCols are the columns of a row that a marks claim reads, in the order
+// readRows scans them (cursorCols are the same for alias e).
+const rowCols = "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
+
+// newQueries returns table t's statements and lock namespace.
 func newQueries(t outbox.Table) queries {
-	cols := "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
-	const notHeld = " AND partition_key <> ALL(@held::text[])"
-	window := func(held, prefer string) string {
-		return "SELECT lane, cnt, ids, CASE WHEN before < @n THEN pg_try_advisory_xact_lock(@ns, lane) END FROM (" +
-			"SELECT lane, count(*)::int AS cnt, array_agg(id ORDER BY id) AS ids, min(id) AS first," +
-			" coalesce(sum(count(*)) OVER (ORDER BY " + prefer + "min(id) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before" +
-			" FROM (SELECT id, " + lane + " AS lane FROM " + sqlname.Ident(t) +
-			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY " + prefer + "first"
-	}
-	// Exactly-once workers prefer, among the lanes of the window, those
-	// they own (taking another's lane fences its producer).
-	const owned = "lane = ANY(@owned::int[]) DESC, "
-	q := queries{
-		claim: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
-			" WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		claimHeld: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
-			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		claimIDs: "SELECT id FROM " + sqlname.Ident(t) +
-			" WHERE published_at IS NULL AND parked_at IS NULL" + notHeld + " ORDER BY id LIMIT @n FOR UPDATE SKIP LOCKED",
-		windowHeld:      window(notHeld, ""),
-		windowOwned:     window("", owned),
-		windowOwnedHeld: window(notHeld, owned),
-		savepoint:       "SAVEPOINT fxoutbox_read",
-		rollbackTo:      "ROLLBACK TO SAVEPOINT fxoutbox_read",
-		firstID: "SELECT id FROM " + sqlname.Ident(t) +
-			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1",
-		unreadable: "UPDATE " + sqlname.Ident(t) + " e SET attempts = e.attempts + 1, last_error = f.err," +
-			" parked_at = CASE WHEN @park::bool THEN now() END" +
-			" FROM unnest(@ids::bigint[], @errs::text[]) AS f(id, err) WHERE e.id = f.id AND e.published_at IS NULL AND e.parked_at IS NULL" +
-			" RETURNING e.id, e.event_id, e.topic, e.partition_key, e.parked_at IS NOT NULL",
-		// window groups the oldest unpublished rows by lane, in order of
-		// each lane's first row, with their ids, and try-locks the lanes
-		// that cover the first @n of them: true when locked, false when
-		// another relay holds them; lanes past the first @n come back null.
-		window: window("", ""),
-		lock:   "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
-		// read takes the rows the window saw in the locked lanes, in a new
-		// statement: its snapshot, taken after the locks were granted, drops
-		// the rows the lanes' previous holder published or parked meanwhile.
-		read: "SELECT " + cols + " FROM " + sqlname.Ident(t) +
-			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
-		mark: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE id = ANY($1)",
-		streamClaim: "UPDATE " + sqlname.Ident(t) + " e SET published_at = now()" +
-			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t) +
-			" RETURNING e.id",
-		streamClaimUnordered: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE id IN (SELECT id FROM " + sqlname.Ident(t) +
-			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
-		// streamState: present rows, whether unpublished, and whether the
-		// claim would have taken them (their lane is this transaction's,
-		// their key waits behind nothing): such a row was not visible yet.
-		streamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL, " + streamTakes(t) +
-			" FROM " + sqlname.Ident(t) + " e WHERE e.id = ANY(@ids::bigint[])",
-		streamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + sqlname.Ident(t) + " WHERE id = ANY(@ids::bigint[])",
-		unmark:               "UPDATE " + sqlname.Ident(t) + " SET published_at = NULL WHERE id = ANY($1)",
-		// A negative attempts (written by hand) counts as 0.
-		attempt: "UPDATE " + sqlname.Ident(t) + " e SET attempts = greatest(e.attempts, 0) + 1, last_error = f.err," +
-			" parked_at = CASE WHEN f.lim > 0 AND greatest(e.attempts, 0) + 1 >= f.lim THEN now() END" +
-			" FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, lim) WHERE e.id = f.id" +
-			" RETURNING e.id, e.parked_at IS NOT NULL",
-		// created_at <= published_at, so the created_at condition (BRIN
-		// index) narrows the scan to old block ranges.
-		cleanup: "DELETE FROM " + sqlname.Ident(t) + " WHERE id IN (SELECT id FROM " + sqlname.Ident(t) +
-			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-		markCommitted: "UPDATE " + sqlname.Ident(t) + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
-			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
-		ns: locks.Namespace(t.String()),
-	}
-	const cond = "WHERE published_at IS NULL AND parked_at IS NULL"
-	q.upto = map[string]string{}
-	for _, sql := range []string{q.claim, q.claimHeld, q.claimIDs, q.window, q.windowHeld} {
-		q.upto[sql] = strings.Replace(sql, cond, cond+" AND id <= @upto", 1)
-	}
+	q := queries{Queries: marks.NewQueries(t, rowCols), ns: locks.Namespace(t.String())}
+	q.streamClaim, q.streamClaimUnordered = q.StreamClaim, q.StreamClaimUnordered
+	q.streamState, q.streamStateUnordered = q.StreamState, q.StreamStateUnordered
 	return q
 }
 
@@ -190,24 +79,22 @@ func txSettings(cfg Config) (sql, idleMillis string) {
 	// No parallel plans and no JIT: a batch's statements read a few rows,
 	// and a Gather's start-up or a JIT compilation (seconds, where an
 	// estimate went wrong) costs more than they do.
-	sql = "SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)"
-	if cfg.Progress == ProgressCursor {
-		// The cursor's statements find rows through the (txid, id) index
-		// by transaction ids that the table's statistics cannot predict:
-		// after a bulk load (many rows per transaction) the planner
-		// expects each id to match thousands of rows and scans the table
-		// instead, on every claim.
-		sql += ", set_config('enable_seqscan', 'off', true)"
-	}
+	//
+	// The cursor's statements find rows through the (txid, id) index by
+	// transaction ids that the table's statistics cannot predict: after a
+	// bulk load (many rows per transaction) the planner expects each id to
+	// match thousands of rows and scans the table instead, on every claim.
+	// So no sequential scans under ProgressCursor.
+	commit := marks.CommitDefault
 	switch {
 	case cfg.Delivery == ExactlyOnce:
 		// A lane's marks must be durable before its next Kafka
 		// transaction: only its last one is read back.
-		sql += ", set_config('synchronous_commit', 'on', true)"
+		commit = marks.CommitSync
 	case !cfg.SynchronousCommit:
-		sql += ", set_config('synchronous_commit', 'off', true)"
+		commit = marks.CommitAsync
 	}
-	return sql, strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+	return marks.TxSettings(cfg.Progress == ProgressCursor, commit), strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 }
 
 // query runs sql and hands its rows to scan. A statement pre (the
@@ -283,9 +170,9 @@ var errIsolate = errors.New("relay: claim met an unreadable row")
 // transaction.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64) (c claimed, err error) {
 	if r.cfg.Ordering == Unordered {
-		sql, args := r.q.claim, pgx.NamedArgs{"n": n}
+		sql, args := r.q.Claim, pgx.NamedArgs{"n": n}
 		if len(held) > 0 {
-			sql, args["held"] = r.q.claimHeld, held
+			sql, args["held"] = r.q.ClaimHeld, held
 		}
 		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, bounded(r.q, sql, args, upto), args)
 		if err != nil {
@@ -316,7 +203,7 @@ func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []str
 	}
 	var ids []int64
 	args := pgx.NamedArgs{"n": n, "held": held}
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, bounded(r.q, r.q.claimIDs, args, upto), args, func(rows pgx.Rows) error {
+	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, bounded(r.q, r.q.ClaimIDs, args, upto), args, func(rows pgx.Rows) error {
 		var err error
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
@@ -341,9 +228,9 @@ func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []str
 // one id query; the happy path is the read alone, its savepoint in the same
 // round trip.
 func (r *Relay) readGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int) (c claimed, err error) {
-	pre := r.q.savepoint
+	pre := r.q.Savepoint
 	for len(ids) > 0 && len(c.rows) < n {
-		got, err := r.readRows(ctx, tx, pre, nil, n-len(c.rows), r.q.read, pgx.NamedArgs{"ids": ids, "n": n - len(c.rows)})
+		got, err := r.readRows(ctx, tx, pre, nil, n-len(c.rows), r.q.Read, pgx.NamedArgs{"ids": ids, "n": n - len(c.rows)})
 		c.rows = append(c.rows, got...)
 		if err == nil {
 			return c, nil
@@ -357,11 +244,11 @@ func (r *Relay) readGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int) 
 			i, _ := slices.BinarySearch(ids, last)
 			ids = ids[min(i+1, len(ids)):]
 		}
-		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+		if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
 			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
 		}
 		var first int64
-		if e := tx.QueryRow(ctx, r.q.firstID, pgx.NamedArgs{"ids": ids}).Scan(&first); e != nil {
+		if e := tx.QueryRow(ctx, r.q.FirstID, pgx.NamedArgs{"ids": ids}).Scan(&first); e != nil {
 			if errors.Is(e, pgx.ErrNoRows) {
 				// Nothing left to blame: not a row's fault after all.
 				return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
@@ -442,14 +329,14 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 		if window == 2*n {
 			lockUpTo = n
 		}
-		sql, args := r.q.window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns}
+		sql, args := r.q.Window, pgx.NamedArgs{"window": window, "lanes": r.cfg.Lanes, "n": lockUpTo, "ns": r.q.ns}
 		if len(held) > 0 {
-			sql, args["held"] = r.q.windowHeld, held
+			sql, args["held"] = r.q.WindowHeld, held
 		}
 		if laneOf != nil {
-			sql, args["owned"] = r.q.windowOwned, owned
+			sql, args["owned"] = r.q.WindowOwned, owned
 			if len(held) > 0 {
-				sql = r.q.windowOwnedHeld
+				sql = r.q.WindowOwnedHeld
 			}
 		}
 		pre, preArgs := "", []any(nil)
@@ -492,7 +379,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 				tried[cands[0].lane] = true
 				need -= len(cands[0].ids)
 			}
-			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
+			rows, err := tx.Query(ctx, r.q.Lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
 			if err != nil {
 				return nil, false, fmt.Errorf("relay: lock lanes: %w", err)
 			}
@@ -548,7 +435,7 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []a
 func bounded(q queries, sql string, args pgx.NamedArgs, upto int64) string {
 	if upto > 0 {
 		args["upto"] = upto
-		return q.upto[sql]
+		return q.Upto[sql]
 	}
 	return sql
 }

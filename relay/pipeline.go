@@ -277,7 +277,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		err = tx.SendBatch(ctx, b).Close()
 	} else {
 		var rs pgx.Rows
-		if rs, err = tx.Query(ctx, r.q.unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park}); err == nil {
+		if rs, err = tx.Query(ctx, r.q.Unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park}); err == nil {
 			err = collect(rs)
 		}
 	}
@@ -351,10 +351,10 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 			}
 		}
 		if len(back) > 0 {
-			b.Queue(r.q.unmark, back)
+			b.Queue(r.q.Unmark, back)
 		}
 	case len(ids) > 0:
-		b.Queue(r.q.mark, ids)
+		b.Queue(r.q.Mark, ids)
 	}
 	parked := map[int64]bool{}
 	if len(failed) > 0 {
@@ -364,7 +364,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, 
 			fids[j] = rows[i].id
 			limits[j] = r.parkLimit(errs[i], slices.Contains(alone, i))
 		}
-		attempt, args := r.q.attempt, []any{fids, reasons, limits}
+		attempt, args := r.q.Attempt, []any{fids, reasons, limits}
 		if cur != nil {
 			// Cursor progress: a row out of tries moves to the parked
 			// table (Charge copies it, Unpark deletes it), with its last

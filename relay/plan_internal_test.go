@@ -72,9 +72,9 @@ func checkPlans(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, unpublished 
 		sql  string
 		args pgx.NamedArgs
 	}{
-		"claim":   {r.q.claim, pgx.NamedArgs{"n": 500}},
-		"window":  {r.q.window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns}},
-		"read":    {r.q.read, pgx.NamedArgs{"ids": ids, "n": 500}},
+		"claim":   {r.q.Claim, pgx.NamedArgs{"n": 500}},
+		"window":  {r.q.Window, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns}},
+		"read":    {r.q.Read, pgx.NamedArgs{"ids": ids, "n": 500}},
 		"cleanup": {"SELECT * FROM " + sqlname.Ident(tbl) + " WHERE id IN (SELECT id FROM " + sqlname.Ident(tbl) + " WHERE created_at < now() - interval '3 days' AND published_at < now() - interval '3 days' LIMIT 1000)", nil},
 	} {
 		var plan []byte

@@ -441,7 +441,7 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32,
 				want[cands[0].lane] = cands[0].cnt
 				need -= cands[0].cnt
 			}
-			rows, err := tx.Query(ctx, r.q.lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
+			rows, err := tx.Query(ctx, r.q.Lock, pgx.NamedArgs{"candidates": chunk, "ns": r.q.ns})
 			if err != nil {
 				return nil, 0, false, fmt.Errorf("relay: lock lanes: %w", err)
 			}
@@ -604,7 +604,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	}
 	// Under a savepoint: a row that cannot be read (see isUnreadable) does
 	// not abort the transaction.
-	err = r.query(ctx, tx, r.q.savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
+	err = r.query(ctx, tx, r.q.Savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane}, func() error {
 			cb.laneOf[x.id] = lane
 			cb.ids = append(cb.ids, x.id)
@@ -618,7 +618,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 		// Read the ids alone, then the rows by id, setting aside those that
 		// cannot be read (readGuarded); they are charged (parked) in the
 		// pipeline, and their lanes go on past them.
-		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+		if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
 			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
 		}
 		cb.ids, out = nil, nil
@@ -701,7 +701,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		b.Queue(r.txSettings, r.idleMillis)
 	}
 	// Under a savepoint, as cursorRead's Read.
-	b.Queue(r.q.savepoint)
+	b.Queue(r.q.Savepoint)
 	b.Queue(r.cur.q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane,
 			&now, &top, &lateLanes, &lateIDs}, func() error {
@@ -715,7 +715,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 	})
 	err := tx.SendBatch(ctx, b).Close()
 	if err != nil && isUnreadable(err) {
-		if _, e := tx.Exec(ctx, r.q.rollbackTo); e != nil {
+		if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
 			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
 		}
 		r.cur.keptUnreadable.Add(1)

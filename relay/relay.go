@@ -116,7 +116,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	}
 	if c.Progress == ProgressCursor {
 		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), parkedTable(c.Table), cursorCols)}
-		r.q.cleanup = r.cur.q.Cleanup
+		r.q.Cleanup = r.cur.q.Cleanup // rows every lane delivered, not marked ones
 	}
 	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
