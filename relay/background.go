@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox/internal/backoff"
@@ -51,7 +50,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	// The connection keeps its LISTEN: it never goes back to the pool.
 	conn := pc.Hijack()
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{sqlname.Channel(r.cfg.Table)}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, r.q.Listen); err != nil {
 		return fmt.Errorf("relay: listen: %w", err)
 	}
 	r.Wake()

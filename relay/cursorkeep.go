@@ -149,7 +149,7 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		// Out of the pool: it holds its locks and its setting for good,
 		// and the pool keeps its size for the rest of the relay.
 		conn := pc.Hijack()
-		if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", k.idleSession()); err != nil {
+		if _, err := conn.Exec(ctx, k.r.cur.q.KeepSession, k.idleSession()); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				return nil, err

@@ -585,7 +585,7 @@ func (r *Relay) markCommitted(ctx context.Context, ids []uuid.UUID) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('synchronous_commit', 'on', true)")
+	b.Queue(r.q.Durable)
 	b.Queue(r.q.MarkCommitted, ids)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("relay: exactly-once: mark a lane's committed events: %w", err)

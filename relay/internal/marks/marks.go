@@ -10,10 +10,10 @@
 // unordered claim locks rows with FOR UPDATE SKIP LOCKED (Claim). The
 // stream's claim marks the streamed rows in one statement (StreamClaim).
 //
-// The package also holds the statements of a batch transaction that both
-// progress modes run: its settings (TxSettings), the savepoint around a
-// read of rows (Savepoint, RollbackTo) and the try-lock of candidate lanes
-// (Lock).
+// The package also holds the statements that both progress modes run: a
+// batch transaction's settings (TxSettings), the savepoint around a read of
+// rows (Savepoint, RollbackTo), the try-lock of candidate lanes (Lock) and
+// the wake-up channel's LISTEN (Listen).
 //
 // The package owns the SQL text; the relay owns the transaction, the lock
 // namespace of the table, the scan of the rows and the publishing.
@@ -21,6 +21,8 @@ package marks
 
 import (
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
@@ -94,6 +96,10 @@ type Queries struct {
 	// Lock try-locks the lanes @candidates in namespace @ns and returns
 	// those it locked. Both progress modes use it.
 	Lock string
+	// Listen subscribes a connection to the table's wake-up channel
+	// (sqlname.Channel), which writers NOTIFY after a commit. Both
+	// progress modes use it.
+	Listen string
 
 	// Upto holds, for each of Claim, ClaimHeld, ClaimIDs, Window and
 	// WindowHeld, its variant that takes only rows with id <= @upto (the
@@ -159,6 +165,7 @@ func NewQueries(table outbox.Table, cols string) Queries {
 		Savepoint:            "SAVEPOINT fxoutbox_read",
 		RollbackTo:           "ROLLBACK TO SAVEPOINT fxoutbox_read",
 		Lock:                 "SELECT l FROM unnest(@candidates::int[]) AS l WHERE pg_try_advisory_xact_lock(@ns, l)",
+		Listen:               "LISTEN " + pgx.Identifier{sqlname.Channel(table)}.Sanitize(),
 	}
 	const cond = "WHERE published_at IS NULL AND parked_at IS NULL"
 	q.Upto = map[string]string{}
