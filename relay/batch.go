@@ -89,29 +89,12 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 		keep, db = info.keep, info.keep
 	}
 	find := func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {
-		if err := r.checkMarks(ctx); err != nil {
-			return claimed{}, err
-		}
-		if isolate {
-			return r.claimIsolating(ctx, tx, size, held, upto)
-		}
-		return r.claim(ctx, tx, size, held, upto)
-	}
-	if r.cur != nil {
-		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
-			return r.cursorClaim(ctx, tx, size, held, keep)
-		}
+		return r.prog.claim(ctx, tx, size, held, upto, keep, isolate)
 	}
 	if r.eo != nil {
 		eo = &eoBatch{}
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
-			claim := r.eoClaim
-			if r.cur != nil {
-				claim = r.eoCursorClaim
-			} else if err := r.checkMarks(ctx); err != nil {
-				return claimed{eo: eo}, err
-			}
-			c, err := claim(ctx, tx, size, held, eo)
+			c, err := r.prog.claimEO(ctx, tx, size, held, eo)
 			c.eo = eo
 			return c, err
 		}

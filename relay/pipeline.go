@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -263,24 +262,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		})
 		return err
 	}
-	var err error
-	if r.cur != nil {
-		// Cursor progress: parking moves the rows to the parked table,
-		// copied by the server (which never prints them).
-		details := make([]string, len(bad))
-		for i, b := range bad {
-			details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+failure.UnreadableDetail(b.err)), lastErrorMax)
-		}
-		b := &pgx.Batch{}
-		b.Queue(r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "details": details, "park": park}).Query(collect)
-		b.Queue(r.cur.q.Unpark, ids)
-		err = tx.SendBatch(ctx, b).Close()
-	} else {
-		var rs pgx.Rows
-		if rs, err = tx.Query(ctx, r.q.Unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park}); err == nil {
-			err = collect(rs)
-		}
-	}
+	err := r.prog.chargeUnreadable(ctx, tx, unreadableCharge{bad: bad, ids: ids, msgs: msgs, park: park}, collect)
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay: park %d unreadable rows: %w", len(bad), err)
 	}
@@ -338,74 +320,15 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 // charged MaxAttempts times, paced (see pacer), so a cause fixed within
 // seconds loses nothing.
 func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
-	b := &pgx.Batch{}
-	switch {
-	case cur != nil:
-		// Cursor progress: no marks; the lanes' positions follow the
-		// attempts (which say what was parked, and moved).
-	case marked:
-		var back []int64
-		for i, err := range errs {
-			if err != nil {
-				back = append(back, rows[i].id)
-			}
-		}
-		if len(back) > 0 {
-			b.Queue(r.q.Unmark, back)
-		}
-	case len(ids) > 0:
-		b.Queue(r.q.Mark, ids)
-	}
-	parked := map[int64]bool{}
+	rec := recording{ids: ids, rows: rows, errs: errs, failed: failed, reasons: reasons, marked: marked, cur: cur}
 	if len(failed) > 0 {
-		fids := make([]int64, len(failed))
-		limits := make([]int32, len(failed))
+		rec.fids, rec.limits = make([]int64, len(failed)), make([]int32, len(failed))
 		for j, i := range failed {
-			fids[j] = rows[i].id
-			limits[j] = r.parkLimit(errs[i], slices.Contains(alone, i))
-		}
-		attempt, args := r.q.Attempt, []any{fids, reasons, limits}
-		if cur != nil {
-			// Cursor progress: a row out of tries moves to the parked
-			// table (Charge copies it, Unpark deletes it), with its last
-			// error in full beside the reason.
-			texts := make([]string, len(failed))
-			for j, i := range failed {
-				texts[j] = textcut.Cut(errs[i].Error(), lastErrorMax)
-			}
-			attempt, args = r.cur.q.Charge, append(args, texts)
-		}
-		b.Queue(attempt, args...).Query(func(rows pgx.Rows) error {
-			var id int64
-			var p bool
-			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
-				if p {
-					parked[id] = true
-				}
-				return nil
-			})
-			return err
-		})
-		if cur != nil {
-			b.Queue(r.cur.q.Unpark, fids)
+			rec.fids[j] = rows[i].id
+			rec.limits[j] = r.parkLimit(errs[i], slices.Contains(alone, i))
 		}
 	}
-	if cur != nil && len(failed) == 0 {
-		r.cursorSave(ctx, b, cur, rows, errs, parked)
-	}
-	if b.Len() > 0 {
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return nil, fmt.Errorf("relay: mark %d events published, %d failed: %w", len(ids), len(failed), err)
-		}
-	}
-	if cur != nil && len(failed) > 0 {
-		b := &pgx.Batch{}
-		r.cursorSave(ctx, b, cur, rows, errs, parked)
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return nil, fmt.Errorf("relay: save the lanes' positions after %d events published, %d failed: %w", len(ids), len(failed), err)
-		}
-	}
-	return parked, nil
+	return r.prog.record(ctx, tx, rec)
 }
 
 // parkLimit is the attempts after which an event that failed permanently

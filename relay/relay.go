@@ -56,6 +56,7 @@ type Relay struct {
 	stream    streamInfo
 	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
 	cur       *cursorState // Progress ProgressCursor: the lanes' positions
+	prog      progressMode // how a polling batch claims and records, by Progress
 	// marksChecked: a check found the table not in cursor mode (see
 	// checkMarks).
 	marksChecked atomic.Bool
@@ -114,9 +115,11 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 			return nil, err
 		}
 	}
+	r.prog = marksMode{r}
 	if c.Progress == ProgressCursor {
 		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), parkedTable(c.Table), cursorCols)}
 		r.q.Cleanup = r.cur.q.Cleanup // rows every lane delivered, not marked ones
+		r.prog = cursorMode{r}
 	}
 	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {

@@ -1,0 +1,200 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
+)
+
+// progressMode is what a polling batch does that depends on Progress: how
+// it claims rows and how it writes, in the batch's transaction, what
+// became of them. New picks one: marksMode (ProgressMarks: rows are
+// marked and charged in place, relay/internal/marks) or cursorMode
+// (ProgressCursor: the lanes' positions move, a parked row moves to the
+// parked table, relay/internal/cursor). The pipeline around them (publish,
+// pacing, commit) is one.
+type progressMode interface {
+	// claim is the finder of a polling batch of up to n rows, leaving out
+	// the rows of the held keys (see claim and cursorClaim).
+	claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, keep *laneKeeper, isolate bool) (claimed, error)
+	// claimEO is claim for an exactly-once batch b (see eoClaim and
+	// eoCursorClaim).
+	claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error)
+	// chargeUnreadable charges the rows that cannot be read (see
+	// Relay.chargeUnreadable), parking them with park, and hands scan the
+	// charged rows: id, event_id, topic, partition_key, parked.
+	chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadableCharge, scan func(pgx.Rows) error) error
+	// record writes what became of a batch's published rows (see
+	// Relay.record) and returns which failed rows were parked.
+	record(ctx context.Context, tx pgx.Tx, rec recording) (map[int64]bool, error)
+}
+
+// unreadableCharge is the charge of the rows that cannot be read (bad,
+// their ids), with their stored reasons (msgs), parked at once with park.
+type unreadableCharge struct {
+	bad  []unreadable
+	ids  []int64
+	msgs []string
+	park bool
+}
+
+// recording is what record writes: the acknowledged rows' ids, the rows
+// sent and their outcomes, the failed ones (rows[failed[j]]: its id
+// fids[j], its stored reason reasons[j], its limit of attempts
+// limits[j]), whether the finder claimed the rows by marking them (the
+// marks stream's claim), and the cursor batch (every batch cursorMode
+// records has one: its claim read the rows).
+type recording struct {
+	ids     []int64
+	rows    []row
+	errs    []error
+	failed  []int
+	fids    []int64
+	reasons []string
+	limits  []int32
+	marked  bool
+	cur     *cursorBatch
+}
+
+// markError is the error of record's first round trip.
+func (rec recording) markError(err error) error {
+	return fmt.Errorf("relay: mark %d events published, %d failed: %w", len(rec.ids), len(rec.failed), err)
+}
+
+// scanParked reads the rows of an attempt's statement (id, whether
+// parked) into parked.
+func scanParked(parked map[int64]bool) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		var id int64
+		var p bool
+		_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
+			if p {
+				parked[id] = true
+			}
+			return nil
+		})
+		return err
+	}
+}
+
+// marksMode is ProgressMarks' progressMode.
+type marksMode struct{ r *Relay }
+
+func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, _ *laneKeeper, isolate bool) (claimed, error) {
+	if err := m.r.checkMarks(ctx); err != nil {
+		return claimed{}, err
+	}
+	if isolate {
+		return m.r.claimIsolating(ctx, tx, n, held, upto)
+	}
+	return m.r.claim(ctx, tx, n, held, upto)
+}
+
+func (m marksMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
+	if err := m.r.checkMarks(ctx); err != nil {
+		return claimed{}, err
+	}
+	return m.r.eoClaim(ctx, tx, n, held, b)
+}
+
+func (m marksMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadableCharge, scan func(pgx.Rows) error) error {
+	rs, err := tx.Query(ctx, m.r.q.Unreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "park": u.park})
+	if err != nil {
+		return err
+	}
+	return scan(rs)
+}
+
+// record marks the acknowledged rows published (or, for rows the finder
+// marked, takes the mark back from the others) and counts an attempt on
+// each failed one, in one round trip.
+func (m marksMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[int64]bool, error) {
+	b := &pgx.Batch{}
+	switch {
+	case rec.marked:
+		var back []int64
+		for i, err := range rec.errs {
+			if err != nil {
+				back = append(back, rec.rows[i].id)
+			}
+		}
+		if len(back) > 0 {
+			b.Queue(m.r.q.Unmark, back)
+		}
+	case len(rec.ids) > 0:
+		b.Queue(m.r.q.Mark, rec.ids)
+	}
+	parked := map[int64]bool{}
+	if len(rec.fids) > 0 {
+		b.Queue(m.r.q.Attempt, rec.fids, rec.reasons, rec.limits).Query(scanParked(parked))
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, rec.markError(err)
+		}
+	}
+	return parked, nil
+}
+
+// cursorMode is ProgressCursor's progressMode.
+type cursorMode struct{ r *Relay }
+
+func (c cursorMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, _ int64, keep *laneKeeper, _ bool) (claimed, error) {
+	return c.r.cursorClaim(ctx, tx, n, held, keep)
+}
+
+func (c cursorMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
+	return c.r.eoCursorClaim(ctx, tx, n, held, b)
+}
+
+// chargeUnreadable parks by moving the rows to the parked table, copied by
+// the server (which never prints them), with what PostgreSQL said.
+func (c cursorMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadableCharge, scan func(pgx.Rows) error) error {
+	details := make([]string, len(u.bad))
+	for i, b := range u.bad {
+		details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+failure.UnreadableDetail(b.err)), lastErrorMax)
+	}
+	b := &pgx.Batch{}
+	b.Queue(c.r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "details": details, "park": u.park}).Query(scan)
+	b.Queue(c.r.cur.q.Unpark, u.ids)
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// record writes no marks: it counts an attempt on each failed row (a row
+// out of tries moves to the parked table: Charge copies it, with its last
+// error in full beside the reason, and Unpark deletes it), then writes the
+// lanes' positions, which follow what was parked (a second round trip
+// when rows failed).
+func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[int64]bool, error) {
+	b := &pgx.Batch{}
+	parked := map[int64]bool{}
+	if len(rec.fids) == 0 {
+		c.r.cursorSave(ctx, b, rec.cur, rec.rows, rec.errs, parked)
+		if b.Len() > 0 {
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return nil, rec.markError(err)
+			}
+		}
+		return parked, nil
+	}
+	texts := make([]string, len(rec.failed))
+	for j, i := range rec.failed {
+		texts[j] = textcut.Cut(rec.errs[i].Error(), lastErrorMax)
+	}
+	b.Queue(c.r.cur.q.Charge, rec.fids, rec.reasons, rec.limits, texts).Query(scanParked(parked))
+	b.Queue(c.r.cur.q.Unpark, rec.fids)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, rec.markError(err)
+	}
+	b = &pgx.Batch{}
+	c.r.cursorSave(ctx, b, rec.cur, rec.rows, rec.errs, parked)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("relay: save the lanes' positions after %d events published, %d failed: %w", len(rec.ids), len(rec.failed), err)
+	}
+	return parked, nil
+}
