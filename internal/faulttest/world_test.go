@@ -89,10 +89,17 @@ func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *w
 // it (see progressFor), and its table gets the cursor migration then.
 func newWorldFor(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, delivery relay.Delivery, mode relay.Mode) *world {
 	t.Helper()
+	return newWorldWith(t, pool, brokers, keys, delivery, progressFor(t, delivery, mode))
+}
+
+// newWorldWith is newWorldFor with the relays' progress given: under
+// ProgressCursor the table gets the cursor migration.
+func newWorldWith(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, delivery relay.Delivery, progress relay.Progress) *world {
+	t.Helper()
 	ctx := context.Background()
 	tbl := testenv.Table(t, pool)
 	w := &world{
-		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: delivery,
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: delivery, progress: progress,
 		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
@@ -101,7 +108,7 @@ func newWorldFor(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, d
 	if _, err := pool.Exec(ctx, "INSERT INTO "+w.account+" (id) SELECT 'acct-' || lpad(i::text, 3, '0') FROM generate_series(0, $1 - 1) i", keys); err != nil {
 		t.Fatal(err)
 	}
-	if w.progress = progressFor(t, delivery, mode); w.progress == relay.ProgressCursor {
+	if progress == relay.ProgressCursor {
 		cursorReady(t, pool, tbl)
 	}
 	w.topic = testenv.Topic(t, w.brokers, 6)
@@ -299,17 +306,6 @@ func (w *world) publishedCount() (int, error) {
 // table and progress, for count's where.
 func (w *world) delivered() string { return deliveredSQL(w.table, w.progress) }
 func (w *world) waiting() string   { return waitingSQL(w.table, w.progress) }
-
-// noCursor makes the world's relays record marks progress (for scenarios
-// whose relays cannot record cursor progress), saying so when
-// OUTBOX_TEST_PROGRESS asked for cursor. Call it before starting a relay.
-func (w *world) noCursor(t *testing.T, delivery relay.Delivery, mode relay.Mode) {
-	t.Helper()
-	w.delivery = delivery
-	if w.progress == relay.ProgressCursor && delivery != relay.AtLeastOnce {
-		w.progress = progressFor(t, delivery, mode)
-	}
-}
 
 // waitFor waits until cond holds (testenv.Eventually), or fails the test
 // naming what it waited for, and returns how long that took (for the logs).
