@@ -68,10 +68,12 @@
 // its last checkpoint, and streams from a new slot, counting the loss
 // once), TestStreamSlotInvalidatedCountedOnce (a relay whose role may not
 // call pg_drop_replication_slot meets the lost slot again every
-// RetryInterval and counts it once) and TestStreamSurvivesPostgresCrash (pg_ctl
-// stop -m immediate under load); with the package's broker (real broker
-// only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
-// relay confirms never passes the WAL position at which the broker died).
+// RetryInterval and counts it once, then delivers every event) and
+// TestStreamSurvivesPostgresCrash (pg_ctl stop -m immediate under load);
+// with the package's broker (real broker only),
+// TestStreamBrokerOutageConfirmsNothingUnpublished (the position the relay
+// confirms never passes the WAL position at which the broker died). Each
+// runs exactly once too (see below).
 //
 // # Exactly once
 //

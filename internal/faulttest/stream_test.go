@@ -317,7 +317,10 @@ func (w *world) invalidateSlot(t *testing.T) {
 // drop it, as a retry that meets the slot before its drop shows does; once
 // the function is granted again, the relay drops the slot, finds it
 // missing, creates a new one and streams. Through it all the slot was
-// lost once: outbox.stream.slots_lost says invalidated 1, missing 0.
+// lost once: outbox.stream.slots_lost says invalidated 1, missing 0. Every
+// event is then delivered once (within the bound of
+// TestStreamSlotInvalidatedResumesFromTheTable under cursor progress at
+// least once; exactly once, read_committed, not one duplicate).
 func TestStreamSlotInvalidatedCountedOnce(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
@@ -447,7 +450,8 @@ func (c *pgCluster) crash(t *testing.T, w *world) {
 // again, and the relay skips what it had published). Every committed event
 // is delivered, first deliveries in per-key order, with at most one batch
 // of duplicates (under cursor progress, at most the events of about three
-// seconds: those the stream published after its last checkpoint).
+// seconds: those the stream published after its last checkpoint). Exactly
+// once (OUTBOX_TEST_DELIVERY), read_committed: not one duplicate.
 func TestStreamSurvivesPostgresCrash(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
@@ -504,8 +508,11 @@ func TestStreamSurvivesPostgresCrash(t *testing.T) {
 // to wait. The relay is then killed while the broker is still down; the
 // broker returns, a new relay starts, and every committed event is
 // delivered, first deliveries in per-key order, with at most one batch of
-// duplicates per fault. Runs with OUTBOX_TEST_REAL_KAFKA=1, on the
-// package's own broker and PostgreSQL cluster.
+// duplicates per fault (exactly once, OUTBOX_TEST_DELIVERY: read_committed,
+// none; its failures are failed Kafka transactions and restarts from the
+// stream's record, with BatchTimeout 5 s). Runs with
+// OUTBOX_TEST_REAL_KAFKA=1, on the package's own broker and PostgreSQL
+// cluster.
 func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	b := faultBroker(t)
 	pg := ownPG(t)
@@ -573,8 +580,8 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Wait for three failed sends after the mark: the relay went through
-	// its failure path with events received after the mark.
+	// Wait for three failures after the mark: the relay went through its
+	// failure path with events received after the mark.
 	failed := failures()
 	waitFor(t, time.Minute, "three failures during the outage", func() bool { return failures() >= failed+3 })
 	if eo {
@@ -620,6 +627,9 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	}
 	r2.stop(t)
 	w.verify(t, 2)
+	if eo {
+		w.javaCheck(t)
+	}
 }
 
 // counterSum reads the int64 counter name and sums its data points whose

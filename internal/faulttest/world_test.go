@@ -318,6 +318,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 type committed struct {
 	key string
 	seq int64
+	id  int64 // the row's id
 }
 
 // verify consumes the whole topic from the oldest offset (everything is
@@ -342,13 +343,13 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	dupIDs := map[string]int{}
 	events := map[string]committed{}
 	want := map[string][]int64{} // per key, its sequence numbers in write (id) order
-	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+sqlname.Ident(w.table)+" ORDER BY id")
+	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint, id FROM "+sqlname.Ident(w.table)+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var id string
 	var c committed
-	if _, err := pgx.ForEachRow(rows, []any{&id, &c.key, &c.seq}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &c.key, &c.seq, &c.id}, func() error {
 		events[id] = c
 		want[c.key] = append(want[c.key], c.seq)
 		return nil
@@ -403,6 +404,7 @@ func (w *world) check(t *testing.T, faults int) delivery {
 
 	got := map[string][]int64{} // per key, the sequence numbers of first deliveries in log order
 	seen := map[string]bool{}
+	at := map[string][]string{} // event id -> partition@offset of its records
 	dups, strays := 0, 0
 	for _, m := range msgs {
 		eid := testenv.Header(m, outbox.HeaderEventID)
@@ -419,6 +421,7 @@ func (w *world) check(t *testing.T, faults int) delivery {
 			t.Errorf("record %s/%d@%d (event %s): key %q payload %s, want key %q seq %d (%v)", m.Topic, m.Partition, m.Offset, eid, m.Key, m.Value, e.key, e.seq, err)
 			continue
 		}
+		at[eid] = append(at[eid], fmt.Sprintf("%d@%d", m.Partition, m.Offset))
 		if seen[eid] {
 			dups++
 			dupIDs[eid]++
@@ -456,6 +459,10 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	}
 	if dups > limit && eo {
 		t.Errorf("read_committed: %d duplicate records (beyond the first of an event id) for %d fault(s); exactly once allows none", dups, faults)
+		for _, eid := range slices.Sorted(maps.Keys(dupIDs))[:min(10, len(dupIDs))] {
+			e := events[eid]
+			t.Logf("duplicate: event %s (row %d, key %s seq %d) at partition@offset %v", eid, e.id, e.key, e.seq, at[eid])
+		}
 	} else if dups > limit {
 		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
 	}
