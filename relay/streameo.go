@@ -469,7 +469,13 @@ func (f *feed) eoAdvance(ctx context.Context) {
 // it holds instead of handing over from polling.
 func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err error) {
 	r := f.r
-	txn, p, err := r.eoStreamInit(ctx)
+	// Bounded as a batch is (and as eoStreamFallback's): with the broker
+	// unreachable, Init's retries would otherwise last until the broker
+	// came back, the relay neither failing (health, backoff, reconnect)
+	// nor stopping until Stop's deadline.
+	ictx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	txn, p, err := r.eoStreamInit(ictx)
+	cancel()
 	if err != nil {
 		return false, err
 	}

@@ -68,17 +68,22 @@
 // its last checkpoint, and streams from a new slot, counting the loss
 // once), TestStreamSlotInvalidatedCountedOnce (a relay whose role may not
 // call pg_drop_replication_slot meets the lost slot again every
-// RetryInterval and counts it once) and TestStreamSurvivesPostgresCrash (pg_ctl
-// stop -m immediate under load); with the package's broker (real broker
-// only), TestStreamBrokerOutageConfirmsNothingUnpublished (the position the
-// relay confirms never passes the WAL position at which the broker died).
+// RetryInterval and counts it once, then delivers every event) and
+// TestStreamSurvivesPostgresCrash (pg_ctl stop -m immediate under load);
+// with the package's broker (real broker only),
+// TestStreamBrokerOutageConfirmsNothingUnpublished (the position the relay
+// confirms never passes the WAL position at which the broker died). Each
+// runs exactly once too (see below).
 //
 // # Exactly once
 //
 // OUTBOX_TEST_DELIVERY=exactly-once runs every relay of the battery (in this
 // process, the re-exec'd relay processes, the orders service of the SIGTERM
-// test) with relay.ExactlyOnce; the streaming tests stay at least once (the
-// streaming relay has no exactly-once mode). The checks then wait until no
+// test) with relay.ExactlyOnce, the streaming tests' relays included: they
+// run under cursor progress whatever OUTBOX_TEST_PROGRESS says (exactly-once
+// streaming records cursor progress only), and the marks variant of
+// TestStreamSlotInvalidatedResumesFromTheTable runs at least once, saying
+// so. The checks then wait until no
 // Kafka transaction is open on the topic, require every committed event
 // read_uncommitted (aborted records included), and read the topic
 // read_committed allowing zero duplicates, with nothing lost and each key's

@@ -18,11 +18,13 @@ import (
 )
 
 // envProgress selects the progress of the relays the battery starts:
-// "cursor" runs every polling, per-key, at-least-once relay (in this
-// process, the re-exec'd relay processes, the orders service of the SIGTERM
-// test) with relay.ProgressCursor on tables that have the cursor migration,
+// "cursor" runs every per-key relay, polling or streaming, either delivery
+// (in this process, the re-exec'd relay processes, the orders service of
+// the SIGTERM test) with relay.ProgressCursor on tables that have the cursor migration,
 // and the checks then read what was delivered from the lanes' positions
-// instead of published_at. Unset (or "marks"): the relays' default.
+// instead of published_at. Unset (or "marks"): the relays' default, except
+// for exactly-once streaming relays, which always record cursor progress
+// (see progressFor).
 const envProgress = "OUTBOX_TEST_PROGRESS"
 
 // parseChoice returns the one of values whose String is s (any case, spaces
@@ -62,19 +64,23 @@ func testProgress(t testing.TB) relay.Progress {
 }
 
 // progressFor is the progress of a scenario's relays: OUTBOX_TEST_PROGRESS,
-// unless the scenario's relays cannot record cursor progress (exactly-once
-// streaming, which the relay refuses), in which case it logs that the
-// scenario runs with marks and returns ProgressMarks. Exactly-once polling
-// relays record cursor progress (their positions travel in the Kafka
-// transaction's progress records).
+// except for exactly-once streaming, which records cursor progress only
+// (the relay refuses marks in Stream mode): its relays get ProgressCursor,
+// and the log says so when the variable asked for marks or was unset.
+// Exactly-once polling relays record either (under cursor their positions
+// travel in the Kafka transactions' progress records too).
 func progressFor(t testing.TB, delivery relay.Delivery, mode relay.Mode) relay.Progress {
 	t.Helper()
 	p := testProgress(t)
-	if p != relay.ProgressCursor || delivery == relay.AtLeastOnce || mode == relay.Poll {
+	if p == relay.ProgressCursor || delivery != relay.ExactlyOnce || mode != relay.Stream {
 		return p
 	}
-	t.Logf("%s=cursor: cursor progress does not apply to exactly-once streaming (the relay refuses it at start): the cursor variant is skipped, this scenario runs with marks progress as without the variable", envProgress)
-	return relay.ProgressMarks
+	asked := os.Getenv(envProgress)
+	if strings.TrimSpace(asked) == "" {
+		asked = "(unset: marks)"
+	}
+	t.Logf("%s=%s: exactly-once streaming records cursor progress only (the relay refuses marks in Stream mode): this scenario's relays run with cursor progress, on a table with the cursor migration", envProgress, asked)
+	return relay.ProgressCursor
 }
 
 // cursorReady applies the cursor migration to table (before any event is

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -38,8 +39,26 @@ type streamRelay struct {
 	pub  *relay.SaramaPublisher
 	log  *syncBuffer
 	once sync.Once
-	// failed counts the publisher's calls that returned an error.
+	// failed counts the publisher's calls that returned an error (at
+	// least once; an exactly-once relay sends through its own
+	// transactional producer, which the publisher does not see).
 	failed atomic.Int64
+}
+
+// countedPublisher is a SaramaPublisher whose failed calls are counted. It
+// embeds the publisher, so that an exactly-once relay takes its brokers
+// and configuration from it, as from a SaramaPublisher.
+type countedPublisher struct {
+	*relay.SaramaPublisher
+	failed *atomic.Int64
+}
+
+func (p countedPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	err := p.SaramaPublisher.Publish(ctx, msgs)
+	if err != nil {
+		p.failed.Add(1)
+	}
+	return err
 }
 
 // startStreamRelay starts a streaming relay with the fault tests' settings
@@ -57,19 +76,19 @@ func (w *world) startStreamRelayWith(t *testing.T, tune func(*relay.Config), sc 
 	return w.startStreamRelayOn(t, w.pool, tune, sc)
 }
 
-// startStreamRelayOn is startStreamRelayWith on the database pool db.
+// startStreamRelayOn is startStreamRelayWith on the database pool db. The
+// relay has the world's delivery and progress: exactly once, each batch is
+// one Kafka transaction with the stream's record (cursor progress, which
+// the world's table has then, see progressFor).
 func (w *world) startStreamRelayOn(t *testing.T, db *pgxpool.Pool, tune func(*relay.Config), sc *sarama.Config) *streamRelay {
 	t.Helper()
 	pub, err := relay.NewSaramaPublisher(w.brokers, sc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The streaming relay has no exactly-once mode: its world is checked
-	// as at least once, whatever OUTBOX_TEST_DELIVERY says.
-	w.noCursor(t, relay.AtLeastOnce, relay.Stream)
 	x := &streamRelay{pub: pub, log: &syncBuffer{}}
 	cfg := &relay.Config{
-		Mode: relay.Stream, Progress: w.progress,
+		Mode: relay.Stream, Delivery: w.delivery, Progress: w.progress,
 		Table: w.table, BatchSize: batchSize, MaxBatchSize: maxBatchSize, PollInterval: pollInterval, MaxBackoff: maxBackoff,
 		Stream: relay.StreamConfig{StandbyRetry: 50 * time.Millisecond, StatusInterval: 100 * time.Millisecond, SweepInterval: 500 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(teeWriter{testWriter{t}, x.log}, nil)),
@@ -77,14 +96,7 @@ func (w *world) startStreamRelayOn(t *testing.T, db *pgxpool.Pool, tune func(*re
 	if tune != nil {
 		tune(cfg)
 	}
-	counted := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
-		err := pub.Publish(ctx, msgs)
-		if err != nil {
-			x.failed.Add(1)
-		}
-		return err
-	})
-	if x.Relay, err = relay.New(db, counted, cfg); err != nil {
+	if x.Relay, err = relay.New(db, countedPublisher{pub, &x.failed}, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if err := x.Start(w.ctx); err != nil {
@@ -173,6 +185,11 @@ func (w *world) slotWALStatus(t *testing.T) string {
 // deliveries come in commit order, and the duplicates stay within the
 // bound: none with marks; under cursor progress, the events the stream
 // published after its last checkpoint (about two seconds of writes).
+// With OUTBOX_TEST_DELIVERY=exactly-once the cursor variant's relays are
+// exactly once (before the relay polls, the stream's record in the
+// progress topic becomes the lanes' positions): read_committed, not one
+// duplicate. The marks variant then runs at least once, and says so:
+// exactly-once streaming records cursor progress only.
 func TestStreamSlotInvalidatedResumesFromTheTable(t *testing.T) {
 	for _, progress := range []relay.Progress{relay.ProgressMarks, relay.ProgressCursor} {
 		t.Run(progress.String(), func(t *testing.T) { slotInvalidated(t, progress) })
@@ -183,11 +200,12 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldFor(t, pool, brokers, 30, relay.AtLeastOnce, relay.Stream)
-	if progress == relay.ProgressCursor && w.progress != relay.ProgressCursor {
-		cursorReady(t, pool, w.table)
+	delivery := testDelivery(t)
+	if delivery == relay.ExactlyOnce && progress != relay.ProgressCursor {
+		t.Logf("%s=%v: exactly-once streaming records cursor progress only (the relay refuses marks in Stream mode), so a slot lost under marks progress cannot happen exactly once: this variant runs at least once; the cursor variant runs exactly once", envDelivery, delivery)
+		delivery = relay.AtLeastOnce
 	}
-	w.progress = progress
+	w := newWorldWith(t, pool, brokers, 30, delivery, progress)
 	w.streaming(t)
 	// A first relay creates the slot and streams, then stops.
 	first := w.startStreamRelay(t, nil)
@@ -239,7 +257,7 @@ func slotInvalidated(t *testing.T, progress relay.Progress) {
 	}
 	r.stop(t)
 	faults := 0
-	if progress == relay.ProgressCursor {
+	if progress == relay.ProgressCursor && w.delivery == relay.AtLeastOnce {
 		// The bound: what the stream published after the last checkpoint
 		// it wrote before it stopped (taken at one checkpoint, written at
 		// the next), in batches.
@@ -299,12 +317,15 @@ func (w *world) invalidateSlot(t *testing.T) {
 // drop it, as a retry that meets the slot before its drop shows does; once
 // the function is granted again, the relay drops the slot, finds it
 // missing, creates a new one and streams. Through it all the slot was
-// lost once: outbox.stream.slots_lost says invalidated 1, missing 0.
+// lost once: outbox.stream.slots_lost says invalidated 1, missing 0. Every
+// event is then delivered once (within the bound of
+// TestStreamSlotInvalidatedResumesFromTheTable under cursor progress at
+// least once; exactly once, read_committed, not one duplicate).
 func TestStreamSlotInvalidatedCountedOnce(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldFor(t, pool, brokers, 10, relay.AtLeastOnce, relay.Stream)
+	w := newWorldFor(t, pool, brokers, 10, testDelivery(t), relay.Stream)
 	w.streaming(t)
 
 	// The relay's role: not a superuser (who may call any function), with
@@ -339,9 +360,11 @@ func TestStreamSlotInvalidatedCountedOnce(t *testing.T) {
 
 	first := w.startStreamRelayOn(t, relayDB, nil, nil)
 	waitFor(t, 30*time.Second, "the first relay to stream", func() bool { return first.state() == relay.Streaming })
+	began := time.Now()
 	ws := w.startWriters(t, 2)
 	waitFor(t, 30*time.Second, "20 events published", func() bool { return w.published(t) >= 20 })
 	first.stop(t)
+	rate := float64(w.count(t, "true")) / time.Since(began).Seconds()
 	w.invalidateSlot(t)
 
 	const revoke, grant = "REVOKE EXECUTE ON FUNCTION pg_drop_replication_slot(name) FROM PUBLIC", "GRANT EXECUTE ON FUNCTION pg_drop_replication_slot(name) TO PUBLIC"
@@ -386,6 +409,15 @@ func TestStreamSlotInvalidatedCountedOnce(t *testing.T) {
 	if lost := slotsLost(t, reader); lost["invalidated"] != 1 || lost["missing"] != 0 || r.StreamStatus().SlotLost != 1 {
 		t.Errorf("after streaming from the new slot: %s = %v and StreamStatus.SlotLost %d, want one loss, invalidated", relay.MetricStreamSlotsLost, lost, r.StreamStatus().SlotLost)
 	}
+	r.stop(t)
+	faults := 0
+	if w.progress == relay.ProgressCursor && w.delivery == relay.AtLeastOnce {
+		// As in TestStreamSlotInvalidatedResumesFromTheTable: what the
+		// first relay published after its last checkpoint.
+		faults = int(rate*3/maxBatchSize) + 1
+		t.Logf("writers at %.0f events/s: up to %d duplicates allowed", rate, faults*maxBatchSize)
+	}
+	w.verify(t, faults)
 }
 
 // crash stops the cluster's server the way a crash would (pg_ctl stop -m
@@ -418,12 +450,13 @@ func (c *pgCluster) crash(t *testing.T, w *world) {
 // again, and the relay skips what it had published). Every committed event
 // is delivered, first deliveries in per-key order, with at most one batch
 // of duplicates (under cursor progress, at most the events of about three
-// seconds: those the stream published after its last checkpoint).
+// seconds: those the stream published after its last checkpoint). Exactly
+// once (OUTBOX_TEST_DELIVERY), read_committed: not one duplicate.
 func TestStreamSurvivesPostgresCrash(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	pg := ownPG(t)
 	pool := pg.pool(t)
-	w := newWorldFor(t, pool, brokers, 30, relay.AtLeastOnce, relay.Stream)
+	w := newWorldFor(t, pool, brokers, 30, testDelivery(t), relay.Stream)
 	w.streaming(t)
 	r := w.startStreamRelay(t, nil)
 	waitFor(t, 30*time.Second, "the relay to stream", func() bool { return r.state() == relay.Streaming })
@@ -456,7 +489,7 @@ func TestStreamSurvivesPostgresCrash(t *testing.T) {
 	}
 	r.stop(t)
 	faults := 1
-	if w.progress == relay.ProgressCursor {
+	if w.progress == relay.ProgressCursor && w.delivery == relay.AtLeastOnce {
 		// The stream's bound under cursor progress: what it published
 		// after its last checkpoint (taken at one checkpoint, written at
 		// the next), which the handover's polling sends again.
@@ -475,12 +508,15 @@ func TestStreamSurvivesPostgresCrash(t *testing.T) {
 // to wait. The relay is then killed while the broker is still down; the
 // broker returns, a new relay starts, and every committed event is
 // delivered, first deliveries in per-key order, with at most one batch of
-// duplicates per fault. Runs with OUTBOX_TEST_REAL_KAFKA=1, on the
-// package's own broker and PostgreSQL cluster.
+// duplicates per fault (exactly once, OUTBOX_TEST_DELIVERY: read_committed,
+// none; its failures are failed Kafka transactions and restarts from the
+// stream's record, with BatchTimeout 5 s). Runs with
+// OUTBOX_TEST_REAL_KAFKA=1, on the package's own broker and PostgreSQL
+// cluster.
 func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	b := faultBroker(t)
 	pg := ownPG(t)
-	w := newWorldFor(t, pg.pool(t), b.brokers(), 30, relay.AtLeastOnce, relay.Stream)
+	w := newWorldFor(t, pg.pool(t), b.brokers(), 30, testDelivery(t), relay.Stream)
 	w.streaming(t)
 	// A producer that gives up on a dead broker within seconds (the
 	// default waits up to Metadata.Timeout, 15s, and then the batch's
@@ -492,7 +528,42 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	sc.Metadata.Retry.Max, sc.Metadata.Timeout = 0, time.Second
 	sc.Net.DialTimeout = time.Second
 	sc.Producer.Retry.Max = 1
-	r := w.startStreamRelayWith(t, nil, sc)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	eo := w.delivery == relay.ExactlyOnce
+	r := w.startStreamRelayWith(t, func(c *relay.Config) {
+		c.MeterProvider = mp
+		if eo {
+			// An exactly-once stream's transaction retries its requests
+			// to the transaction coordinator until BatchTimeout, then
+			// starts over from its record (whose initialisation is
+			// bounded alike): 5 s instead of 30 makes three trips
+			// through that path fit the wait below.
+			c.BatchTimeout = 5 * time.Second
+		}
+	}, sc)
+	// The relay's failures: at least once, its publisher's calls that
+	// failed (it keeps the rows, backs off, reports its position,
+	// receives more, tries again). Exactly once it sends through its own
+	// transactional producer: its Kafka transactions that did not commit
+	// (a failed batch, kept and retried as above), and its starts from
+	// the stream's record (after a commit of unknown outcome, or with a
+	// producer to initialise again, it ends the stream connection,
+	// reconnects and receives again from the position it confirmed).
+	const restart = "streaming from the replication slot, publishing what it decodes"
+	failedTxns := func() int64 {
+		return counterSum(t, reader, relay.MetricTransactions, func(s attribute.Set) bool {
+			v, _ := s.Value(relay.AttrTxnOutcome)
+			return v.AsString() != "committed"
+		})
+	}
+	failures := func() int64 {
+		if eo {
+			return failedTxns() + int64(strings.Count(r.log.String(), restart))
+		}
+		return r.failed.Load()
+	}
 	waitFor(t, 30*time.Second, "the relay to stream", func() bool { return r.state() == relay.Streaming })
 	ws := w.startWriters(t, 4)
 	waitFor(t, 30*time.Second, "300 events published", func() bool { return w.published(t) >= 300 })
@@ -509,11 +580,19 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Wait for three failed sends after the mark: the relay went through
-	// its failure path with events received after the mark.
-	failed := r.failed.Load()
-	waitFor(t, 30*time.Second, "three failed sends during the outage", func() bool { return r.failed.Load() >= failed+3 })
-	t.Logf("%d sends failed in the %v since the broker was killed", r.failed.Load(), time.Since(killed).Round(time.Second))
+	// Wait for three failures after the mark: the relay went through its
+	// failure path with events received after the mark.
+	failed := failures()
+	waitFor(t, time.Minute, "three failures during the outage", func() bool { return failures() >= failed+3 })
+	if eo {
+		t.Logf("%d failures (%d Kafka transactions that did not commit, the rest restarts from the stream's record) in the %v since the broker was killed",
+			failures()-failed, failedTxns(), time.Since(killed).Round(time.Second))
+		if failedTxns() == 0 {
+			t.Errorf("no Kafka transaction of the relay failed during the broker outage (%s)", relay.MetricTransactions)
+		}
+	} else {
+		t.Logf("%d sends failed in the %v since the broker was killed", failures()-failed, time.Since(killed).Round(time.Second))
+	}
 	if n := w.unpublished(t); n == 0 {
 		t.Fatal("nothing waits during the broker outage: the outage did not reach the relay")
 	}
@@ -548,6 +627,34 @@ func TestStreamBrokerOutageConfirmsNothingUnpublished(t *testing.T) {
 	}
 	r2.stop(t)
 	w.verify(t, 2)
+	if eo {
+		w.javaCheck(t)
+	}
+}
+
+// counterSum reads the int64 counter name and sums its data points whose
+// attributes keep accepts.
+func counterSum(t *testing.T, reader sdkmetric.Reader, name string, keep func(attribute.Set) bool) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != name || !ok {
+				continue
+			}
+			for _, p := range d.DataPoints {
+				if keep(p.Attributes) {
+					n += p.Value
+				}
+			}
+		}
+	}
+	return n
 }
 
 // slotsLost reads outbox.stream.slots_lost by outbox.stream.slot.loss.

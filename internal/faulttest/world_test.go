@@ -89,10 +89,17 @@ func newWorldOn(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int) *w
 // it (see progressFor), and its table gets the cursor migration then.
 func newWorldFor(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, delivery relay.Delivery, mode relay.Mode) *world {
 	t.Helper()
+	return newWorldWith(t, pool, brokers, keys, delivery, progressFor(t, delivery, mode))
+}
+
+// newWorldWith is newWorldFor with the relays' progress given: under
+// ProgressCursor the table gets the cursor migration.
+func newWorldWith(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, delivery relay.Delivery, progress relay.Progress) *world {
+	t.Helper()
 	ctx := context.Background()
 	tbl := testenv.Table(t, pool)
 	w := &world{
-		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: delivery,
+		ctx: ctx, pool: pool, table: tbl, keys: keys, brokers: brokers, delivery: delivery, progress: progress,
 		account: pgx.Identifier{tbl.Schema, "account"}.Sanitize(),
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+w.account+" (id text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"); err != nil {
@@ -101,7 +108,7 @@ func newWorldFor(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, d
 	if _, err := pool.Exec(ctx, "INSERT INTO "+w.account+" (id) SELECT 'acct-' || lpad(i::text, 3, '0') FROM generate_series(0, $1 - 1) i", keys); err != nil {
 		t.Fatal(err)
 	}
-	if w.progress = progressFor(t, delivery, mode); w.progress == relay.ProgressCursor {
+	if progress == relay.ProgressCursor {
 		cursorReady(t, pool, tbl)
 	}
 	w.topic = testenv.Topic(t, w.brokers, 6)
@@ -300,17 +307,6 @@ func (w *world) publishedCount() (int, error) {
 func (w *world) delivered() string { return deliveredSQL(w.table, w.progress) }
 func (w *world) waiting() string   { return waitingSQL(w.table, w.progress) }
 
-// noCursor makes the world's relays record marks progress (for scenarios
-// whose relays cannot record cursor progress), saying so when
-// OUTBOX_TEST_PROGRESS asked for cursor. Call it before starting a relay.
-func (w *world) noCursor(t *testing.T, delivery relay.Delivery, mode relay.Mode) {
-	t.Helper()
-	w.delivery = delivery
-	if w.progress == relay.ProgressCursor && delivery != relay.AtLeastOnce {
-		w.progress = progressFor(t, delivery, mode)
-	}
-}
-
 // waitFor waits until cond holds (testenv.Eventually), or fails the test
 // naming what it waited for, and returns how long that took (for the logs).
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
@@ -322,6 +318,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 type committed struct {
 	key string
 	seq int64
+	id  int64 // the row's id
 }
 
 // verify consumes the whole topic from the oldest offset (everything is
@@ -346,13 +343,13 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	dupIDs := map[string]int{}
 	events := map[string]committed{}
 	want := map[string][]int64{} // per key, its sequence numbers in write (id) order
-	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint FROM "+sqlname.Ident(w.table)+" ORDER BY id")
+	rows, err := w.pool.Query(w.ctx, "SELECT event_id::text, partition_key, (payload->>'seq')::bigint, id FROM "+sqlname.Ident(w.table)+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var id string
 	var c committed
-	if _, err := pgx.ForEachRow(rows, []any{&id, &c.key, &c.seq}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &c.key, &c.seq, &c.id}, func() error {
 		events[id] = c
 		want[c.key] = append(want[c.key], c.seq)
 		return nil
@@ -407,6 +404,7 @@ func (w *world) check(t *testing.T, faults int) delivery {
 
 	got := map[string][]int64{} // per key, the sequence numbers of first deliveries in log order
 	seen := map[string]bool{}
+	at := map[string][]string{} // event id -> partition@offset of its records
 	dups, strays := 0, 0
 	for _, m := range msgs {
 		eid := testenv.Header(m, outbox.HeaderEventID)
@@ -423,6 +421,7 @@ func (w *world) check(t *testing.T, faults int) delivery {
 			t.Errorf("record %s/%d@%d (event %s): key %q payload %s, want key %q seq %d (%v)", m.Topic, m.Partition, m.Offset, eid, m.Key, m.Value, e.key, e.seq, err)
 			continue
 		}
+		at[eid] = append(at[eid], fmt.Sprintf("%d@%d", m.Partition, m.Offset))
 		if seen[eid] {
 			dups++
 			dupIDs[eid]++
@@ -460,6 +459,10 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	}
 	if dups > limit && eo {
 		t.Errorf("read_committed: %d duplicate records (beyond the first of an event id) for %d fault(s); exactly once allows none", dups, faults)
+		for _, eid := range slices.Sorted(maps.Keys(dupIDs))[:min(10, len(dupIDs))] {
+			e := events[eid]
+			t.Logf("duplicate: event %s (row %d, key %s seq %d) at partition@offset %v", eid, e.id, e.key, e.seq, at[eid])
+		}
 	} else if dups > limit {
 		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
 	}
