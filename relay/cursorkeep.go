@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -69,10 +70,11 @@ type laneKeeper struct {
 	// unsaved counts the rows that batches read from kept lanes since the
 	// last write: at MaxBatchSize the batch writes (see plan).
 	unsaved int
-	// found is when a claim last ran Find (see fast), and seen the
-	// waiting rows it saw; findEvery is keptFindEvery, or what a test set.
+	// found is when a claim last ran Find (see fast), and left how many of
+	// the waiting rows it saw the claims since have not read (MaxInt: a
+	// backlog); findEvery is keptFindEvery, or what a test set.
 	found     time.Time
-	seen      int
+	left      int
 	findEvery time.Duration
 }
 
@@ -106,10 +108,34 @@ func (k *laneKeeper) fast() bool {
 	return k.keeping() && len(k.lanes) > 0 && time.Since(k.found) < k.findEvery
 }
 
-// searched notes that a claim ran Find, which saw seen waiting rows.
-func (k *laneKeeper) searched(seen int) {
-	if k != nil {
-		k.found, k.seen = time.Now(), seen
+// searched notes that a claim of n rows ran Find, which saw seen waiting
+// rows: all there are when they did not fill its window (2n), a backlog
+// otherwise.
+func (k *laneKeeper) searched(seen, n int) {
+	if k == nil {
+		return
+	}
+	k.found, k.left = time.Now(), seen
+	if seen >= 2*n {
+		k.left = math.MaxInt
+	}
+}
+
+// seenFor is what a claim without Find of n rows that read rows reports as
+// the waiting rows seen: a full window while rows the last Find saw may be
+// left (so the worker claims again at once, as after that Find; its next
+// claim runs Find once the kept lanes have nothing to send), none once the
+// claims since read as many as it saw. took counts them.
+func (k *laneKeeper) seenFor(n int) int {
+	if k.left > 0 {
+		return 2 * n
+	}
+	return 0
+}
+
+func (k *laneKeeper) took(rows int) {
+	if k.left != math.MaxInt {
+		k.left -= rows
 	}
 }
 

@@ -360,12 +360,13 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if k.fast() {
 		// The lanes the worker keeps, without Find: their positions are
 		// the worker's and their locks its connection's.
-		// The waiting rows the last Find saw stand for seen: with a
-		// backlog the worker claims again at once, as after that Find.
-		c, err := r.cursorReadKept(ctx, tx, k.kept(), n, held, k.seen, k, true)
+		// While rows the last Find saw may be left, the worker claims
+		// again at once, as after that Find (seenFor).
+		c, err := r.cursorReadKept(ctx, tx, k.kept(), n, held, k.seenFor(n), k, true)
 		if err != nil || len(c.rows) > 0 || len(c.bad) > 0 {
 			if err == nil {
 				r.cur.keptClaims.Add(1)
+				k.took(len(c.rows) + len(c.bad))
 			}
 			return c, err
 		}
@@ -373,7 +374,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 		// (this read wrote nothing and is forgotten).
 	}
 	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil, k)
-	k.searched(seen)
+	k.searched(seen, n)
 	if err == nil && len(locked) == 0 && k.due() {
 		return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
 	}
