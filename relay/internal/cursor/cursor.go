@@ -434,10 +434,9 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 func FindArgs(lanes int, pos map[int32]Lane) map[string]any {
 	dones, starts, bases := make([]*string, lanes), make([]*int64, lanes), make([]*int64, lanes)
 	closed := make([]*bool, lanes)
-	skips, xips := []int64{}, []string{}
-	var start, base *int64
-	var xmax *uint64
-	seen := map[string]bool{}
+	skips := []int64{}
+	var start *int64
+	var cl closedLanes
 	for id, l := range pos {
 		if id < 0 || int(id) >= lanes {
 			continue
@@ -448,34 +447,64 @@ func FindArgs(lanes int, pos map[int32]Lane) map[string]any {
 		if start == nil || st < *start {
 			start = &st
 		}
-		if !c {
-			continue
-		}
-		if base == nil || b > *base {
-			base = &b
-		}
-		x, xip := snapshotParts(l.Done)
-		if xmax == nil || x < *xmax {
-			xmax = &x
-		}
-		for _, v := range xip {
-			if !seen[v] {
-				seen[v] = true
-				xips = append(xips, v)
-			}
+		if c {
+			cl.add(l)
 		}
 	}
 	if start == nil {
 		zero := int64(0)
 		start = &zero
 	}
-	var xmaxText *string
-	if xmax != nil {
-		t := strconv.FormatUint(*xmax, 10)
-		xmaxText = &t
-	}
 	return map[string]any{"start": *start, "dones": dones, "closed": closed, "starts": starts, "bases": bases,
-		"skips": skips, "xips": xips, "xmax": xmaxText, "base": base}
+		"skips": skips, "xips": cl.xipList(), "xmax": cl.xmaxText(), "base": cl.base}
+}
+
+// closedLanes gathers what the late rows' search needs of the closed lanes
+// whose windows a statement opens: their highest base, the lowest xmax of
+// their done snapshots, and those snapshots' running transactions.
+type closedLanes struct {
+	base *int64
+	xmax *uint64
+	xips []string
+	seen map[string]bool
+}
+
+func (c *closedLanes) add(l Lane) {
+	if c.base == nil || l.Base > *c.base {
+		b := l.Base
+		c.base = &b
+	}
+	x, xip := snapshotParts(l.Done)
+	if c.xmax == nil || x < *c.xmax {
+		c.xmax = &x
+	}
+	if c.seen == nil {
+		c.seen = map[string]bool{}
+	}
+	for _, v := range xip {
+		if !c.seen[v] {
+			c.seen[v] = true
+			c.xips = append(c.xips, v)
+		}
+	}
+}
+
+// xipList is the running transactions, never nil (a NULL array matches no
+// row).
+func (c *closedLanes) xipList() []string {
+	if c.xips == nil {
+		return []string{}
+	}
+	return c.xips
+}
+
+// xmaxText is the lowest xmax as text (xid8's input), nil without a lane.
+func (c *closedLanes) xmaxText() *string {
+	if c.xmax == nil {
+		return nil
+	}
+	t := strconv.FormatUint(*c.xmax, 10)
+	return &t
 }
 
 // snapshotParts returns a pg_snapshot's xmax and its xip list, from its
@@ -543,10 +572,9 @@ func KeptArgs(kept []Lane) map[string]any {
 func KeptReadArgs(lanes int, kept []Lane) map[string]any {
 	opening, dones, uptos := make([]*bool, lanes), make([]*string, lanes), make([]*string, lanes)
 	bases, starts := make([]*int64, lanes), make([]*int64, lanes)
-	skip, xips := []int64{}, []string{}
-	var from, base *int64
-	var xmax *uint64
-	seen := map[string]bool{}
+	skip := []int64{}
+	var from *int64
+	var cl closedLanes
 	for _, l := range kept {
 		if l.Lane < 0 || int(l.Lane) >= lanes {
 			continue
@@ -566,31 +594,14 @@ func KeptReadArgs(lanes int, kept []Lane) map[string]any {
 			skip = append(skip, l.Skip...)
 			continue
 		}
-		if base == nil || b > *base {
-			base = &b
-		}
-		x, xip := snapshotParts(l.Done)
-		if xmax == nil || x < *xmax {
-			xmax = &x
-		}
-		for _, v := range xip {
-			if !seen[v] {
-				seen[v] = true
-				xips = append(xips, v)
-			}
-		}
+		cl.add(l)
 	}
 	if from == nil {
 		zero := int64(0)
 		from = &zero
 	}
-	var xmaxText *string
-	if xmax != nil {
-		t := strconv.FormatUint(*xmax, 10)
-		xmaxText = &t
-	}
 	return map[string]any{"opening": opening, "dones": dones, "uptos": uptos, "bases": bases, "starts": starts,
-		"xmax": xmaxText, "base": base, "xips": xips, "from": *from, "skip": skip}
+		"xmax": cl.xmaxText(), "base": cl.base, "xips": cl.xipList(), "from": *from, "skip": skip}
 }
 
 // Opened returns the position of kept lane l after Kept read with the
