@@ -302,17 +302,7 @@ func (f *feed) eoPublish(ctx context.Context, batch []*feedRow, rec streamProgre
 	r := f.r
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
-	res := feedResult{rows: batch, errs: make([]error, len(batch))}
-	var rows []row
-	var at []int
-	for i, x := range batch {
-		if x.bad != nil {
-			res.errs[i] = x.bad
-			continue
-		}
-		rows = append(rows, x.row)
-		at = append(at, i)
-	}
+	res, rows, at := splitBatch(batch)
 	if len(rows) > 0 && !f.eo.txn.Ready() {
 		// Fenced or unsure of a transaction: only a new start (with
 		// the slot held) may initialise the id again.

@@ -482,17 +482,7 @@ func (f *feed) publish(ctx context.Context, batch []*feedRow) {
 	r := f.r
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
-	res := feedResult{rows: batch, errs: make([]error, len(batch))}
-	var rows []row
-	var at []int
-	for i, x := range batch {
-		if x.bad != nil {
-			res.errs[i] = x.bad
-			continue
-		}
-		rows = append(rows, x.row)
-		at = append(at, i)
-	}
+	res, rows, at := splitBatch(batch)
 	if len(rows) > 0 {
 		t := time.Now()
 		msgs, spans, encErrs := r.messages(ctx, rows)
@@ -773,4 +763,19 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 		r.logFailures(rows, errs, failed, reasons, byID)
 	}
 	return parked, nil
+}
+
+// splitBatch is a batch's result to fill, its readable rows and their
+// places in the batch; the rows that could not be read have their errors.
+func splitBatch(batch []*feedRow) (res feedResult, rows []row, at []int) {
+	res = feedResult{rows: batch, errs: make([]error, len(batch))}
+	for i, x := range batch {
+		if x.bad != nil {
+			res.errs[i] = x.bad
+			continue
+		}
+		rows = append(rows, x.row)
+		at = append(at, i)
+	}
+	return res, rows, at
 }

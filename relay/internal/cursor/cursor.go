@@ -321,6 +321,12 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
 			" AND pg_visible_in_snapshot(e.txid, (SELECT now FROM s))" + waitingLate + " ORDER BY e.txid)"
 	}
+	// snapTop opens a statement that opens windows: its snapshot (now)
+	// and the highest id it sees (top). lateOpened (after k, the opening
+	// lanes' arrays) are the late rows of the windows it opens.
+	snapTop := "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top),"
+	lateOpened := " l AS (" + opened(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
+		" UNION ALL " + opened(byXip, "true") + "),"
 	q := Queries{
 		Exists: "SELECT to_regclass(" + literal(t) + ") IS NOT NULL AND to_regclass(" + literal(c) + ") IS NOT NULL AND to_regclass(" + literal(p) + ") IS NOT NULL",
 		Init: "INSERT INTO " + c + " (lane, lanes, done, base) SELECT g, @lanes, s.done, s.base FROM generate_series(0, @lanes - 1) g," +
@@ -352,7 +358,7 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		// Load opens each closed window at this statement's snapshot: its
 		// floor is the lowest late row (at or below base), found through
 		// the (txid, id) index.
-		Load: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top)," +
+		Load: snapTop +
 			" c AS MATERIALIZED (SELECT c.lane, c.done, coalesce(c.upto, s.now) AS upto, c.upto IS NULL AS opening, c.base, c.pos, c.floor, c.top, c.skip" +
 			" FROM " + c + " c, s WHERE c.lane = ANY(@locked::int[]) AND c.lane <> ALL(@kl::int[])" +
 			" UNION ALL SELECT x.l, x.d::pg_snapshot, coalesce(x.u::pg_snapshot, s.now), x.u IS NULL, x.b, x.p, x.f, x.t, " + skipArray +
@@ -363,19 +369,17 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" ARRAY(SELECT c.base FROM generate_series(0, @lanes - 1) g LEFT JOIN c ON c.lane = g ORDER BY g) AS bases," +
 			" (SELECT min(pg_snapshot_xmax(done)) FROM c WHERE opening) AS xmax, (SELECT max(base) FROM c WHERE opening) AS base," +
 			" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x WHERE c.opening), '{}') AS xips)," +
-			" l AS (" + opened(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
-			" UNION ALL " + opened(byXip, "true") + ")," +
+			lateOpened +
 			" late AS (SELECT lane, min(id) AS id FROM l GROUP BY lane)" +
 			" SELECT c.lane, c.done::text, c.upto::text, c.base, CASE WHEN c.opening THEN 0 ELSE c.pos END," +
 			" CASE WHEN c.opening THEN least(c.base + 1, late.id) ELSE c.floor END, CASE WHEN c.opening THEN '{}' ELSE c.skip END," +
 			" CASE WHEN c.opening THEN (SELECT top FROM s) ELSE c.top END" +
 			" FROM c LEFT JOIN late ON late.lane = c.lane ORDER BY c.lane",
-		Kept: "WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS now, coalesce((SELECT max(id) FROM " + t + "), 0) AS top)," +
+		Kept: snapTop +
 			" k AS MATERIALIZED (SELECT @opening::bool[] AS opening, @dones::text[]::pg_snapshot[] AS dones, @bases::bigint[] AS bases," +
 			" @uptos::text[]::pg_snapshot[] AS uptos, @starts::bigint[] AS starts, @xmax::text::xid8 AS xmax, @base::bigint AS base," +
 			" @xips::text[]::xid8[] AS xips)," +
-			" l AS (" + opened(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax((SELECT now FROM s))") +
-			" UNION ALL " + opened(byXip, "true") + ")," +
+			lateOpened +
 			" m AS MATERIALIZED (SELECT lane, min(id) AS id FROM l GROUP BY lane)," +
 			// A lane whose window opens on late rows starts below them.
 			" f AS MATERIALIZED (SELECT CASE WHEN EXISTS (SELECT FROM m) THEN (SELECT array_agg(CASE WHEN m.id IS NULL THEN u.st ELSE least(u.st, m.id - 1) END ORDER BY u.i)" +
