@@ -37,8 +37,8 @@ test-kafka:
 ## streaming: a slot invalidated while the relay is down, PostgreSQL crashed),
 ## their relays exactly once under cursor progress, on Apache Kafka, read back read_committed.
 ## EO_SKIP leaves out the slot scenario's marks variant, which runs at least once (test-kafka runs it).
-## TestStreamBrokerOutageConfirmsNothingUnpublished is not listed: exactly once it fails 2 runs in 6 (a relay
-## that restarts after the outage met its stream record undecided for a minute; 2 duplicates), see docs/testing.md.
+## TestStreamBrokerOutageConfirmsNothingUnpublished is not listed: exactly once it fails about half its runs
+## (the restarted broker skips markers, and the new relay it starts cannot know the old one's partitions), see docs/testing.md.
 EO_FAULTS ?= ^(TestRelayProcessesKilledEveryHalfSecond|TestRelayKilledBetweenAckAndCommit|TestFrozenRelayLosesItsLanes|TestFrozenRelayHoldsOnlyItsLanes|TestRelaySurvivesBrokerCrash|TestLeaderKillsKeepPerKeyOrder|TestBelowMinISRParksNothing|TestRelaySurvivesPostgresCrash|TestPoisonRequeuedRightAfterFix|TestStreamSlotInvalidatedResumesFromTheTable|TestStreamSlotInvalidatedCountedOnce|TestStreamSurvivesPostgresCrash)$$
 EO_SKIP ?= ^TestStreamSlotInvalidatedResumesFromTheTable$$/^marks$$
 test-faults-eo:

@@ -229,6 +229,20 @@ func (e *exactlyOnce) take(client sarama.Client) *eoWorker {
 	return &eoWorker{txn: kafkaproducer.NewTxn(client, e.conf, id, e.timeout), owned: map[int32]bool{}}
 }
 
+// takeIdle takes the free worker whose transactional id is id, if this
+// relay has one.
+func (e *exactlyOnce) takeIdle(id string) *eoWorker {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, w := range e.free {
+		if w.txn.ID() == id {
+			e.free = slices.Delete(e.free, i, i+1)
+			return w
+		}
+	}
+	return nil
+}
+
 func (e *exactlyOnce) release(w *eoWorker) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -342,7 +356,9 @@ func (r *Relay) eoTakeOver(ctx context.Context, client sarama.Client, b *eoBatch
 // commit, so what it believed it owned sends nothing twice (see eoSettle).
 func (r *Relay) eoBegin(ctx context.Context, w *eoWorker) error {
 	if w.txn.Ready() {
-		return nil
+		// Before its lanes are read back: a transaction it aborted may
+		// have left records without a marker (kafkaproducer.Settle).
+		return w.txn.Settle(ctx)
 	}
 	clear(w.owned)
 	return w.txn.Init(ctx)
@@ -404,8 +420,18 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 			go func() {
 				defer wg.Done()
 				// Fence the owner: its open transaction is aborted, one it
-				// was committing completes.
-				if err := kafkaproducer.NewTxn(client, r.eo.conf, owner, r.eo.timeout).Init(ctx); err != nil {
+				// was committing completes. An idle worker of this relay
+				// is initialised itself, which also settles what its
+				// transactions left without a marker (kafkaproducer.Settle).
+				fence := func() error { return kafkaproducer.NewTxn(client, r.eo.conf, owner, r.eo.timeout).Init(ctx) }
+				if ow := r.eo.takeIdle(owner); ow != nil {
+					fence = func() error {
+						defer r.eo.release(ow)
+						clear(ow.owned)
+						return ow.txn.Init(ctx)
+					}
+				}
+				if err := fence(); err != nil {
 					mu.Lock()
 					errs = append(errs, fmt.Errorf("relay: exactly-once: fence %q, the owner of lanes %v: %w", owner, lanes, err))
 					mu.Unlock()

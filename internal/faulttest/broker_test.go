@@ -139,6 +139,13 @@ func destroyBroker() error {
 	if _, _, err := theBroker.run(time.Minute, "kill"); err != nil {
 		return err
 	}
+	if keep := os.Getenv("OUTBOX_FAULTTEST_BROKER_LOG"); keep != "" {
+		// The broker's own log (its transaction coordinator's decisions,
+		// its recovery after each SIGKILL), kept for a failure's study.
+		if b, err := os.ReadFile(filepath.Join(theBroker.dir, "broker.log")); err == nil {
+			_ = os.WriteFile(keep, b, 0o644)
+		}
+	}
 	_, _, err := theBroker.run(time.Minute, "destroy")
 	return err
 }

@@ -112,6 +112,15 @@ func newWorldWith(t *testing.T, pool *pgxpool.Pool, brokers []string, keys int, 
 		cursorReady(t, pool, tbl)
 	}
 	w.topic = testenv.Topic(t, w.brokers, 6)
+	if delivery == relay.ExactlyOnce {
+		// What an exactly-once failure needs to be understood: the
+		// transactions left undecided on the topic and the progress topic.
+		t.Cleanup(func() {
+			if t.Failed() {
+				dumpOpen(t, w.brokers, w.topic, progressTopic(tbl))
+			}
+		})
+	}
 	uow, err := unitofwork.New(pool, &unitofwork.Config{Table: tbl})
 	if err != nil {
 		t.Fatal(err)
@@ -405,6 +414,8 @@ func (w *world) check(t *testing.T, faults int) delivery {
 	got := map[string][]int64{} // per key, the sequence numbers of first deliveries in log order
 	seen := map[string]bool{}
 	at := map[string][]string{} // event id -> partition@offset of its records
+	type span struct{ from, to int64 }
+	dupAt := map[int32]span{} // partition -> offsets from the first to the last record of a duplicated event
 	dups, strays := 0, 0
 	for _, m := range msgs {
 		eid := testenv.Header(m, outbox.HeaderEventID)
@@ -425,6 +436,12 @@ func (w *world) check(t *testing.T, faults int) delivery {
 		if seen[eid] {
 			dups++
 			dupIDs[eid]++
+			first := firstOffset(msgs, eid, m.Partition)
+			if sp, ok := dupAt[m.Partition]; ok {
+				dupAt[m.Partition] = span{min(sp.from, first), max(sp.to, m.Offset)}
+			} else {
+				dupAt[m.Partition] = span{first, m.Offset}
+			}
 			continue
 		}
 		seen[eid] = true
@@ -462,6 +479,9 @@ func (w *world) check(t *testing.T, faults int) delivery {
 		for _, eid := range slices.Sorted(maps.Keys(dupIDs))[:min(10, len(dupIDs))] {
 			e := events[eid]
 			t.Logf("duplicate: event %s (row %d, key %s seq %d) at partition@offset %v", eid, e.id, e.key, e.seq, at[eid])
+		}
+		for _, p := range slices.Sorted(maps.Keys(dupAt)) {
+			dumpBatches(t, w.brokers, w.topic, p, max(0, dupAt[p].from-5), dupAt[p].to+5)
 		}
 	} else if dups > limit {
 		t.Errorf("%d duplicate records (beyond the first of an event id) for %d fault(s); at most %d (one batch per fault) allowed", dups, faults, limit)
@@ -519,6 +539,17 @@ func (w *world) topics(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return append([]string{w.topic}, others...)
+}
+
+// firstOffset is the offset of the first record of event eid in partition
+// of msgs (sorted by partition and offset), or -1.
+func firstOffset(msgs []*sarama.ConsumerMessage, eid string, partition int32) int64 {
+	for _, m := range msgs {
+		if m.Partition == partition && testenv.Header(m, outbox.HeaderEventID) == eid {
+			return m.Offset
+		}
+	}
+	return -1
 }
 
 // firstDivergence describes where got departs from want.

@@ -37,10 +37,13 @@ type Txn struct {
 	id      string
 	timeout time.Duration
 
-	open   bool        // a transaction is open: partitions were added
-	added  map[tp]bool // partitions added to the open transaction
-	doomed error       // the open transaction cannot commit (see ErrTxnAborted)
-	inited bool        // Init succeeded and nothing fenced the producer since
+	open   bool         // a transaction is open: partitions were added
+	added  map[tp]bool  // partitions added to the open transaction
+	first  map[tp]int64 // offset of the open transaction's first record acknowledged per partition
+	doomed error        // the open transaction cannot commit (see ErrTxnAborted)
+	inited bool         // Init succeeded and nothing fenced the producer since
+	doubts []*doubt     // transactions whose markers may be missing, oldest first (settle.go)
+	last   *doubt       // the last transaction committed, until a doubt makes it one too
 }
 
 // NewTxn returns a transactional producer with transactional id id and
@@ -64,11 +67,17 @@ func (t *Txn) Ready() bool { return t.inited }
 // id is fenced (its requests fail with ErrFenced from now on) and a
 // transaction it left open is aborted, or, if it was committing, completed
 // first. When Init returns, every transaction of the id is decided, and
-// its markers written. It retries the coordinator's transient answers
-// (CONCURRENT_TRANSACTIONS while it completes the previous transaction,
-// COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR) until ctx ends.
+// its markers written where the coordinator found the partition's leader.
+// It retries the coordinator's transient answers (CONCURRENT_TRANSACTIONS
+// while it completes the previous transaction, COORDINATOR_LOAD_IN_PROGRESS,
+// NOT_COORDINATOR) until ctx ends. Then it settles a transaction of this
+// producer that ended in doubt (see Settle), and fails if it cannot.
 func (t *Txn) Init(ctx context.Context) error {
-	t.inited, t.open, t.added, t.doomed = false, false, nil, nil
+	// Init follows a failure (or starts the producer): an open transaction
+	// is abandoned (the coordinator aborts it), and the last one committed
+	// is checked too.
+	t.noteDoubt(false)
+	t.inited, t.open, t.added, t.first, t.doomed = false, false, nil, nil, nil
 	req := &sarama.InitProducerIDRequest{Version: initProducerIDVersion(t.p.conf.Version), TransactionalID: &t.id,
 		TransactionTimeout: t.timeout, ProducerID: -1, ProducerEpoch: -1}
 	var resp *sarama.InitProducerIDResponse
@@ -86,6 +95,10 @@ func (t *Txn) Init(ctx context.Context) error {
 	t.p.id, t.p.stale = identity{pid: resp.ProducerID, epoch: resp.ProducerEpoch, gen: t.p.id.gen + 1}, false
 	t.p.mu.Unlock()
 	t.inited = true
+	if err := t.Settle(ctx); err != nil {
+		t.inited = false
+		return err
+	}
 	return nil
 }
 
@@ -106,9 +119,26 @@ func (t *Txn) Produce(ctx context.Context, recs []Record) []Result {
 		}
 		return out
 	}
+	if err := t.Settle(ctx); err != nil {
+		for i := range out {
+			out[i] = Result{Err: err}
+		}
+		return out
+	}
 	t.open = true
 	for i, err := range t.p.publish(ctx, recs, out) {
 		out[i] = outcome(err)
+	}
+	for i, r := range out {
+		if r.Err == nil && r.Stored {
+			p := tp{recs[i].Topic, r.Partition}
+			if o, ok := t.first[p]; !ok || r.Offset < o {
+				if t.first == nil {
+					t.first = map[tp]int64{}
+				}
+				t.first[p] = r.Offset
+			}
+		}
 	}
 	return out
 }
@@ -193,7 +223,7 @@ func (t *Txn) Abort(ctx context.Context) error {
 }
 
 func (t *Txn) end(ctx context.Context, commit bool) error {
-	defer func() { t.open, t.added, t.doomed = false, nil, nil }()
+	defer func() { t.open, t.added, t.first, t.doomed = false, nil, nil, nil }()
 	if len(t.added) == 0 {
 		return nil // nothing reached the coordinator: no transaction to end
 	}
@@ -213,12 +243,52 @@ func (t *Txn) end(ctx context.Context, commit bool) error {
 		}
 		return resp.Err, nil
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		// The outcome is unknown (or the producer is fenced): only Init
-		// decides it.
+		// decides it, and then settles its markers.
 		t.inited = false
+		t.noteDoubt(commit)
+	case !commit:
+		// Aborted, most often because a partition had no leader: the
+		// coordinator may have skipped that partition's marker.
+		t.noteDoubt(false)
+	default:
+		t.last = t.txnDoubt()
+		t.last.commit, t.last.committed = true, true
 	}
 	return err
+}
+
+// txnDoubt describes the open transaction as a doubt.
+func (t *Txn) txnDoubt() *doubt {
+	t.p.mu.Lock()
+	pid := t.p.id.pid
+	t.p.mu.Unlock()
+	d := &doubt{pid: pid, parts: make(map[tp]int64, len(t.added))}
+	for p := range t.added {
+		o, ok := t.first[p]
+		if !ok {
+			o = -1
+		}
+		d.parts[p] = o
+	}
+	return d
+}
+
+// noteDoubt remembers the open transaction as one whose markers may be
+// missing (see Settle), after the last one committed; commit says EndTxn
+// asked to commit it.
+func (t *Txn) noteDoubt(commit bool) {
+	if t.last != nil {
+		t.doubts, t.last = append(t.doubts, t.last), nil
+	}
+	if len(t.added) == 0 {
+		return
+	}
+	d := t.txnDoubt()
+	d.commit = commit
+	t.doubts = append(t.doubts, d)
 }
 
 // doom says the open transaction cannot commit; a fenced producer also
@@ -319,6 +389,9 @@ func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Brok
 func (t *Txn) Begin(ctx context.Context, topic string, partition int32) error {
 	if !t.inited {
 		return fmt.Errorf("relay: transactional id %q: %w", t.id, ErrFenced)
+	}
+	if err := t.Settle(ctx); err != nil {
+		return err
 	}
 	t.open = true
 	if err := t.addPartitions(ctx, []*plane{{tp: tp{topic, partition}}}); err != nil {

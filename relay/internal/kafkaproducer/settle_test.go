@@ -1,0 +1,157 @@
+package kafkaproducer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/fxoutbox/outbox/internal/testenv"
+	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
+)
+
+// A transaction's records that no marker decides (the coordinator skipped
+// their partition: it found no leader for it, as while a restarted broker
+// is fenced) are ended before the producer's next transaction, as the
+// coordinator decided: an aborted transaction's stay invisible instead of
+// being committed by the next transaction's marker, and a committed one's
+// become visible when a failure makes the producer check its last commit.
+//
+// The orphans are made with Apache Kafka's partition verification off (a
+// broker then accepts a transaction's records on a partition the
+// coordinator was never told of): kfake always verifies.
+func TestTxnSettlesRecordsWithoutMarker(t *testing.T) {
+	testenv.RealKafka(t)
+	brokers := testenv.Brokers(t)
+	admin, err := sarama.NewClusterAdmin(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	off := "false"
+	if err := admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
+		"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &off},
+	}, false); err != nil {
+		t.Fatalf("turn partition verification off: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
+			"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationDelete},
+		}, false)
+	})
+	client, err := sarama.NewClient(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	for _, tc := range []struct {
+		name   string
+		commit bool // the orphan's transaction commits; else it aborts
+	}{{"aborted", false}, {"committed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			orphans := testenv.Topic(t, brokers, 1)
+			other := testenv.Topic(t, brokers, 1)
+			txn := kafkaproducer.NewTxn(client, config(), "kafkaproducer-test."+orphans, 10*time.Second)
+			if err := txn.Init(ctx); err != nil {
+				t.Fatal(err)
+			}
+			produce := func(recs ...kafkaproducer.Record) {
+				t.Helper()
+				for _, r := range txn.Produce(ctx, recs) {
+					if r.Err != nil {
+						t.Fatalf("produce: %v", r.Err)
+					}
+				}
+			}
+			kafkaproducer.AddedUntold(txn, orphans, 0)
+			produce(kafkaproducer.Record{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
+				kafkaproducer.Record{Topic: other, Key: []byte("told"), Value: []byte("1")})
+			end := txn.Abort
+			if tc.commit {
+				end = txn.Commit
+			}
+			if err := end(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The marker went to the partition the coordinator knows of
+			// only: the orphan holds its partition's last stable offset.
+			waitStable(ctx, t, client, other)
+			if stable(t, client, orphans) {
+				t.Fatal("test bug: the orphan's partition is stable: the broker verified the partition (verification still on?)")
+			}
+			if tc.commit {
+				// A failure since (the producer needs Init): Init checks
+				// the last commit too, and commits what it left undecided.
+				txn.Invalidate()
+				if err := txn.Init(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The next transaction writes to the orphan's partition, and
+			// ends the other way: its marker must not decide the orphan.
+			produce(kafkaproducer.Record{Topic: orphans, Key: []byte("next"), Value: []byte("1")})
+			end = txn.Commit
+			if tc.commit {
+				end = txn.Abort
+			}
+			if err := end(ctx); err != nil {
+				t.Fatal(err)
+			}
+			produce(kafkaproducer.Record{Topic: orphans, Key: []byte("last"), Value: []byte("1")})
+			if err := txn.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitStable(ctx, t, client, orphans)
+			vals, err := kafkaproducer.LastCommitted(ctx, client, orphans, 0, []string{"orphan", "next", "last"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vals["next"].Found == tc.commit || !vals["last"].Found {
+				t.Errorf("the later transactions' records: committed %v and %v, want %v and true", vals["next"].Found, vals["last"].Found, !tc.commit)
+			}
+			if got := vals["orphan"].Found; got != tc.commit {
+				t.Errorf("the record left without a marker by a transaction that %s: committed %v, want %v",
+					map[bool]string{false: "aborted", true: "committed"}[tc.commit], got, tc.commit)
+			}
+		})
+	}
+}
+
+// stable reports whether topic's partition 0 has no undecided transaction.
+func stable(t *testing.T, client sarama.Client, topic string) bool {
+	t.Helper()
+	leader, err := client.Leader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offset := func(iso sarama.IsolationLevel) int64 {
+		req := sarama.NewOffsetRequest(client.Config().Version)
+		req.IsolationLevel = iso
+		req.AddBlock(topic, 0, sarama.OffsetNewest, 1)
+		resp, err := leader.GetAvailableOffsets(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk := resp.GetBlock(topic, 0)
+		if blk == nil || blk.Err != sarama.ErrNoError {
+			t.Fatalf("list offsets of %s: %v", topic, blk)
+		}
+		return blk.Offset
+	}
+	return offset(sarama.ReadCommitted) == offset(sarama.ReadUncommitted)
+}
+
+// waitStable waits until topic's partition 0 is stable.
+func waitStable(ctx context.Context, t *testing.T, client sarama.Client, topic string) {
+	t.Helper()
+	for !stable(t, client, topic) {
+		if ctx.Err() != nil {
+			t.Fatalf("%s: a transaction is still undecided", topic)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
