@@ -69,7 +69,19 @@ func LastCommitted(ctx context.Context, client sarama.Client, topic string, part
 // listOffset asks leader for the log start offset (sarama.OffsetOldest) or
 // the high watermark (sarama.OffsetNewest).
 func listOffset(client sarama.Client, leader *sarama.Broker, topic string, partition int32, which int64) (int64, error) {
+	return listOffsetAs(client, leader, topic, partition, which, sarama.ReadUncommitted)
+}
+
+// stableOffset asks leader for partition's last stable offset: the first
+// offset of its earliest undecided transaction, or its high watermark.
+func stableOffset(client sarama.Client, leader *sarama.Broker, topic string, partition int32) (int64, error) {
+	return listOffsetAs(client, leader, topic, partition, sarama.OffsetNewest, sarama.ReadCommitted)
+}
+
+// listOffsetAs is listOffset for a reader of isolation level iso.
+func listOffsetAs(client sarama.Client, leader *sarama.Broker, topic string, partition int32, which int64, iso sarama.IsolationLevel) (int64, error) {
 	req := sarama.NewOffsetRequest(client.Config().Version)
+	req.IsolationLevel = iso
 	req.AddBlock(topic, partition, which, 1)
 	resp, err := leader.GetAvailableOffsets(req)
 	if err != nil {

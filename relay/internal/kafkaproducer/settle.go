@@ -255,23 +255,3 @@ func (t *Txn) tail(ctx context.Context, p tp, pid, first int64) (open bool, mark
 		return open, marker, nil
 	}
 }
-
-// stableOffset asks leader for partition's last stable offset: the first
-// offset of its earliest undecided transaction, or its high-water mark.
-func stableOffset(client sarama.Client, leader *sarama.Broker, topic string, partition int32) (int64, error) {
-	req := sarama.NewOffsetRequest(client.Config().Version)
-	req.IsolationLevel = sarama.ReadCommitted
-	req.AddBlock(topic, partition, sarama.OffsetNewest, 1)
-	resp, err := leader.GetAvailableOffsets(req)
-	if err != nil {
-		return 0, err
-	}
-	blk := resp.GetBlock(topic, partition)
-	switch {
-	case blk == nil:
-		return 0, sarama.ErrIncompleteResponse
-	case blk.Err != sarama.ErrNoError:
-		return 0, blk.Err
-	}
-	return blk.Offset, nil
-}
