@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
@@ -77,7 +79,15 @@ type streamProgress struct {
 	Base  int64        `json:"base,omitempty"`
 	Lanes []streamLane `json:"lanes,omitempty"`
 	IDs   [][2]int64   `json:"ids,omitempty"`
+	// Topics are the topics the stream published to (at most
+	// eoMaxTopics): a relay that takes the stream over settles what the
+	// previous streamer's last transaction may have left there without a
+	// marker (kafkaproducer.Txn.SettleTopics).
+	Topics []string `json:"topics,omitempty"`
 }
+
+// eoMaxTopics bounds the topics a stream record names.
+const eoMaxTopics = 256
 
 // eoStream is a feed's exactly-once state: what its record says.
 type eoStream struct {
@@ -101,6 +111,8 @@ type eoStream struct {
 	candAt    time.Time
 	candSeq   int64
 	committed bool // a stream record was committed by this feed
+	// topics: what the stream published to, for its records' Topics.
+	topics map[string]bool
 }
 
 // streamTxnPublisher publishes in the stream's transaction.
@@ -126,6 +138,9 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 	txn := r.eo.streamProducer()
 	if err := txn.Init(ctx); err != nil {
 		return nil, nil, fmt.Errorf("relay: exactly-once stream: initialise %q: %w", txn.ID(), err)
+	}
+	if err := r.eoStreamSettle(ctx, client, txn); err != nil {
+		return nil, nil, err
 	}
 	bo := backoff.Backoff{Initial: time.Millisecond, Max: 100 * time.Millisecond}
 	for deadline := time.Now().Add(r.eo.timeout); ; {
@@ -155,12 +170,39 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 	}
 }
 
+// eoStreamSettle settles what the previous streamer's last transaction may
+// have left without a marker (a broker that restarted skipped the markers
+// of partitions it found without a leader, and this relay's first commit
+// there would decide them): the progress topic and the topics the stream's
+// records name, the last committed one's and any still undecided.
+func (r *Relay) eoStreamSettle(ctx context.Context, client sarama.Client, txn *kafkaproducer.Txn) error {
+	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, []string{streamKey})
+	if err != nil {
+		return fmt.Errorf("relay: exactly-once stream: read the stream's record: %w", err)
+	}
+	l := vals[streamKey]
+	topics := map[string]bool{r.eo.topic: true}
+	for _, v := range append(l.Pending, l.Value) {
+		var p streamProgress
+		if len(v) > 0 && json.Unmarshal(v, &p) == nil {
+			for _, t := range p.Topics {
+				topics[t] = true
+			}
+		}
+	}
+	if err := txn.SettleTopics(ctx, slices.Sorted(maps.Keys(topics))); err != nil {
+		return fmt.Errorf("relay: exactly-once stream: %w", err)
+	}
+	return nil
+}
+
 // newEOStream is the state a record describes (nil: nothing streamed yet).
 func newEOStream(txn *kafkaproducer.Txn, p *streamProgress, lanes int) (*eoStream, error) {
 	e := &eoStream{txn: txn, ids: map[int64]uint64{}}
 	if p == nil {
 		return e, nil
 	}
+	e.keepTopics(p)
 	e.lsn = pglogrepl.LSN(p.LSN)
 	for _, rg := range p.IDs {
 		for id := rg[0]; id <= rg[1]; id++ {
@@ -260,9 +302,30 @@ func (e *eoStream) skip(ctx context.Context, r *Relay, x pgoutput.Tx) ([]bool, e
 	return out, nil
 }
 
+// keepTopics adds the topics p names to the stream's.
+func (e *eoStream) keepTopics(p *streamProgress) {
+	if p == nil {
+		return
+	}
+	for _, t := range p.Topics {
+		e.addTopic(t)
+	}
+}
+
+// addTopic adds a topic the stream publishes to, up to eoMaxTopics.
+func (e *eoStream) addTopic(t string) {
+	if e.topics == nil {
+		e.topics = map[string]bool{}
+	}
+	if len(e.topics) < eoMaxTopics {
+		e.topics[t] = true
+	}
+}
+
 // record is the stream's record before a batch, its ids sorted.
 func (e *eoStream) record(table string) (streamProgress, []int64) {
-	p := streamProgress{Table: table, Mode: streamModeStream, LSN: uint64(e.lsn), Done: e.dtext, Base: e.base, Lanes: e.lanes}
+	p := streamProgress{Table: table, Mode: streamModeStream, LSN: uint64(e.lsn), Done: e.dtext, Base: e.base, Lanes: e.lanes,
+		Topics: slices.Sorted(maps.Keys(e.topics))}
 	ids := make([]int64, 0, len(e.ids))
 	for id := range e.ids {
 		ids = append(ids, id)
@@ -291,6 +354,11 @@ func (f *feed) dispatch(ctx context.Context, batch []*feedRow) {
 	if f.eo == nil {
 		go f.publish(ctx, batch)
 		return
+	}
+	for _, x := range batch {
+		if x.bad == nil {
+			f.eo.addTopic(x.topic)
+		}
 	}
 	rec, ids := f.eo.record(f.r.cfg.Table.String())
 	go f.eoPublish(ctx, batch, rec, ids)
@@ -475,6 +543,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	}
 	if created || p == nil || p.Mode != streamModeStream {
 		f.eo = &eoStream{txn: txn, ids: map[int64]uint64{}}
+		f.eo.keepTopics(p)
 		return false, nil
 	}
 	if f.eo, err = newEOStream(txn, p, r.cfg.Lanes); err != nil {
@@ -564,7 +633,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 		}
 		recs = append(recs, rec)
 	}
-	val, err := json.Marshal(streamProgress{Table: r.cfg.Table.String(), Mode: streamModeTable})
+	val, err := json.Marshal(streamProgress{Table: r.cfg.Table.String(), Mode: streamModeTable, Topics: p.Topics})
 	if err != nil {
 		return err
 	}

@@ -255,3 +255,41 @@ func (t *Txn) tail(ctx context.Context, p tp, pid, first int64) (open bool, mark
 		return open, marker, nil
 	}
 }
+
+// SettleTopics settles the records of this producer id that an earlier
+// holder of its transactional id (another process, which could not settle
+// them itself) may have left without a marker on any partition of topics:
+// they are aborted. Call it after Init, before the first transaction, with
+// the topics the id's transactions write to.
+//
+// Abort is what such records need unless the coordinator had decided to
+// commit their transaction when it skipped their markers: then every
+// partition it skipped loses them, and any whose marker it did write keeps
+// them. On one broker, or with replicated partitions, it skips all of a
+// transaction's partitions or none (see the package's notes on orphans).
+func (t *Txn) SettleTopics(ctx context.Context, topics []string) error {
+	if !t.inited {
+		return fmt.Errorf("relay: transactional id %q: %w", t.id, ErrFenced)
+	}
+	t.p.mu.Lock()
+	pid := t.p.id.pid
+	t.p.mu.Unlock()
+	d := &doubt{pid: pid, parts: map[tp]int64{}}
+	for _, topic := range topics {
+		parts, err := t.p.client.Partitions(topic)
+		if err != nil {
+			if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+				continue // gone, or never created: nothing of it to settle
+			}
+			return fmt.Errorf("relay: transactional id %q: partitions of topic %q: %w", t.id, topic, err)
+		}
+		for _, p := range parts {
+			d.parts[tp{topic, p}] = -1
+		}
+	}
+	if len(d.parts) == 0 {
+		return nil
+	}
+	t.doubts = append(t.doubts, d)
+	return t.Settle(ctx)
+}

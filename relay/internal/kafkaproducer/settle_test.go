@@ -2,6 +2,8 @@ package kafkaproducer_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -24,22 +26,7 @@ import (
 func TestTxnSettlesRecordsWithoutMarker(t *testing.T) {
 	testenv.RealKafka(t)
 	brokers := testenv.Brokers(t)
-	admin, err := sarama.NewClusterAdmin(brokers, config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	off := "false"
-	if err := admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
-		"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &off},
-	}, false); err != nil {
-		t.Fatalf("turn partition verification off: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
-			"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationDelete},
-		}, false)
-	})
+	verification(t, brokers, false)
 	client, err := sarama.NewClient(brokers, config())
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +106,132 @@ func TestTxnSettlesRecordsWithoutMarker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A producer that takes a transactional id over (another process left
+// records of it without a marker) settles them with SettleTopics, given the
+// topics the id writes to: they are aborted, not committed by its first
+// transaction.
+func TestTxnSettleTopicsAfterTakeOver(t *testing.T) {
+	testenv.RealKafka(t)
+	brokers := testenv.Brokers(t)
+	verification(t, brokers, false)
+	client, err := sarama.NewClient(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	orphans := testenv.Topic(t, brokers, 2)
+	id := "kafkaproducer-test." + orphans
+	old := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := old.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kafkaproducer.AddedUntold(old, orphans, 0)
+	kafkaproducer.AddedUntold(old, orphans, 1)
+	for _, r := range old.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	// The old holder is gone without ending its transaction: the
+	// coordinator knows none of its partitions.
+	taker := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := taker.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := taker.SettleTopics(ctx, []string{orphans}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range taker.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("orphan"), Value: []byte("2")}, {Topic: orphans, Key: []byte("next"), Value: []byte("2")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if err := taker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for p := range int32(2) {
+		// Keyed as the old holder's record, the taker's went to the same
+		// partition, and is the last committed there: read the partition
+		// before it.
+		vals, err := kafkaproducer.LastCommitted(ctx, client, orphans, p, []string{"orphan", "next"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := vals["orphan"]; len(l.Pending) > 0 {
+			t.Errorf("partition %d: %d records still undecided after the taker's commit", p, len(l.Pending))
+		}
+		if got := committedValues(t, client, orphans, p); slices.Contains(got, "1") {
+			t.Errorf("partition %d: the old holder's record was committed by the taker's transaction (committed values %v)", p, got)
+		}
+	}
+}
+
+// committedValues reads partition p of topic read_committed and returns
+// the values of its records.
+func committedValues(t *testing.T, client sarama.Client, topic string, p int32) []string {
+	t.Helper()
+	leader, err := client.Leader(topic, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 1 << 20, Isolation: sarama.ReadCommitted}
+	req.AddBlock(topic, p, 0, 1<<20, -1)
+	resp, err := leader.Fetch(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := resp.GetBlock(topic, p)
+	if blk == nil || blk.Err != sarama.ErrNoError {
+		t.Fatalf("fetch %s/%d: %v", topic, p, blk)
+	}
+	aborted := map[int64]bool{}
+	for _, a := range blk.AbortedTransactions {
+		aborted[a.ProducerID] = true
+	}
+	var out []string
+	for _, rs := range blk.RecordsSet {
+		b := rs.RecordBatch
+		if b == nil || b.Control {
+			if b != nil && b.Control {
+				delete(aborted, b.ProducerID) // records after an abort marker are another transaction's
+			}
+			continue
+		}
+		if b.IsTransactional && aborted[b.ProducerID] {
+			continue
+		}
+		for _, r := range b.Records {
+			out = append(out, string(r.Value))
+		}
+	}
+	return out
+}
+
+// verification turns Apache Kafka's partition verification on or off for
+// the test (a broker with it off accepts a transaction's records on a
+// partition the coordinator was never told of).
+func verification(t *testing.T, brokers []string, on bool) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	v := fmt.Sprint(on)
+	if err := admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
+		"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &v},
+	}, false); err != nil {
+		t.Fatalf("set partition verification %s: %v", v, err)
+	}
+	t.Cleanup(func() {
+		_ = admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
+			"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationDelete},
+		}, false)
+	})
 }
 
 // stable reports whether topic's partition 0 has no undecided transaction.
