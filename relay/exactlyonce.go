@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,6 +133,10 @@ type progress struct {
 	Owner    string       `json:"owner"`
 	EventIDs []uuid.UUID  `json:"event_ids"`
 	Position *cursor.Lane `json:"position,omitempty"`
+	// Topics are the topics of the events the transaction sent for the
+	// lane: where a relay that fences the owner looks for what a broker
+	// restart left of the transaction without a marker (see eoAcquire).
+	Topics []string `json:"topics,omitempty"`
 }
 
 func newExactlyOnce(pub Publisher, cfg Config) (*exactlyOnce, error) {
@@ -281,6 +286,17 @@ type eoBatch struct {
 	writtenPos map[int32]string
 }
 
+// topics returns the topics of the batch's rows of lane.
+func (b *eoBatch) topics(rows []row, lane int32) []string {
+	var out []string
+	for _, x := range rows {
+		if b.laneOf[x.eventID] == lane && !slices.Contains(out, x.topic) {
+			out = append(out, x.topic)
+		}
+	}
+	return out
+}
+
 // kafkaStepError is a failure of Kafka inside a database step (the
 // exactly-once claim's acquisitions): not classified as the database's.
 type kafkaStepError struct{ err error }
@@ -399,7 +415,7 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	// the lane and had not finished), other than this worker.
 	others := map[string][]int32{}
 	for _, lane := range take {
-		owners := pending[lane]
+		owners := ownersOf(pending[lane])
 		if p, ok := recs[lane]; ok {
 			owners = append(owners, p.Owner)
 		}
@@ -414,6 +430,9 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 			wg   sync.WaitGroup
 			mu   sync.Mutex
 			errs []error
+			// the fenced owners' producers made here (not this relay's
+			// idle workers, which settle their own transactions)
+			made = map[string]*kafkaproducer.Txn{}
 		)
 		for owner, lanes := range others {
 			wg.Add(1)
@@ -423,7 +442,13 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 				// was committing completes. An idle worker of this relay
 				// is initialised itself, which also settles what its
 				// transactions left without a marker (kafkaproducer.Settle).
-				fence := func() error { return kafkaproducer.NewTxn(client, r.eo.conf, owner, r.eo.timeout).Init(ctx) }
+				fence := func() error {
+					txn := kafkaproducer.NewTxn(client, r.eo.conf, owner, r.eo.timeout)
+					mu.Lock()
+					made[owner] = txn
+					mu.Unlock()
+					return txn.Init(ctx)
+				}
 				if ow := r.eo.takeIdle(owner); ow != nil {
 					fence = func() error {
 						defer r.eo.release(ow)
@@ -458,9 +483,16 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 		if err != nil {
 			return err
 		}
+		if settled, err := r.eoSettleFenced(ctx, made, still); err != nil {
+			return err
+		} else if settled {
+			if again, still, err = r.lastProgress(ctx, client, fenced); err != nil {
+				return err
+			}
+		}
 		for _, lane := range fenced {
 			if len(still[lane]) > 0 {
-				return fmt.Errorf("relay: exactly-once: lane %d has records of transactions still undecided after their owners %v were fenced; the lane is taken again later", lane, still[lane])
+				return fmt.Errorf("relay: exactly-once: lane %d has records of transactions still undecided after their owners %v were fenced; the lane is taken again later", lane, ownersOf(still[lane]))
 			}
 			if p, ok := again[lane]; ok {
 				recs[lane] = p
@@ -492,7 +524,7 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	if len(register) > 0 {
 		out := make([]kafkaproducer.Record, len(register))
 		for i, lane := range register {
-			rec, err := r.progressRecord(lane, w.txn.ID(), nil, nil)
+			rec, err := r.progressRecord(lane, w.txn.ID(), nil, nil, nil)
 			if err != nil {
 				return err
 			}
@@ -521,6 +553,46 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 	return nil
 }
 
+// eoSettleFenced settles what the transactions of owners fenced here left
+// without a marker, when their progress records are still undecided after
+// the fence: a broker that restarted skipped the markers of partitions it
+// found without a leader (kafkaproducer.Settle), and an owner of another
+// relay (or of this relay before a restart) cannot settle them itself. The
+// progress topic and the topics the undecided records name are settled
+// (their records of the owner's producer aborted). It reports whether it
+// settled any.
+func (r *Relay) eoSettleFenced(ctx context.Context, made map[string]*kafkaproducer.Txn, still map[int32][]progress) (bool, error) {
+	topics := map[string]map[string]bool{} // owner -> topics
+	for _, ps := range still {
+		for _, p := range ps {
+			if made[p.Owner] == nil {
+				continue
+			}
+			if topics[p.Owner] == nil {
+				topics[p.Owner] = map[string]bool{r.eo.topic: true}
+			}
+			for _, t := range p.Topics {
+				topics[p.Owner][t] = true
+			}
+		}
+	}
+	for owner, ts := range topics {
+		if err := made[owner].SettleTopics(ctx, slices.Sorted(maps.Keys(ts))); err != nil {
+			return false, fmt.Errorf("relay: exactly-once: settle the transactions of %q: %w", owner, err)
+		}
+	}
+	return len(topics) > 0, nil
+}
+
+// ownersOf returns the owners of records.
+func ownersOf(records []progress) []string {
+	out := make([]string, len(records))
+	for i, p := range records {
+		out[i] = p.Owner
+	}
+	return out
+}
+
 // awaitOwnMarker reads lanes back again until none holds a record of w's
 // own last transaction still undecided, at most the transaction timeout.
 // Such a record is decided (w's transaction ended, and one whose outcome
@@ -528,7 +600,7 @@ func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch)
 // coordinator decided and the marker reaches the partition after that.
 // Read back in that moment, the lane's last committed record would be the
 // one before, and the events of w's commit would be sent twice.
-func (r *Relay) awaitOwnMarker(ctx context.Context, client sarama.Client, w *eoWorker, lanes []int32) (map[int32]progress, map[int32][]string, error) {
+func (r *Relay) awaitOwnMarker(ctx context.Context, client sarama.Client, w *eoWorker, lanes []int32) (map[int32]progress, map[int32][]progress, error) {
 	r.cfg.Logger.Debug("outbox relay: exactly-once: waiting for this worker's last transaction's marker before reading its lanes back",
 		"lanes", lanes, "transactional_id", w.txn.ID())
 	bo := backoff.Backoff{Initial: time.Millisecond, Max: 100 * time.Millisecond}
@@ -548,9 +620,9 @@ func (r *Relay) awaitOwnMarker(ctx context.Context, client sarama.Client, w *eoW
 }
 
 // ownPending says whether one of lanes has a record of id still undecided.
-func ownPending(pending map[int32][]string, lanes []int32, id string) bool {
+func ownPending(pending map[int32][]progress, lanes []int32, id string) bool {
 	for _, lane := range lanes {
-		if slices.Contains(pending[lane], id) {
+		if slices.Contains(ownersOf(pending[lane]), id) {
 			return true
 		}
 	}
@@ -558,9 +630,9 @@ func ownPending(pending map[int32][]string, lanes []int32, id string) bool {
 }
 
 // lastProgress reads the last committed progress record of each lane
-// (lanes without one are not in recs) and the owners of its records still
-// undecided after it.
-func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []int32) (recs map[int32]progress, pending map[int32][]string, err error) {
+// (lanes without one are not in recs) and its records still undecided
+// after it.
+func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []int32) (recs map[int32]progress, pending map[int32][]progress, err error) {
 	keys := make([]string, len(lanes))
 	for i, lane := range lanes {
 		keys[i] = string(laneKey(lane))
@@ -576,7 +648,7 @@ func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []
 		}
 		return p, nil
 	}
-	recs, pending = map[int32]progress{}, map[int32][]string{}
+	recs, pending = map[int32]progress{}, map[int32][]progress{}
 	for i, lane := range lanes {
 		l := vals[keys[i]]
 		if l.Found {
@@ -591,7 +663,7 @@ func (r *Relay) lastProgress(ctx context.Context, client sarama.Client, lanes []
 			if err != nil {
 				return nil, nil, err
 			}
-			pending[lane] = append(pending[lane], p.Owner)
+			pending[lane] = append(pending[lane], p)
 		}
 	}
 	return recs, pending, nil
@@ -647,6 +719,7 @@ type txnPublisher struct {
 func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 	b, txn := p.b, p.b.w.txn
 	byLane := map[int32][]uuid.UUID{}
+	topics := map[int32][]string{}
 	var lanes []int32
 	for _, m := range msgs {
 		lane := b.laneOf[m.EventID]
@@ -654,6 +727,9 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 			lanes = append(lanes, lane)
 		}
 		byLane[lane] = append(byLane[lane], m.EventID)
+		if !slices.Contains(topics[lane], m.Topic) {
+			topics[lane] = append(topics[lane], m.Topic)
+		}
 	}
 	slices.Sort(lanes)
 	recs := records(msgs)
@@ -664,7 +740,7 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 			l := b.predicted[lane]
 			pos = &l
 		}
-		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane], pos)
+		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane], pos, topics[lane])
 		if err != nil {
 			return err
 		}
@@ -687,11 +763,11 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 
 // progressRecord is lane's progress record: owner, the events ids and,
 // under ProgressCursor, the lane's position after the transaction.
-func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID, pos *cursor.Lane) (kafkaproducer.Record, error) {
+func (r *Relay) progressRecord(lane int32, owner string, ids []uuid.UUID, pos *cursor.Lane, topics []string) (kafkaproducer.Record, error) {
 	if ids == nil {
 		ids = []uuid.UUID{}
 	}
-	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: owner, EventIDs: ids, Position: pos})
+	val, err := json.Marshal(progress{Table: r.cfg.Table.String(), Lane: lane, Owner: owner, EventIDs: ids, Position: pos, Topics: topics})
 	if err != nil {
 		return kafkaproducer.Record{}, err
 	}
@@ -781,7 +857,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		if w := b.written[lane]; w != nil && slices.Equal(w, acked[lane]) && (b.cur == nil || b.writtenPos[lane] == positionKey(actual[lane])) {
 			continue
 		}
-		rec, err := r.progressRecord(lane, txn.ID(), acked[lane], actual[lane])
+		rec, err := r.progressRecord(lane, txn.ID(), acked[lane], actual[lane], b.topics(rows, lane))
 		if err != nil {
 			_ = txn.Abort(ctx)
 			fail(err)

@@ -627,7 +627,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	}
 	recs := make([]kafkaproducer.Record, 0, len(pos)+1)
 	for i := range pos {
-		rec, err := r.progressRecord(pos[i].Lane, "", nil, &pos[i])
+		rec, err := r.progressRecord(pos[i].Lane, "", nil, &pos[i], nil)
 		if err != nil {
 			return err
 		}
