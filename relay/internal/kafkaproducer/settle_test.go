@@ -2,7 +2,6 @@ package kafkaproducer_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -24,16 +23,7 @@ import (
 // broker then accepts a transaction's records on a partition the
 // coordinator was never told of): kfake always verifies.
 func TestTxnSettlesRecordsWithoutMarker(t *testing.T) {
-	testenv.RealKafka(t)
-	brokers := testenv.Brokers(t)
-	verification(t, brokers, false)
-	client, err := sarama.NewClient(brokers, config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx, brokers, client := unverified(t)
 
 	for _, tc := range []struct {
 		name   string
@@ -113,16 +103,7 @@ func TestTxnSettlesRecordsWithoutMarker(t *testing.T) {
 // topics the id writes to: they are aborted, not committed by its first
 // transaction.
 func TestTxnSettleTopicsAfterTakeOver(t *testing.T) {
-	testenv.RealKafka(t)
-	brokers := testenv.Brokers(t)
-	verification(t, brokers, false)
-	client, err := sarama.NewClient(brokers, config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx, brokers, client := unverified(t)
 	orphans := testenv.Topic(t, brokers, 2)
 	id := "kafkaproducer-test." + orphans
 	old := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
@@ -211,27 +192,38 @@ func committedValues(t *testing.T, client sarama.Client, topic string, p int32) 
 	return out
 }
 
-// verification turns Apache Kafka's partition verification on or off for
-// the test (a broker with it off accepts a transaction's records on a
-// partition the coordinator was never told of).
-func verification(t *testing.T, brokers []string, on bool) {
+// unverified skips the test without Apache Kafka, turns the broker's
+// partition verification off for the test (a broker then accepts a
+// transaction's records on a partition the coordinator was never told of)
+// and returns a context of two minutes, the brokers and a client.
+func unverified(t *testing.T) (context.Context, []string, sarama.Client) {
 	t.Helper()
+	testenv.RealKafka(t)
+	brokers := testenv.Brokers(t)
 	admin, err := sarama.NewClusterAdmin(brokers, config())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = admin.Close() })
-	v := fmt.Sprint(on)
+	off := "false"
 	if err := admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
-		"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &v},
+		"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &off},
 	}, false); err != nil {
-		t.Fatalf("set partition verification %s: %v", v, err)
+		t.Fatalf("turn partition verification off: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = admin.IncrementalAlterConfig(sarama.BrokerResource, "", map[string]sarama.IncrementalAlterConfigsEntry{
 			"transaction.partition.verification.enable": {Operation: sarama.IncrementalAlterConfigsOperationDelete},
 		}, false)
 	})
+	client, err := sarama.NewClient(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx, brokers, client
 }
 
 // stable reports whether topic's partition 0 has no undecided transaction.
