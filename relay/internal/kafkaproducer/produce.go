@@ -587,6 +587,9 @@ func recordLevelKError(kerr sarama.KError) bool {
 // released for other calls.
 func (pr *Producer) acked(l *plane, base int64, broker string, stored []Result) {
 	b := l.head()
+	if pr.txn != nil {
+		pr.txn.noteAcked(l.tp, base)
+	}
 	if base >= 0 {
 		for j, i := range b.idx {
 			stored[i] = Result{Stored: true, Partition: l.tp.partition, Offset: base + int64(j), Broker: broker}

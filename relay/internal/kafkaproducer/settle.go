@@ -1,11 +1,14 @@
 package kafkaproducer
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,9 +44,11 @@ import (
 // doubt is a transaction whose markers may be missing somewhere.
 type doubt struct {
 	pid int64
-	// parts are the partitions the transaction added, each with the offset
-	// of its first record acknowledged there (-1: none acknowledged).
-	parts map[tp]int64
+	// added are the partitions the transaction added; first holds the
+	// offset of its first record acknowledged in each (none: unknown).
+	// They are the Txn's own maps of the transaction, taken as it ended.
+	added map[tp]bool
+	first map[tp]int64
 	// commit says EndTxn asked to commit: the coordinator may have decided
 	// commit. Otherwise the transaction can only be aborted.
 	commit bool
@@ -96,7 +101,6 @@ func (t *Txn) Settle(ctx context.Context) error {
 		}
 		t.doubts = t.doubts[1:]
 	}
-	t.doubts = nil
 	return nil
 }
 
@@ -153,18 +157,8 @@ func (t *Txn) sweep(ctx context.Context, parts []tp, commit bool) error {
 // record, that marker's type.
 func (t *Txn) scan(ctx context.Context, d *doubt) (orphans []tp, markers map[tp]int, err error) {
 	markers = map[tp]int{}
-	parts := make([]tp, 0, len(d.parts))
-	for p := range d.parts {
-		parts = append(parts, p)
-	}
-	slices.SortFunc(parts, func(a, b tp) int {
-		if a.topic != b.topic {
-			if a.topic < b.topic {
-				return -1
-			}
-			return 1
-		}
-		return int(a.partition - b.partition)
+	parts := slices.SortedFunc(maps.Keys(d.added), func(a, b tp) int {
+		return cmp.Or(strings.Compare(a.topic, b.topic), cmp.Compare(a.partition, b.partition))
 	})
 	// The partitions are read concurrently (a broker call each).
 	type result struct {
@@ -179,7 +173,11 @@ func (t *Txn) scan(ctx context.Context, d *doubt) (orphans []tp, markers map[tp]
 		go func() {
 			defer wg.Done()
 			r := &res[i]
-			r.open, r.marker, r.err = t.tail(ctx, p, d.pid, d.parts[p])
+			first, ok := d.first[p]
+			if !ok {
+				first = -1
+			}
+			r.open, r.marker, r.err = t.tail(ctx, p, d.pid, first)
 		}()
 	}
 	wg.Wait()
@@ -274,7 +272,7 @@ func (t *Txn) SettleTopics(ctx context.Context, topics []string) error {
 	t.p.mu.Lock()
 	pid := t.p.id.pid
 	t.p.mu.Unlock()
-	d := &doubt{pid: pid, parts: map[tp]int64{}}
+	d := &doubt{pid: pid, added: map[tp]bool{}}
 	for _, topic := range topics {
 		parts, err := t.p.client.Partitions(topic)
 		if err != nil {
@@ -284,10 +282,10 @@ func (t *Txn) SettleTopics(ctx context.Context, topics []string) error {
 			return fmt.Errorf("relay: transactional id %q: partitions of topic %q: %w", t.id, topic, err)
 		}
 		for _, p := range parts {
-			d.parts[tp{topic, p}] = -1
+			d.added[tp{topic, p}] = true
 		}
 	}
-	if len(d.parts) == 0 {
+	if len(d.added) == 0 {
 		return nil
 	}
 	t.doubts = append(t.doubts, d)

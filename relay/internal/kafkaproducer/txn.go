@@ -129,18 +129,20 @@ func (t *Txn) Produce(ctx context.Context, recs []Record) []Result {
 	for i, err := range t.p.publish(ctx, recs, out) {
 		out[i] = outcome(err)
 	}
-	for i, r := range out {
-		if r.Err == nil && r.Stored {
-			p := tp{recs[i].Topic, r.Partition}
-			if o, ok := t.first[p]; !ok || r.Offset < o {
-				if t.first == nil {
-					t.first = map[tp]int64{}
-				}
-				t.first[p] = r.Offset
-			}
-		}
-	}
 	return out
+}
+
+// noteAcked notes the base offset of a record batch of the open transaction
+// acknowledged in partition p: the first one is where the transaction
+// starts there (see doubt). The Producer's hook, once per record batch.
+func (t *Txn) noteAcked(p tp, base int64) {
+	if _, ok := t.first[p]; ok || base < 0 {
+		return
+	}
+	if t.first == nil {
+		t.first = map[tp]int64{}
+	}
+	t.first[p] = base
 }
 
 // addPartitions adds the partitions of lanes that the open transaction
@@ -260,20 +262,13 @@ func (t *Txn) end(ctx context.Context, commit bool) error {
 	return err
 }
 
-// txnDoubt describes the open transaction as a doubt.
+// txnDoubt describes the open transaction as a doubt. It takes the
+// transaction's maps, which the Txn lets go of as the transaction ends.
 func (t *Txn) txnDoubt() *doubt {
 	t.p.mu.Lock()
 	pid := t.p.id.pid
 	t.p.mu.Unlock()
-	d := &doubt{pid: pid, parts: make(map[tp]int64, len(t.added))}
-	for p := range t.added {
-		o, ok := t.first[p]
-		if !ok {
-			o = -1
-		}
-		d.parts[p] = o
-	}
-	return d
+	return &doubt{pid: pid, added: t.added, first: t.first}
 }
 
 // noteDoubt remembers the open transaction as one whose markers may be
