@@ -56,7 +56,6 @@ type queries struct {
 	// The stream's claim statements (marks.Queries' StreamClaim,
 	// StreamClaimUnordered, StreamState, StreamStateUnordered) under the
 	// names streamclaim.go reads them by.
-	streamClaim, streamClaimUnordered, streamState, streamStateUnordered string
 }
 
 // rowCols are the columns of a row that a marks claim reads, in the order
@@ -66,8 +65,6 @@ const rowCols = "id, event_id, event_type, topic, partition_key, payload, header
 // newQueries returns table t's statements and lock namespace.
 func newQueries(t outbox.Table) queries {
 	q := queries{Queries: marks.NewQueries(t, rowCols), ns: locks.Namespace(t.String())}
-	q.streamClaim, q.streamClaimUnordered = q.StreamClaim, q.StreamClaimUnordered
-	q.streamState, q.streamStateUnordered = q.StreamState, q.StreamStateUnordered
 	return q
 }
 

@@ -284,17 +284,9 @@ type eoBatch struct {
 	cur        *cursorBatch
 	predicted  map[int32]cursor.Lane
 	writtenPos map[int32]string
-}
-
-// topics returns the topics of the batch's rows of lane.
-func (b *eoBatch) topics(rows []row, lane int32) []string {
-	var out []string
-	for _, x := range rows {
-		if b.laneOf[x.eventID] == lane && !slices.Contains(out, x.topic) {
-			out = append(out, x.topic)
-		}
-	}
-	return out
+	// topics are, per lane, the topics of the events the transaction sent
+	// (its progress records name them).
+	topics map[int32][]string
 }
 
 // kafkaStepError is a failure of Kafka inside a database step (the
@@ -719,7 +711,9 @@ type txnPublisher struct {
 func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 	b, txn := p.b, p.b.w.txn
 	byLane := map[int32][]uuid.UUID{}
-	topics := map[int32][]string{}
+	if b.topics == nil {
+		b.topics = map[int32][]string{}
+	}
 	var lanes []int32
 	for _, m := range msgs {
 		lane := b.laneOf[m.EventID]
@@ -727,8 +721,8 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 			lanes = append(lanes, lane)
 		}
 		byLane[lane] = append(byLane[lane], m.EventID)
-		if !slices.Contains(topics[lane], m.Topic) {
-			topics[lane] = append(topics[lane], m.Topic)
+		if !slices.Contains(b.topics[lane], m.Topic) {
+			b.topics[lane] = append(b.topics[lane], m.Topic)
 		}
 	}
 	slices.Sort(lanes)
@@ -740,7 +734,7 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 			l := b.predicted[lane]
 			pos = &l
 		}
-		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane], pos, topics[lane])
+		rec, err := p.r.progressRecord(lane, txn.ID(), byLane[lane], pos, b.topics[lane])
 		if err != nil {
 			return err
 		}
@@ -857,7 +851,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		if w := b.written[lane]; w != nil && slices.Equal(w, acked[lane]) && (b.cur == nil || b.writtenPos[lane] == positionKey(actual[lane])) {
 			continue
 		}
-		rec, err := r.progressRecord(lane, txn.ID(), acked[lane], actual[lane], b.topics(rows, lane))
+		rec, err := r.progressRecord(lane, txn.ID(), acked[lane], actual[lane], b.topics[lane])
 		if err != nil {
 			_ = txn.Abort(ctx)
 			fail(err)

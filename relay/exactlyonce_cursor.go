@@ -89,7 +89,7 @@ func (r *Relay) applyPositions(ctx context.Context, lanes []cursor.Lane) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	b := &pgx.Batch{}
-	b.Queue(r.cur.q.Durable)
+	b.Queue(r.q.Durable)
 	r.cursorSaveLanes(b, lanes)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)

@@ -144,9 +144,9 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 	took := make(map[int64]bool, len(ids))
 	b := &pgx.Batch{}
 	b.Queue(r.txSettings, r.idleMillis)
-	sql, args := r.q.streamClaim, pgx.NamedArgs{"ids": ids, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
+	sql, args := r.q.StreamClaim, pgx.NamedArgs{"ids": ids, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
 	if r.cfg.Ordering == Unordered {
-		sql, args = r.q.streamClaimUnordered, pgx.NamedArgs{"ids": ids}
+		sql, args = r.q.StreamClaimUnordered, pgx.NamedArgs{"ids": ids}
 	}
 	b.Queue(sql, args).Query(func(rs pgx.Rows) error {
 		var id int64
@@ -165,9 +165,9 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 		}
 		type state struct{ pending, claimable bool }
 		states := map[int64]state{} // the present rows
-		sql, args := r.q.streamState, pgx.NamedArgs{"ids": rest, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
+		sql, args := r.q.StreamState, pgx.NamedArgs{"ids": rest, "batch": ids, "ns": r.q.ns, "lanes": r.cfg.Lanes, "top": slices.Max(ids)}
 		if r.cfg.Ordering == Unordered {
-			sql, args = r.q.streamStateUnordered, pgx.NamedArgs{"ids": rest}
+			sql, args = r.q.StreamStateUnordered, pgx.NamedArgs{"ids": rest}
 		}
 		rs, err := tx.Query(ctx, sql, args)
 		if err == nil {

@@ -111,8 +111,9 @@ type eoStream struct {
 	candAt    time.Time
 	candSeq   int64
 	committed bool // a stream record was committed by this feed
-	// topics: what the stream published to, for its records' Topics.
-	topics map[string]bool
+	// topics: what the stream published to, sorted, for its records'
+	// Topics (a new slice when one is added: records share it).
+	topics []string
 }
 
 // streamTxnPublisher publishes in the stream's transaction.
@@ -314,18 +315,16 @@ func (e *eoStream) keepTopics(p *streamProgress) {
 
 // addTopic adds a topic the stream publishes to, up to eoMaxTopics.
 func (e *eoStream) addTopic(t string) {
-	if e.topics == nil {
-		e.topics = map[string]bool{}
-	}
-	if len(e.topics) < eoMaxTopics {
-		e.topics[t] = true
+	i, found := slices.BinarySearch(e.topics, t)
+	if !found && len(e.topics) < eoMaxTopics {
+		e.topics = slices.Insert(slices.Clone(e.topics), i, t)
 	}
 }
 
 // record is the stream's record before a batch, its ids sorted.
 func (e *eoStream) record(table string) (streamProgress, []int64) {
 	p := streamProgress{Table: table, Mode: streamModeStream, LSN: uint64(e.lsn), Done: e.dtext, Base: e.base, Lanes: e.lanes,
-		Topics: slices.Sorted(maps.Keys(e.topics))}
+		Topics: e.topics}
 	ids := make([]int64, 0, len(e.ids))
 	for id := range e.ids {
 		ids = append(ids, id)
@@ -654,7 +653,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	r.eo.disown()
 	r.cur.forget()
 	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('synchronous_commit', 'on', true)")
+	b.Queue(r.q.Durable)
 	r.cursorSaveLanes(b, pos)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("relay: exactly-once stream: write the lanes' positions: %w", err)

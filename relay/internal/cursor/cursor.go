@@ -199,10 +199,6 @@ type Queries struct {
 	// session of a connection that keeps lanes across batches: the server
 	// ends a frozen relay's session, and so its session locks, after it.
 	KeepSession string
-	// Durable makes the transaction's commit synchronous: it goes before
-	// the Save of positions read from the lanes' last committed Kafka
-	// transactions (exactly once), which the next one builds on.
-	Durable string
 
 	// Parking moves an event out of the table: a copy goes to the parked
 	// table and the row is deleted, in the transaction that moves the
@@ -401,7 +397,6 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
 			" WHERE c.lane = x.l",
 		KeepSession: "SELECT set_config('idle_session_timeout', $1, false)",
-		Durable:     "SELECT set_config('synchronous_commit', 'on', true)",
 		Own:         "SELECT count(pg_advisory_lock(@ns, l)) FROM unnest(@lanes::int[]) l",
 		Release:     "SELECT count(pg_advisory_unlock(@ns, l)) FROM unnest(@lanes::int[]) l",
 		Idle: "SELECT lane FROM (SELECT lane FROM " + c + " WHERE upto IS NULL AND lane <> ALL(coalesce(@locked::int[], '{}'))" +

@@ -155,11 +155,11 @@ func NewQueries(table outbox.Table, cols string) Queries {
 			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
 		Durable: "SELECT set_config('synchronous_commit', 'on', true)",
 		StreamClaim: "UPDATE " + t + " e SET published_at = now()" +
-			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t, lane) +
+			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t) +
 			" RETURNING e.id",
 		StreamClaimUnordered: "UPDATE " + t + " SET published_at = now() WHERE id IN (SELECT id FROM " + t +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED) RETURNING id",
-		StreamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL, " + streamTakes(t, lane) +
+		StreamState: "SELECT e.id, e.published_at IS NULL AND e.parked_at IS NULL, " + streamTakes(t) +
 			" FROM " + t + " e WHERE e.id = ANY(@ids::bigint[])",
 		StreamStateUnordered: "SELECT id, published_at IS NULL AND parked_at IS NULL, false FROM " + t + " WHERE id = ANY(@ids::bigint[])",
 		Savepoint:            "SAVEPOINT fxoutbox_read",
@@ -176,13 +176,13 @@ func NewQueries(table outbox.Table, cols string) Queries {
 }
 
 // streamTakes is the stream claim's condition on a streamed row e of
-// table t (lane: the lane of a row's partition_key): its lane is this
+// table t: its lane is this
 // transaction's or becomes it (the lanes polling relays try-lock), and its
 // key has no waiting row below @top outside the batch @batch. The waiting
 // keys are read once per statement: a correlated check per row walked the
 // batch's own rows for each row, quadratic in the batch size.
-func streamTakes(t, lane string) string {
-	return "pg_try_advisory_xact_lock(@ns, " + strings.Replace(lane, "partition_key", "e.partition_key", 1) + "::int)" +
+func streamTakes(t string) string {
+	return "pg_try_advisory_xact_lock(@ns, " + tablesql.Lane("e.partition_key", "@lanes") + "::int)" +
 		" AND e.partition_key <> ALL (ARRAY(SELECT o.partition_key FROM " + t + " o" +
 		" WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id < @top AND o.id <> ALL(@batch::bigint[])))"
 }
