@@ -134,7 +134,7 @@ func (k *laneKeeper) seenFor(n int) int {
 }
 
 func (k *laneKeeper) took(rows int) {
-	if k.left != math.MaxInt {
+	if k != nil && k.left != math.MaxInt {
 		k.left -= rows
 	}
 }

@@ -381,7 +381,11 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
-	return r.cursorReadKept(ctx, tx, locked, n, held, seen, k, false)
+	c, err := r.cursorReadKept(ctx, tx, locked, n, held, seen, k, false)
+	if err == nil {
+		k.took(len(c.rows) + len(c.bad)) // read from what this Find saw
+	}
+	return c, err
 }
 
 // cursorFind try-locks the lanes with waiting rows that cover about n of
