@@ -7,6 +7,9 @@ SHELL := /bin/bash
 GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 
+# go test, ending a failed run's output with what failed (scripts/gotest.sh).
+GOTEST = GO=$(GO) $(CURDIR)/scripts/gotest.sh
+
 # Runs a command with DATABASE_URL exported.
 WITH_PG = set -euo pipefail; eval "export $$(scripts/pg.sh up)";
 
@@ -19,9 +22,9 @@ test:
 	eval "export $$(scripts/devkafka.sh up)"; \
 	trap '[ -n "$$started_kafka" ] && scripts/devkafka.sh down >/dev/null 2>&1 || true' EXIT; \
 	echo "== go test (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
-	OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
-	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...) ; \
-	(cd migrations/tooltest && OUTBOX_TEST_REQUIRE=1 $(GO) test $(GOTEST_FLAGS) ./...)
+	OUTBOX_TEST_REQUIRE=1 $(GOTEST) $(GOTEST_FLAGS) ./... ; \
+	(cd examples && OUTBOX_TEST_REQUIRE=1 $(GOTEST) $(GOTEST_FLAGS) ./...) ; \
+	(cd migrations/tooltest && OUTBOX_TEST_REQUIRE=1 $(GOTEST) $(GOTEST_FLAGS) ./...)
 
 ## test-kafka: the same tests against a real Apache Kafka broker (KAFKA_BROKERS, or one scripts/kafka.sh starts),
 ## plus the broker-crash tests of internal/faulttest (on a broker of their own, started by scripts/kafka.sh).
@@ -29,8 +32,8 @@ test-kafka:
 	@$(WITH_PG) \
 	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
 	echo "== go test on Apache Kafka (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
-	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./... ; \
-	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GO) test $(GOTEST_FLAGS) ./...)
+	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GOTEST) $(GOTEST_FLAGS) ./... ; \
+	(cd examples && OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 $(GOTEST) $(GOTEST_FLAGS) ./...)
 
 ## test-faults-eo: the fault scenarios that judge delivery (relays killed every 0.5 s and between ack and commit,
 ## frozen relays, broker SIGKILLs and leader kills, 3 brokers below min ISR, PostgreSQL crashed, poison requeued;
@@ -44,7 +47,7 @@ test-faults-eo:
 	if [ -z "$${KAFKA_BROKERS:-}" ]; then eval "export $$(scripts/kafka.sh up)"; fi; \
 	echo "== fault scenarios, exactly once under cursor progress (PostgreSQL: $${DATABASE_URL%%\?*}, Kafka: $$KAFKA_BROKERS)"; \
 	OUTBOX_TEST_REQUIRE=1 OUTBOX_TEST_REAL_KAFKA=1 OUTBOX_TEST_DELIVERY=exactly-once OUTBOX_TEST_PROGRESS=cursor \
-		$(GO) test $(GOTEST_FLAGS) -run '$(EO_FAULTS)' -skip '$(EO_SKIP)' ./internal/faulttest/
+		$(GOTEST) $(GOTEST_FLAGS) -run '$(EO_FAULTS)' -skip '$(EO_SKIP)' ./internal/faulttest/
 
 ## demo: the example orders and billing services end to end, duplicates and trace tree included (embedded broker unless KAFKA_BROKERS is set).
 demo:
