@@ -81,7 +81,10 @@ func txSettings(cfg Config) (sql, idleMillis string) {
 	// transaction ids that the table's statistics cannot predict: after a
 	// bulk load (many rows per transaction) the planner expects each id to
 	// match thousands of rows and scans the table instead, on every claim.
-	// So no sequential scans under ProgressCursor.
+	// So no sequential scans under ProgressCursor; and generic plans: a
+	// custom plan of the cursor's statements weighs each of their CTEs for
+	// the values at hand, and making one cost more than running the
+	// generic plan (bench cost section: cursor_relay_pg_us_per_event).
 	commit := marks.CommitDefault
 	switch {
 	case cfg.Delivery == ExactlyOnce:

@@ -15,7 +15,7 @@
 // of the snapshots taken while it runs, so its rows fall in the first window
 // whose upto sees it committed, and the others' rows flow meanwhile. Such a
 // late row may have a lower id than the rows delivered before it; a window
-// finds those (id <= base, the highest id its lane's last window reached)
+// finds those (id <= base, the highest id its lane's last window covered)
 // through the (txid, id) index when it opens, and starts its id-ordered
 // scan at the lowest of them (floor).
 //
@@ -41,8 +41,9 @@ type Lane struct {
 	Done string `json:"done"`
 	// Upto ends the open window; "" when the window is closed.
 	Upto string `json:"upto,omitempty"`
-	// Base is the highest id the lane's last window reached: a new
-	// window's rows at or below it are late rows.
+	// Base is the highest id the lane's last window covered (its Top, once
+	// it was read to its end): a new window's rows at or below it are
+	// late rows.
 	Base int64 `json:"base"`
 	// Pos, Floor and Skip place an open window: every window row with an
 	// id below Floor or up to Pos is delivered, and so are those in Skip.
@@ -125,7 +126,15 @@ func Advance(l Lane, rows []Outcome, full bool, last int64) Lane {
 		}
 		l.Skip = skip
 	default:
-		// Read to its end, nothing waiting: the window is delivered.
+		// Read to its end, nothing waiting: the window is delivered, and
+		// with it every row of the lane up to Top that upto sees. A row
+		// at or below Top that the next window holds committed after
+		// upto: a late row, which that window finds by its txid. So the
+		// base moves to Top even when the lane had no row in the window,
+		// and the next read starts there instead of at the lane's last
+		// row: a quiet lane no longer makes every read scan the rows the
+		// busy lanes delivered since.
+		highest = max(highest, l.Top)
 		l.Done, l.Upto = l.Upto, ""
 		l.Pos, l.Floor, l.Top, l.Skip = 0, 0, 0, nil
 	}

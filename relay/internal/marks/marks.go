@@ -202,12 +202,15 @@ const (
 // TxSettings returns the statement that sets a batch transaction's
 // settings (either progress mode), its argument $1 the
 // idle_in_transaction_session_timeout in milliseconds: no parallel plans
-// and no JIT; with noSeqScan no sequential scans; and synchronous_commit
-// as commit says.
+// and no JIT; with noSeqScan (the cursor's statements) no sequential scans
+// and generic plans: the cursor's statements are prepared once per
+// connection, and their custom plans cost more to make (about 1 ms each,
+// the planner weighing every CTE for the values at hand) than their
+// generic plan takes to run; and synchronous_commit as commit says.
 func TxSettings(noSeqScan bool, commit Commit) string {
 	sql := "SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)"
 	if noSeqScan {
-		sql += ", set_config('enable_seqscan', 'off', true)"
+		sql += ", set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
 	}
 	switch commit {
 	case CommitSync:
