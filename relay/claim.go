@@ -69,10 +69,11 @@ func newQueries(t outbox.Table) queries {
 }
 
 // txSettings returns the statement that sets a batch transaction's
-// settings, and its argument: the planner's settings (see below), the server-side bound (a relay that hangs
+// settings, the same for a session the relay keeps (see laneKeeper), and
+// their argument: the planner's settings (see below), the server-side bound (a relay that hangs
 // while holding locks loses them after BatchTimeout + 5s) and, unless
 // SynchronousCommit, an asynchronous commit.
-func txSettings(cfg Config) (sql, idleMillis string) {
+func txSettings(cfg Config) (tx, session, idleMillis string) {
 	// No parallel plans and no JIT: a batch's statements read a few rows,
 	// and a Gather's start-up or a JIT compilation (seconds, where an
 	// estimate went wrong) costs more than they do.
@@ -94,7 +95,18 @@ func txSettings(cfg Config) (sql, idleMillis string) {
 	case !cfg.SynchronousCommit:
 		commit = marks.CommitAsync
 	}
-	return marks.TxSettings(cfg.Progress == ProgressCursor, commit), strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+	cursor := cfg.Progress == ProgressCursor
+	return marks.TxSettings(cursor, commit), marks.SessionSettings(cursor, commit), strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
+}
+
+// settings returns the statement that sets tx's settings and its
+// arguments, for a claim to send before its first statement; none when tx
+// runs on the connection k keeps, whose session has them.
+func (r *Relay) settings(tx pgx.Tx, k *laneKeeper) (string, []any) {
+	if k.settled(tx) {
+		return "", nil
+	}
+	return r.txSettings, []any{r.idleMillis}
 }
 
 // query runs sql and hands its rows to scan. A statement pre (the

@@ -66,7 +66,9 @@ type laneKeeper struct {
 	dirty map[int32]bool
 	used  map[int32]bool
 	saved time.Time // the last write
-	every time.Duration
+	// session: conn's session has the batches' settings (Relay.settings).
+	session bool
+	every   time.Duration
 	// unsaved counts the rows that batches read from kept lanes since the
 	// last write: at MaxBatchSize the batch writes (see plan).
 	unsaved int
@@ -152,6 +154,12 @@ func (k *laneKeeper) kept() []int32 {
 // usable reports whether k runs the worker's batches.
 func (k *laneKeeper) usable() bool { return k != nil && !k.off }
 
+// settled reports whether tx runs on the kept connection with its
+// session's settings (Relay.settings).
+func (k *laneKeeper) settled(tx pgx.Tx) bool {
+	return k.keeping() && k.session && tx.Conn() == k.conn
+}
+
 // keeping reports whether k's batch may keep lanes (its connection is up).
 func (k *laneKeeper) keeping() bool { return k.usable() && k.conn != nil }
 
@@ -172,7 +180,7 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Out of the pool: it holds its locks and its setting for good,
+		// Out of the pool: it holds its locks and its settings for good,
 		// and the pool keeps its size for the rest of the relay.
 		conn := pc.Hijack()
 		if _, err := conn.Exec(ctx, k.r.cur.q.KeepSession, k.idleSession()); err != nil {
@@ -187,7 +195,10 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 			k.r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); cursor batches write their lanes' positions each time", "error", err)
 			return k.r.db.Begin(ctx)
 		}
-		k.conn, k.saved = conn, time.Now()
+		// Its batches' settings for the whole session: a batch then
+		// sends no statement for them (see settled).
+		_, err = conn.Exec(ctx, k.r.sessionSettings, k.r.idleMillis)
+		k.conn, k.saved, k.session = conn, time.Now(), err == nil
 	}
 	tx, err := k.conn.Begin(ctx)
 	if err != nil {
@@ -347,7 +358,7 @@ func (k *laneKeeper) drop(ctx context.Context) {
 		return
 	}
 	_ = k.conn.Close(context.WithoutCancel(ctx))
-	k.conn = nil
+	k.conn, k.session = nil, false
 	clear(k.lanes)
 	clear(k.dirty)
 	clear(k.used)

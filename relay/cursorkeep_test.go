@@ -3,10 +3,16 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
@@ -274,3 +280,110 @@ func TestCursorKeptLanesParkAnUnreadableRow(t *testing.T) {
 		t.Errorf("got %d distinct events and %d duplicates, want 81 and 0", len(got), dups)
 	}
 }
+
+// A worker that keeps its lanes keeps its connection too, and sets the
+// batches' settings (no parallel plans, no JIT, no sequential scans,
+// generic plans, the commit's durability, the bound on an idle
+// transaction) once for its session: its batches send no statement for
+// them, where every batch on a pooled connection sends one.
+func TestCursorKeptConnectionHasTheSettings(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	tr := &connRecorder{}
+	pc := s.pool.Config()
+	pc.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(s.ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var sent atomic.Int64
+	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error { sent.Add(int64(len(msgs))); return nil })
+	r, err := relay.New(pool, pub, &relay.Config{Table: s.table, Progress: relay.ProgressCursor, PollInterval: 10 * time.Millisecond, Lanes: 2, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetKeepFind(r, time.Hour)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		s.write(t, "settings.topic", 1, 5)
+		waitUntil(t, 10*time.Second, fmt.Sprintf("event %d to be sent", i+1), func() bool { return sent.Load() == int64(i+1) })
+	}
+	if err := r.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if relay.KeptClaims(r) == 0 {
+		t.Fatal("no claim read kept lanes: the test did not run batches on a kept connection")
+	}
+	const session, local = "'force_generic_plan', false)", "'force_generic_plan', true)"
+	kept := tr.connsThatRan(session)
+	if len(kept) != 1 {
+		t.Fatalf("%d connections set the batches' settings for their session, want the worker's 1", len(kept))
+	}
+	if n := tr.count(kept[0], local); n > 0 {
+		t.Errorf("the kept connection set the settings for a transaction %d times after it set them for its session", n)
+	}
+	if n := tr.count(kept[0], "pg_current_snapshot() AS now"); n < 5 {
+		t.Errorf("the kept connection ran %d claims, want the batches' (30 events, one at a time)", n)
+	}
+}
+
+// connRecorder records the SQL of every statement, batched or not, with
+// the connection that ran it.
+type connRecorder struct {
+	mu  sync.Mutex
+	sql []connSQL
+}
+
+type connSQL struct {
+	conn *pgx.Conn
+	sql  string
+}
+
+func (r *connRecorder) add(c *pgx.Conn, sql string) {
+	r.mu.Lock()
+	r.sql = append(r.sql, connSQL{c, sql})
+	r.mu.Unlock()
+}
+
+// connsThatRan returns the connections that ran a statement with part.
+func (r *connRecorder) connsThatRan(part string) []*pgx.Conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*pgx.Conn
+	for _, s := range r.sql {
+		if strings.Contains(s.sql, part) && !slices.Contains(out, s.conn) {
+			out = append(out, s.conn)
+		}
+	}
+	return out
+}
+
+// count counts the statements with part that c ran.
+func (r *connRecorder) count(c *pgx.Conn, part string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sql {
+		if s.conn == c && strings.Contains(s.sql, part) {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *connRecorder) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(c, d.SQL)
+	return ctx
+}
+func (r *connRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *connRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (r *connRecorder) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.add(c, d.SQL)
+}
+func (r *connRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -407,7 +407,7 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32,
 		covered := 0
 		pre, preArgs := "", []any(nil)
 		if window == 2*n {
-			pre, preArgs = r.txSettings, []any{r.idleMillis}
+			pre, preArgs = r.settings(tx, k)
 		}
 		args, err := r.findArgs(ctx, tx, k)
 		if err != nil {
@@ -541,7 +541,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	loadArgs["locked"], loadArgs["lanes"] = locked, r.cfg.Lanes
 	pre, preArgs := "", []any(nil)
 	if first {
-		pre, preArgs = r.txSettings, []any{r.idleMillis}
+		pre, preArgs = r.settings(tx, k)
 	}
 	var l cursor.Lane
 	var floor *int64
@@ -703,7 +703,9 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 	var lateIDs []int64
 	b := &pgx.Batch{}
 	if first {
-		b.Queue(r.txSettings, r.idleMillis)
+		if pre, args := r.settings(tx, k); pre != "" {
+			b.Queue(pre, args...)
+		}
 	}
 	// Under a savepoint, as cursorRead's Read.
 	b.Queue(r.q.Savepoint)

@@ -34,12 +34,15 @@ type Relay struct {
 	pub Publisher
 	cfg Config
 	q   queries
-	// txSettings and idleMillis set each batch transaction (see txSettings).
-	txSettings, idleMillis string
-	tracer                 trace.Tracer
-	metrics                *metrics
-	stats                  *tablestats.Reporter // the table-wide gauges' statistics
-	health                 health
+	// txSettings and idleMillis set each batch transaction, and
+	// sessionSettings the session of a connection a worker keeps (see
+	// txSettings).
+	txSettings, sessionSettings, idleMillis string
+
+	tracer  trace.Tracer
+	metrics *metrics
+	stats   *tablestats.Reporter // the table-wide gauges' statistics
+	health  health
 
 	wakes   []chan struct{} // one per worker
 	kicks   []chan struct{} // one per worker: end its backoff now (Health)
@@ -127,7 +130,7 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		r.kicks[i] = make(chan struct{}, 1)
 	}
 	r.health.init(c.Workers)
-	r.txSettings, r.idleMillis = txSettings(c)
+	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c)
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("relay: metrics: %w", err)

@@ -207,16 +207,26 @@ const (
 // connection, and their custom plans cost more to make (about 1 ms each,
 // the planner weighing every CTE for the values at hand) than their
 // generic plan takes to run; and synchronous_commit as commit says.
-func TxSettings(noSeqScan bool, commit Commit) string {
-	sql := "SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)"
+func TxSettings(noSeqScan bool, commit Commit) string { return settings(noSeqScan, commit, "true") }
+
+// SessionSettings is TxSettings for a whole session: that of a connection
+// the relay keeps for itself, whose batches then need no statement for
+// them.
+func SessionSettings(noSeqScan bool, commit Commit) string {
+	return settings(noSeqScan, commit, "false")
+}
+
+func settings(noSeqScan bool, commit Commit, local string) string {
+	set := func(name, value string) string { return "set_config('" + name + "', " + value + ", " + local + ")" }
+	sql := "SELECT " + set("idle_in_transaction_session_timeout", "$1") + ", " + set("max_parallel_workers_per_gather", "'0'") + ", " + set("jit", "'off'")
 	if noSeqScan {
-		sql += ", set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
+		sql += ", " + set("enable_seqscan", "'off'") + ", " + set("plan_cache_mode", "'force_generic_plan'")
 	}
 	switch commit {
 	case CommitSync:
-		sql += ", set_config('synchronous_commit', 'on', true)"
+		sql += ", " + set("synchronous_commit", "'on'")
 	case CommitAsync:
-		sql += ", set_config('synchronous_commit', 'off', true)"
+		sql += ", " + set("synchronous_commit", "'off'")
 	}
 	return sql
 }
