@@ -3,16 +3,11 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
@@ -290,14 +285,8 @@ func TestCursorKeptConnectionHasTheSettings(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	s.cursor(t)
-	tr := &connRecorder{}
-	pc := s.pool.Config()
-	pc.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(s.ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	tr := &sqlRecorder{}
+	pool := s.tracedPool(t, tr)
 	var sent atomic.Int64
 	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error { sent.Add(int64(len(msgs))); return nil })
 	r, err := relay.New(pool, pub, &relay.Config{Table: s.table, Progress: relay.ProgressCursor, PollInterval: 10 * time.Millisecond, Lanes: 2, Workers: 1})
@@ -330,60 +319,3 @@ func TestCursorKeptConnectionHasTheSettings(t *testing.T) {
 		t.Errorf("the kept connection ran %d claims, want the batches' (30 events, one at a time)", n)
 	}
 }
-
-// connRecorder records the SQL of every statement, batched or not, with
-// the connection that ran it.
-type connRecorder struct {
-	mu  sync.Mutex
-	sql []connSQL
-}
-
-type connSQL struct {
-	conn *pgx.Conn
-	sql  string
-}
-
-func (r *connRecorder) add(c *pgx.Conn, sql string) {
-	r.mu.Lock()
-	r.sql = append(r.sql, connSQL{c, sql})
-	r.mu.Unlock()
-}
-
-// connsThatRan returns the connections that ran a statement with part.
-func (r *connRecorder) connsThatRan(part string) []*pgx.Conn {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []*pgx.Conn
-	for _, s := range r.sql {
-		if strings.Contains(s.sql, part) && !slices.Contains(out, s.conn) {
-			out = append(out, s.conn)
-		}
-	}
-	return out
-}
-
-// count counts the statements with part that c ran.
-func (r *connRecorder) count(c *pgx.Conn, part string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, s := range r.sql {
-		if s.conn == c && strings.Contains(s.sql, part) {
-			n++
-		}
-	}
-	return n
-}
-
-func (r *connRecorder) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.add(c, d.SQL)
-	return ctx
-}
-func (r *connRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *connRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-func (r *connRecorder) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
-	r.add(c, d.SQL)
-}
-func (r *connRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

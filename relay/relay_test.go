@@ -377,12 +377,7 @@ func TestSynchronousCommitSetting(t *testing.T) {
 	s := newSetup(t)
 	for _, sync := range []bool{false, true} {
 		tr := &sqlRecorder{}
-		pc := s.pool.Config()
-		pc.ConnConfig.Tracer = tr
-		pool, err := pgxpool.NewWithConfig(s.ctx, pc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pool := s.tracedPool(t, tr)
 		s.write(t, "sync.topic", 1, 1)
 		pub := relay.PublisherFunc(func(context.Context, []relay.Message) error { return nil })
 		r, err := relay.New(pool, pub, &relay.Config{Table: s.table, SynchronousCommit: sync})
@@ -399,28 +394,77 @@ func TestSynchronousCommitSetting(t *testing.T) {
 	}
 }
 
-// sqlRecorder records the SQL of every statement, batched or not.
-type sqlRecorder struct {
-	mu  sync.Mutex
-	sql []string
+// tracedPool returns a pool of s's database whose connections report
+// their statements to tr; it closes at the test's end.
+func (s *setup) tracedPool(t *testing.T, tr pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	pc := s.pool.Config()
+	pc.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(s.ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
-func (r *sqlRecorder) add(sql string) { r.mu.Lock(); r.sql = append(r.sql, sql); r.mu.Unlock() }
-func (r *sqlRecorder) saw(part string) bool {
+// sqlRecorder records the SQL of every statement, batched or not, with
+// the connection that ran it.
+type sqlRecorder struct {
+	mu  sync.Mutex
+	sql []connSQL
+}
+
+type connSQL struct {
+	conn *pgx.Conn
+	sql  string
+}
+
+func (r *sqlRecorder) add(c *pgx.Conn, sql string) {
+	r.mu.Lock()
+	r.sql = append(r.sql, connSQL{c, sql})
+	r.mu.Unlock()
+}
+
+// saw reports whether a statement with part ran.
+func (r *sqlRecorder) saw(part string) bool { return len(r.connsThatRan(part)) > 0 }
+
+// connsThatRan returns the connections that ran a statement with part.
+func (r *sqlRecorder) connsThatRan(part string) []*pgx.Conn {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.ContainsFunc(r.sql, func(s string) bool { return strings.Contains(s, part) })
+	var out []*pgx.Conn
+	for _, s := range r.sql {
+		if strings.Contains(s.sql, part) && !slices.Contains(out, s.conn) {
+			out = append(out, s.conn)
+		}
+	}
+	return out
 }
-func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.add(d.SQL)
+
+// count counts the statements with part that c ran.
+func (r *sqlRecorder) count(c *pgx.Conn, part string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sql {
+		if s.conn == c && strings.Contains(s.sql, part) {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *sqlRecorder) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(c, d.SQL)
 	return ctx
 }
 func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (r *sqlRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }
-func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	r.add(d.SQL)
+func (r *sqlRecorder) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.add(c, d.SQL)
 }
 func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
