@@ -415,19 +415,28 @@ stop_broker() {
   if broker_pid >/dev/null; then
     log "broker pid $pid still alive after 30s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid"
   fi
+  wait_gone "$pid"
   rm -f "$PIDF"
   log "broker stopped"
 }
 
+# wait_gone PID: waits until the killed or stopped broker PID has exited
+# and its ports are closed. broker_pid cannot tell: an exiting process has
+# no cmdline once its memory is released, and a JVM's main thread is a
+# zombie while its other threads still exit, holding the listening
+# sockets; a broker started then found its own ports taken ("already in
+# use by another process").
 wait_gone() {
-  local _
-  for _ in $(seq 1 100); do
-    broker_pid >/dev/null || return 0
+  local _ state
+  for _ in $(seq 1 200); do
+    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || state=gone
+    if [[ $state == gone || $state == Z ]] && ! port_open "$KAFKA_PORT" && ! port_open "$KAFKA_CONTROLLER_PORT"; then
+      return 0
+    fi
     sleep 0.1
   done
-  die "pid $1 did not go away"
+  die "pid $1 did not go away, or its ports $HOST:$KAFKA_PORT, $HOST:$KAFKA_CONTROLLER_PORT stayed open, after 20s"
 }
 
 # ---------------------------------------------------------------- commands
