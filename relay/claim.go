@@ -53,9 +53,6 @@ func (o Ordering) String() string {
 type queries struct {
 	marks.Queries
 	ns int32 // advisory lock namespace of the table
-	// The stream's claim statements (marks.Queries' StreamClaim,
-	// StreamClaimUnordered, StreamState, StreamStateUnordered) under the
-	// names streamclaim.go reads them by.
 }
 
 // rowCols are the columns of a row that a marks claim reads, in the order

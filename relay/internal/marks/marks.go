@@ -153,7 +153,7 @@ func NewQueries(table outbox.Table, cols string) Queries {
 			" WHERE created_at < $1 AND published_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
 		MarkCommitted: "UPDATE " + t + " SET published_at = now() WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL" +
 			" AND NOT (attempts = 0 AND last_error IS NOT NULL)",
-		Durable: "SELECT set_config('synchronous_commit', 'on', true)",
+		Durable: "SELECT " + setConfig("synchronous_commit", "'on'", "true"),
 		StreamClaim: "UPDATE " + t + " e SET published_at = now()" +
 			" WHERE e.id = ANY(@ids::bigint[]) AND e.published_at IS NULL AND e.parked_at IS NULL AND " + streamTakes(t) +
 			" RETURNING e.id",
@@ -202,31 +202,35 @@ const (
 // TxSettings returns the statement that sets a batch transaction's
 // settings (either progress mode), its argument $1 the
 // idle_in_transaction_session_timeout in milliseconds: no parallel plans
-// and no JIT; with noSeqScan (the cursor's statements) no sequential scans
-// and generic plans: the cursor's statements are prepared once per
-// connection, and their custom plans cost more to make (about 1 ms each,
-// the planner weighing every CTE for the values at hand) than their
-// generic plan takes to run; and synchronous_commit as commit says.
-func TxSettings(noSeqScan bool, commit Commit) string { return settings(noSeqScan, commit, "true") }
+// and no JIT; for cursor progress's statements no sequential scans and
+// generic plans (they are prepared once per connection, and their custom
+// plans cost more to make, about 1 ms each, the planner weighing every CTE
+// for the values at hand, than their generic plan takes to run); and
+// synchronous_commit as commit says.
+func TxSettings(cursor bool, commit Commit) string { return settings(cursor, commit, "true") }
 
 // SessionSettings is TxSettings for a whole session: that of a connection
 // the relay keeps for itself, whose batches then need no statement for
 // them.
-func SessionSettings(noSeqScan bool, commit Commit) string {
-	return settings(noSeqScan, commit, "false")
-}
+func SessionSettings(cursor bool, commit Commit) string { return settings(cursor, commit, "false") }
 
-func settings(noSeqScan bool, commit Commit, local string) string {
-	set := func(name, value string) string { return "set_config('" + name + "', " + value + ", " + local + ")" }
-	sql := "SELECT " + set("idle_in_transaction_session_timeout", "$1") + ", " + set("max_parallel_workers_per_gather", "'0'") + ", " + set("jit", "'off'")
-	if noSeqScan {
-		sql += ", " + set("enable_seqscan", "'off'") + ", " + set("plan_cache_mode", "'force_generic_plan'")
+func settings(cursor bool, commit Commit, local string) string {
+	sql := "SELECT " + setConfig("idle_in_transaction_session_timeout", "$1", local) + ", " +
+		setConfig("max_parallel_workers_per_gather", "'0'", local) + ", " + setConfig("jit", "'off'", local)
+	if cursor {
+		sql += ", " + setConfig("enable_seqscan", "'off'", local) + ", " + setConfig("plan_cache_mode", "'force_generic_plan'", local)
 	}
 	switch commit {
 	case CommitSync:
-		sql += ", " + set("synchronous_commit", "'on'")
+		sql += ", " + setConfig("synchronous_commit", "'on'", local)
 	case CommitAsync:
-		sql += ", " + set("synchronous_commit", "'off'")
+		sql += ", " + setConfig("synchronous_commit", "'off'", local)
 	}
 	return sql
+}
+
+// setConfig is set_config of name to the SQL expression value, for the
+// transaction (local "true") or the session ("false").
+func setConfig(name, value, local string) string {
+	return "set_config('" + name + "', " + value + ", " + local + ")"
 }
