@@ -25,7 +25,9 @@ import (
 // is idle), and lets go, after that write committed, of the lanes that no
 // batch took since the previous one. A lane's row is so
 // written about twice a second while it has events, instead of once per
-// batch.
+// batch. Its batches' transactions begin at their first write (see
+// deferredTx): a batch that reads the kept lanes and writes nothing is one
+// statement, without BEGIN and COMMIT.
 //
 // What the row does not hold yet was delivered: a relay that crashes, or
 // whose connection is lost, leaves its lanes' rows behind what it published
@@ -199,6 +201,12 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		// sends no statement for them (see settled).
 		_, err = conn.Exec(ctx, k.r.sessionSettings, k.r.idleMillis)
 		k.conn, k.saved, k.session = conn, time.Now(), err == nil
+	}
+	if k.session {
+		// Begun by its first statement but the kept lanes' read (a batch
+		// without a write sends that read alone); a lost connection fails
+		// that statement, and the batch with it (see pipelineOn).
+		return &deferredTx{conn: k.conn}, nil
 	}
 	tx, err := k.conn.Begin(ctx)
 	if err != nil {

@@ -280,8 +280,11 @@ func TestCursorKeptLanesParkAnUnreadableRow(t *testing.T) {
 // batches' settings (no parallel plans, no JIT, no sequential scans,
 // generic plans, the commit's durability, the bound on an idle
 // transaction) once for its session: its batches send no statement for
-// them, where every batch on a pooled connection sends one.
-func TestCursorKeptConnectionHasTheSettings(t *testing.T) {
+// them, where every batch on a pooled connection sends one. A claim that
+// reads the kept lanes without Find does so before the batch's
+// transaction begins (a batch with nothing to write sends that one
+// statement).
+func TestCursorKeptConnectionSettingsAndReads(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	s.cursor(t)
@@ -317,5 +320,11 @@ func TestCursorKeptConnectionHasTheSettings(t *testing.T) {
 	}
 	if n := tr.count(kept[0], "pg_current_snapshot() AS now"); n < 5 {
 		t.Errorf("the kept connection ran %d claims, want the batches' (30 events, one at a time)", n)
+	}
+	// Kept's own CTE (Load has none such). A claim that ran Find reads
+	// in Find's transaction.
+	outside, _ := tr.inTransaction(kept[0], "f AS MATERIALIZED")
+	if claims := relay.KeptClaims(r); outside < int(claims) {
+		t.Errorf("the kept lanes were read %d times outside a transaction, want at least %d (the claims that read them without Find)", outside, claims)
 	}
 }

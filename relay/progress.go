@@ -707,8 +707,12 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 			b.Queue(pre, args...)
 		}
 	}
-	// Under a savepoint, as cursorRead's Read.
-	b.Queue(r.q.Savepoint)
+	// Before the batch's transaction begins, when it can (see deferredTx);
+	// otherwise under a savepoint, as cursorRead's Read.
+	conn, alone := outside(tx)
+	if !alone {
+		b.Queue(r.q.Savepoint)
+	}
 	b.Queue(r.cur.q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane,
 			&now, &top, &lateLanes, &lateIDs}, func() error {
@@ -720,10 +724,17 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		})
 		return err
 	})
-	err := tx.SendBatch(ctx, b).Close()
+	var err error
+	if alone {
+		err = conn.SendBatch(ctx, b).Close()
+	} else {
+		err = tx.SendBatch(ctx, b).Close()
+	}
 	if err != nil && isUnreadable(err) {
-		if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
-			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+		if !alone {
+			if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
+				return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
+			}
 		}
 		r.cur.keptUnreadable.Add(1)
 		return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, false)

@@ -455,6 +455,31 @@ func (r *sqlRecorder) count(c *pgx.Conn, part string) int {
 	return n
 }
 
+// inTransaction counts the statements with part that c ran outside a
+// transaction block and in one (after a BEGIN that no COMMIT or ROLLBACK
+// ended).
+func (r *sqlRecorder) inTransaction(c *pgx.Conn, part string) (outside, inside int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := false
+	for _, s := range r.sql {
+		if s.conn != c {
+			continue
+		}
+		switch q := strings.ToLower(strings.TrimSpace(s.sql)); {
+		case strings.HasPrefix(q, "begin"):
+			in = true
+		case q == "commit" || q == "rollback":
+			in = false
+		case strings.Contains(s.sql, part) && in:
+			inside++
+		case strings.Contains(s.sql, part):
+			outside++
+		}
+	}
+	return outside, inside
+}
+
 func (r *sqlRecorder) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.add(c, d.SQL)
 	return ctx

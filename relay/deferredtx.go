@@ -1,0 +1,221 @@
+package relay
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// deferredTx is a batch's transaction on the connection of a worker that
+// keeps lanes (see laneKeeper), begun by its first statement, except the
+// read of the kept lanes (cursorReadKept), which runs before it on its own.
+// A batch that reads its kept lanes and has nothing to write (their
+// positions are written when due, see laneKeeper.plan) so sends one
+// statement in one round trip, where a transaction would add BEGIN and
+// COMMIT, two more. That read needs no transaction: it is one statement
+// (one snapshot), the lanes' session locks are the connection's and their
+// positions the worker's, and what the batch then writes (an attempt, a
+// park, the positions) is written in the transaction its first write
+// begins. Commit and Rollback of a transaction that never began do nothing.
+//
+// A relay frozen in such a batch, outside a transaction, loses its
+// connection, and so its lanes, after idle_session_timeout, which is longer
+// than BatchTimeout as idle_in_transaction_session_timeout is (see
+// laneKeeper.idleSession).
+type deferredTx struct {
+	conn *pgx.Conn
+	tx   pgx.Tx // nil until a statement begins it
+	// ended: Commit or Rollback ran before anything began it.
+	ended bool
+}
+
+// outside reports whether tx is a deferredTx that has not begun, and
+// returns its connection: a statement sent on it runs on its own.
+func outside(tx pgx.Tx) (*pgx.Conn, bool) {
+	d, ok := tx.(*deferredTx)
+	if !ok || d.tx != nil || d.ended {
+		return nil, false
+	}
+	return d.conn, true
+}
+
+// begun returns the transaction, begun first if it was not.
+func (d *deferredTx) begun(ctx context.Context) (pgx.Tx, error) {
+	if d.tx != nil {
+		return d.tx, nil
+	}
+	if d.ended {
+		return nil, pgx.ErrTxClosed
+	}
+	tx, err := d.conn.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.tx = tx
+	return tx, nil
+}
+
+func (d *deferredTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := d.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Begin(ctx)
+}
+
+func (d *deferredTx) Commit(ctx context.Context) error {
+	if d.tx == nil {
+		if d.ended {
+			return pgx.ErrTxClosed
+		}
+		d.ended = true
+		return nil
+	}
+	return d.tx.Commit(ctx)
+}
+
+func (d *deferredTx) Rollback(ctx context.Context) error {
+	if d.tx == nil {
+		if d.ended {
+			return pgx.ErrTxClosed
+		}
+		d.ended = true
+		return nil
+	}
+	return d.tx.Rollback(ctx)
+}
+
+func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	tx, err := d.begun(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return tx.CopyFrom(ctx, table, columns, src)
+}
+
+// SendBatch sends b in the transaction; when it has not begun, BEGIN goes
+// in the same round trip (pgx.Batch.BeginTx).
+func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if d.tx != nil || d.ended {
+		tx, err := d.begun(ctx)
+		if err != nil {
+			return failedBatch{err}
+		}
+		return tx.SendBatch(ctx, b)
+	}
+	withBegin := &pgx.Batch{}
+	withBegin.BeginTx(pgx.TxOptions{})
+	withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
+	br := d.conn.SendBatch(ctx, withBegin)
+	d.tx = br.Tx()
+	// The caller reads b's results: BEGIN's is read here.
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return failedBatch{err}
+	}
+	return br
+}
+
+// LargeObjects begins the transaction without a deadline: the relay uses
+// none.
+func (d *deferredTx) LargeObjects() pgx.LargeObjects {
+	tx, err := d.begun(context.Background())
+	if err != nil {
+		return pgx.LargeObjects{}
+	}
+	return tx.LargeObjects()
+}
+
+func (d *deferredTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	tx, err := d.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Prepare(ctx, name, sql)
+}
+
+// Exec runs sql in the transaction; when it has not begun, BEGIN goes in
+// the same round trip.
+func (d *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if d.tx != nil || d.ended {
+		tx, err := d.begun(ctx)
+		if err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		return tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := d.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs sql in the transaction; when it has not begun, BEGIN goes in
+// the same round trip.
+func (d *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if d.tx != nil || d.ended {
+		tx, err := d.begun(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return tx.Query(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := d.SendBatch(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return batchRows{rows, br}, nil
+}
+
+// batchRows are the rows of a batch's one query: closing them, or reading
+// them to the end, closes the batch (which frees the connection).
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	_ = r.br.Close()
+	return false
+}
+
+func (r batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close()
+}
+
+func (d *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, err := d.begun(ctx)
+	if err != nil {
+		return failedRow{err}
+	}
+	return tx.QueryRow(ctx, sql, args...)
+}
+
+func (d *deferredTx) Conn() *pgx.Conn { return d.conn }
+
+// failedBatch is the outcome of a batch that could not be sent.
+type failedBatch struct{ err error }
+
+func (f failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, f.err }
+func (f failedBatch) Query() (pgx.Rows, error)         { return nil, f.err }
+func (f failedBatch) QueryRow() pgx.Row                { return failedRow(f) }
+func (f failedBatch) Close() error                     { return f.err }
+func (f failedBatch) Tx() pgx.Tx                       { return nil }
+
+// failedRow is the row of a statement that could not be sent.
+type failedRow struct{ err error }
+
+func (f failedRow) Scan(...any) error { return f.err }
