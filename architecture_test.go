@@ -1,8 +1,14 @@
 package outbox_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -14,13 +20,14 @@ import (
 var mayImport = map[string][]string{
 	".":                                    {"internal/textcut"},
 	"unitofwork":                           {".", "internal/record", "internal/sqlname", "internal/defaults"},
-	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/marks", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
+	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/marks", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
 	"relay/internal/cursor":                {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/marks":                 {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/failure":               {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
 	"relay/internal/kafkaproducer":         {"relay/internal/failure"},
 	"relay/internal/pgoutput":              {"."},
+	"relay/internal/streamsql":             {".", "internal/sqlname"},
 	"relay/internal/tablestats":            {".", "internal/tablesql"},
 	"inbox":                                {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/defaults"},
 	"admin":                                {".", "relay", "migrations", "internal/locks", "internal/tablesql", "internal/textcut", "internal/sqlname"},
@@ -98,4 +105,103 @@ func TestImportsFollowTheMap(t *testing.T) {
 			t.Errorf("cmd/outboxctl links %s: the command reads its settings through outboxconfig, not fx", d)
 		}
 	}
+}
+
+// sqlStart matches an SQL statement where one starts: at the start of a
+// string (after blanks) or right after an opening parenthesis (a
+// subquery). A message that names a statement for the operator mid-sentence
+// ("..., or SELECT pg_drop_replication_slot(...)") is not one.
+var sqlStart = regexp.MustCompile(`(?s)(?:^|\()\s*(?:SELECT\b|INSERT\s+INTO\b|UPDATE\s+\S+.*\bSET\b|DELETE\s+FROM\b|WITH\s+(?:RECURSIVE\s+)?\S+\s+AS\b)`)
+
+// TestArchitectureRelayRootHoldsNoSQL fails on SQL text in the relay root's
+// non-test files: its statements live in relay/internal/..., built once per
+// relay, and the relay runs them. A string built with + is read whole, its
+// other operands (a table's name, the lane function) as a placeholder.
+func TestArchitectureRelayRootHoldsNoSQL(t *testing.T) {
+	for s, want := range map[string]bool{
+		"SELECT 1":                                          true,
+		" AND NOT EXISTS (SELECT FROM x)":                   true,
+		"UPDATE _ SET done = @done":                         true,
+		"INSERT INTO t (a) VALUES (1)":                      true,
+		"DELETE FROM t WHERE id = $1":                       true,
+		"WITH k AS MATERIALIZED (SELECT 1) SELECT * FROM k": true,
+		"outbox relay: drop the slot (outboxctl stream drop-slot, or SELECT pg_drop_replication_slot('s'))": false,
+		"outbox relay: update the lanes; set them":                                                          false,
+		"claims rows with FOR UPDATE SKIP LOCKED":                                                           false,
+	} {
+		if got := sqlStart.MatchString(s); got != want {
+			t.Errorf("sqlStart.MatchString(%q) = %v, want %v", s, got, want)
+		}
+	}
+
+	files, err := filepath.Glob("relay/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flagged []ast.Node // strings reported: their parts are not again
+		ast.Inspect(f, func(n ast.Node) bool {
+			e, ok := n.(ast.Expr)
+			if !ok || !isString(e) {
+				return true
+			}
+			for _, o := range flagged {
+				if o.Pos() <= n.Pos() && n.End() <= o.End() {
+					return true
+				}
+			}
+			if s := stringText(e); sqlStart.MatchString(s) {
+				flagged = append(flagged, n)
+				t.Errorf("%s: SQL text in the relay root (move it to a package under relay/internal): %s", fset.Position(n.Pos()), shorten(s))
+			}
+			return true
+		})
+	}
+}
+
+// isString reports whether e is a string literal or a + of operands one of
+// which is.
+func isString(e ast.Expr) bool {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		return e.Kind == token.STRING
+	case *ast.BinaryExpr:
+		return e.Op == token.ADD && (isString(e.X) || isString(e.Y))
+	}
+	return false
+}
+
+// stringText is e's text: its literals' values, each other operand "_".
+func stringText(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		if e.Kind == token.STRING {
+			if s, err := strconv.Unquote(e.Value); err == nil {
+				return s
+			}
+		}
+	case *ast.BinaryExpr:
+		if e.Op == token.ADD {
+			return stringText(e.X) + stringText(e.Y)
+		}
+	case *ast.ParenExpr:
+		return stringText(e.X)
+	}
+	return "_"
+}
+
+// shorten shortens s for a failure message.
+func shorten(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "..."
+	}
+	return s
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/relay/internal/marks"
+	"github.com/fxoutbox/outbox/relay/internal/streamsql"
 )
 
 // Ordering says what a relay promises about the order of events in Kafka.
@@ -48,11 +49,13 @@ func (o Ordering) String() string {
 }
 
 // queries are the marks progress's statements, with the batch statements
-// both progress modes share (relay/internal/marks), and the table's
-// advisory lock namespace.
+// both progress modes share (relay/internal/marks), the stream's statements
+// on its slot and the table's snapshot (relay/internal/streamsql), and the
+// table's advisory lock namespace.
 type queries struct {
 	marks.Queries
-	ns int32 // advisory lock namespace of the table
+	stream streamsql.Queries
+	ns     int32 // advisory lock namespace of the table
 }
 
 // rowCols are the columns of a row that a marks claim reads, in the order
@@ -61,7 +64,7 @@ const rowCols = "id, event_id, event_type, topic, partition_key, payload, header
 
 // newQueries returns table t's statements and lock namespace.
 func newQueries(t outbox.Table) queries {
-	q := queries{Queries: marks.NewQueries(t, rowCols), ns: locks.Namespace(t.String())}
+	q := queries{Queries: marks.NewQueries(t, rowCols), stream: streamsql.NewQueries(t), ns: locks.Namespace(t.String())}
 	return q
 }
 

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -46,8 +45,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 			// Another relay polling the table (a relay in Poll mode, or
 			// one that lost its slot) holds lanes: their positions are its.
 			var busy int
-			if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock($1, g)) FROM generate_series(0, $2 - 1) g",
-				r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
+			if err := tx.QueryRow(ctx, r.cur.q.TryLockAll, r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
 				return err
 			}
 			if busy > 0 {
@@ -59,13 +57,11 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 				write = false
 			} else {
 				f.cpWarned = false
-				b.Queue("UPDATE "+sqlname.Ident(cursorTable(r.cfg.Table))+" SET done = @done::pg_snapshot, upto = NULL, base = greatest(base, @base), pos = 0, floor = 0, top = 0, skip = '{}', updated_at = now()"+
-					" WHERE upto IS NULL AND pg_snapshot_xmax(done) <= pg_snapshot_xmax(@done::pg_snapshot)",
-					pgx.NamedArgs{"done": f.cand.snap, "base": f.cand.base})
+				b.Queue(r.cur.q.Checkpoint, pgx.NamedArgs{"done": f.cand.snap, "base": f.cand.base})
 			}
 		}
 		if take {
-			b.Queue("SELECT pg_current_snapshot()::text, coalesce((SELECT max(id) FROM " + sqlname.Ident(r.cfg.Table) + "), 0), pg_current_wal_insert_lsn()::text").QueryRow(func(row pgx.Row) error {
+			b.Queue(r.q.stream.Candidate).QueryRow(func(row pgx.Row) error {
 				var c checkpointCand
 				var lsn string
 				if err := row.Scan(&c.snap, &c.base, &lsn); err != nil {

@@ -14,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox/internal/backoff"
-	"github.com/fxoutbox/outbox/internal/sqlname"
-	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
@@ -283,7 +281,7 @@ func (e *eoStream) skip(ctx context.Context, r *Relay, x pgoutput.Tx) ([]bool, e
 			return nil, fmt.Errorf("relay: exactly-once stream: read the lanes of keys: %w", err)
 		}
 		defer func() { _ = rows.Rollback(context.WithoutCancel(ctx)) }()
-		rs, err := rows.Query(ctx, "SELECT k, "+tablesql.Lane("k", "$2::int")+" FROM unnest($1::text[]) k", ask, r.cfg.Lanes)
+		rs, err := rows.Query(ctx, r.cur.q.KeyLanes, ask, r.cfg.Lanes)
 		if err == nil {
 			var k string
 			var lane int32
@@ -507,7 +505,7 @@ func (f *feed) eoAdvance(ctx context.Context) {
 	}
 	var c checkpointCand
 	var lsn string
-	err := f.query(ctx, "SELECT pg_current_snapshot()::text, coalesce((SELECT max(id) FROM "+sqlname.Ident(f.r.cfg.Table)+"), 0), pg_current_wal_insert_lsn()::text", nil, func(rows pgx.Rows) error {
+	err := f.query(ctx, f.r.q.stream.Candidate, nil, func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&c.snap, &c.base, &lsn}, func() error { return nil })
 		return err
 	})
@@ -562,7 +560,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 // each lane's done snapshot and base hold what polling delivered.
 func (f *feed) eoHandedOver(ctx context.Context) error {
 	var lanes []streamLane
-	err := f.query(ctx, "SELECT done::text, base FROM "+sqlname.Ident(cursorTable(f.r.cfg.Table))+" ORDER BY lane", nil, func(rows pgx.Rows) error {
+	err := f.query(ctx, f.r.cur.q.Dones, nil, func(rows pgx.Rows) error {
 		var l streamLane
 		_, err := pgx.ForEachRow(rows, []any{&l.Done, &l.Base}, func() error { lanes = append(lanes, l); return nil })
 		return err
@@ -671,7 +669,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 // the lane's rows among ids as its skip list.
 func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.Lane, all []int32, ids []int64) ([]cursor.Lane, error) {
 	var busy int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock($1, g)) FROM unnest($2::int[]) g", r.q.ns, all).Scan(&busy); err != nil {
+	if err := tx.QueryRow(ctx, r.cur.q.TryLockLanes, r.q.ns, all).Scan(&busy); err != nil {
 		return nil, err
 	}
 	if busy > 0 {
@@ -679,7 +677,7 @@ func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.La
 	}
 	skip := map[int32][]int64{}
 	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, "SELECT id, "+tablesql.Lane("partition_key", "$2::int")+" FROM "+sqlname.Ident(r.cfg.Table)+" WHERE id = ANY($1::bigint[])", ids, r.cfg.Lanes)
+		rows, err := tx.Query(ctx, r.cur.q.RowLanes, ids, r.cfg.Lanes)
 		if err != nil {
 			return nil, err
 		}

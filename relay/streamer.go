@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
@@ -153,14 +152,14 @@ func (r *Relay) dropLostSlot(ctx context.Context) (bool, error) {
 		var dropped, exists, lost bool
 		var pid *int32
 		err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active AND wal_status = 'lost'", *slot)
+			tag, err := tx.Exec(ctx, r.q.stream.DropLost, *slot)
 			if err != nil {
 				return err
 			}
 			if dropped = tag.RowsAffected() > 0; dropped {
 				return nil
 			}
-			err = tx.QueryRow(ctx, "SELECT true, coalesce(wal_status = 'lost', false), active_pid FROM pg_replication_slots WHERE slot_name = $1", *slot).Scan(&exists, &lost, &pid)
+			err = tx.QueryRow(ctx, r.q.stream.Slot, *slot).Scan(&exists, &lost, &pid)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -351,7 +350,7 @@ func (s *streamer) readMaxID(ctx context.Context) error {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(cctx)) }()
-	if err := tx.QueryRow(cctx, "SELECT coalesce(max(id), 0) FROM "+sqlname.Ident(r.cfg.Table)).Scan(&s.maxSeen); err != nil {
+	if err := tx.QueryRow(cctx, r.q.stream.MaxID).Scan(&s.maxSeen); err != nil {
 		return fmt.Errorf("relay: read the table's highest id: %w", err)
 	}
 	return nil

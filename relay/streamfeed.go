@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
@@ -179,7 +178,7 @@ func (f *feed) handover(ctx context.Context) error {
 		return err
 	}
 	var start string
-	if err := f.query(ctx, "SELECT pg_current_snapshot()::text", nil, func(rows pgx.Rows) error {
+	if err := f.query(ctx, r.q.stream.Snapshot, nil, func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&start}, func() error { return nil })
 		return err
 	}); err != nil {
@@ -262,8 +261,7 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT lane FROM (SELECT lane FROM "+sqlname.Ident(cursorTable(r.cfg.Table))+" WHERE NOT ("+coversSQL+") OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)",
-			pgx.NamedArgs{"ns": r.q.ns, "s": snap})
+		rows, err := tx.Query(ctx, r.cur.q.Uncovered, pgx.NamedArgs{"ns": r.q.ns, "s": snap})
 		if err != nil {
 			return err
 		}
@@ -281,18 +279,11 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 	return nil
 }
 
-// coversSQL says a lane's position covers snapshot @s: its window is
-// closed and its done snapshot sees every transaction @s sees.
-const coversSQL = "upto IS NULL AND pg_snapshot_xmax(@s::pg_snapshot) <= pg_snapshot_xmax(done)" +
-	" AND NOT EXISTS (SELECT FROM pg_snapshot_xip(done) x WHERE x < pg_snapshot_xmax(@s::pg_snapshot)" +
-	" AND x NOT IN (SELECT pg_snapshot_xip(@s::pg_snapshot)))"
-
 // lanesCover reads the lanes' done snapshots and whether every lane is
 // closed and sees every transaction snap sees.
 func (f *feed) lanesCover(ctx context.Context, snap string) (dones []string, covered bool, err error) {
-	sql := "SELECT done::text, " + coversSQL + " FROM " + sqlname.Ident(cursorTable(f.r.cfg.Table))
 	n, all := 0, true
-	err = f.query(ctx, sql, pgx.NamedArgs{"s": snap}, func(rows pgx.Rows) error {
+	err = f.query(ctx, f.r.cur.q.Covers, pgx.NamedArgs{"s": snap}, func(rows pgx.Rows) error {
 		var d string
 		var ok bool
 		_, err := pgx.ForEachRow(rows, []any{&d, &ok}, func() error {

@@ -233,7 +233,38 @@ type Queries struct {
 	// version, or in marks mode before the table moved to cursor mode)
 	// to the parked table; Unpark's statement for them is AdoptUnpark.
 	Adopt, AdoptUnpark string
+
+	// The stream's statements under cursor progress (the relay's
+	// streamfeed.go, streamcheckpoint.go and streameo.go).
+	//
+	// TryLockAll try-locks every lane (0 to $2 - 1) in namespace $1 and
+	// counts those it could not lock (another relay holds them);
+	// TryLockLanes is the same for the lanes of $2 (an int[]).
+	TryLockAll, TryLockLanes string
+	// Checkpoint moves the closed lanes whose done snapshot is not past
+	// @done (the stream's checkpoint: every transaction @done sees is
+	// delivered) to @done, their base to at least @base.
+	Checkpoint string
+	// Dones reads every lane's done snapshot and base, in lane order.
+	Dones string
+	// Uncovered try-locks, in namespace @ns, the lanes whose position does
+	// not cover snapshot @s (see Covers) and returns those it locked.
+	Uncovered string
+	// Covers reads each lane's done snapshot and whether its position
+	// covers snapshot @s: its window is closed and its done snapshot sees
+	// every transaction @s sees.
+	Covers string
+	// KeyLanes returns each key of $1 (a text[]) with its lane among $2
+	// lanes; RowLanes returns the id and lane of each row of $1 (a
+	// bigint[]) among $2 lanes.
+	KeyLanes, RowLanes string
 }
+
+// covers says a lane's position covers snapshot @s: its window is closed
+// and its done snapshot sees every transaction @s sees.
+const covers = "upto IS NULL AND pg_snapshot_xmax(@s::pg_snapshot) <= pg_snapshot_xmax(done)" +
+	" AND NOT EXISTS (SELECT FROM pg_snapshot_xip(done) x WHERE x < pg_snapshot_xmax(@s::pg_snapshot)" +
+	" AND x NOT IN (SELECT pg_snapshot_xip(@s::pg_snapshot)))"
 
 // parkCols are the columns of an event that the parked table keeps, as
 // the table has them.
@@ -434,6 +465,15 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 		" SELECT e." + strings.ReplaceAll(parkCols, ", ", ", e.") + ", coalesce(e.last_error, ''), e.last_error, e.attempts, e.first_failed_at, e.parked_at, e.parked_at" +
 		" FROM " + t + " e WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL ON CONFLICT DO NOTHING"
 	q.AdoptUnpark = "DELETE FROM " + t + " e USING " + p + " x WHERE e.parked_at IS NOT NULL AND e.published_at IS NULL AND x.id = e.id AND x.event_id = e.event_id"
+	q.TryLockAll = "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock($1, g)) FROM generate_series(0, $2 - 1) g"
+	q.TryLockLanes = "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock($1, g)) FROM unnest($2::int[]) g"
+	q.Checkpoint = "UPDATE " + c + " SET done = @done::pg_snapshot, upto = NULL, base = greatest(base, @base), pos = 0, floor = 0, top = 0, skip = '{}', updated_at = now()" +
+		" WHERE upto IS NULL AND pg_snapshot_xmax(done) <= pg_snapshot_xmax(@done::pg_snapshot)"
+	q.Dones = "SELECT done::text, base FROM " + c + " ORDER BY lane"
+	q.Uncovered = "SELECT lane FROM (SELECT lane FROM " + c + " WHERE NOT (" + covers + ") OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)"
+	q.Covers = "SELECT done::text, " + covers + " FROM " + c
+	q.KeyLanes = "SELECT k, " + tablesql.Lane("k", "$2::int") + " FROM unnest($1::text[]) k"
+	q.RowLanes = "SELECT id, " + tablesql.Lane("partition_key", "$2::int") + " FROM " + t + " WHERE id = ANY($1::bigint[])"
 	return q
 }
 
