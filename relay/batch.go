@@ -40,6 +40,12 @@ type row struct {
 	requeued bool
 }
 
+// scan returns the destinations of a row's columns as the claims read
+// them (the relay's columns, see queries), followed by more.
+func (x *row) scan(more ...any) []any {
+	return append([]any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued}, more...)
+}
+
 // RunOnce claims one batch, publishes it, marks what was acknowledged and
 // records failures, in one transaction bounded by BatchTimeout. It returns
 // the number of events marked published, and an error when the batch as a

@@ -431,7 +431,7 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []a
 	out := make([]row, 0, n)
 	var x row
 	err := r.query(ctx, tx, pre, preArgs, sql, args, func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued}, func() error {
+		_, err := pgx.ForEachRow(rs, x.scan(), func() error {
 			out = append(out, x)
 			x = row{}
 			return nil

@@ -610,7 +610,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	// Under a savepoint: a row that cannot be read (see isUnreadable) does
 	// not abort the transaction.
 	err = r.query(ctx, tx, r.q.Savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane}, func() error {
+		_, err := pgx.ForEachRow(rs, x.scan(&lane), func() error {
 			cb.laneOf[x.id] = lane
 			cb.ids = append(cb.ids, x.id)
 			out = append(out, x)
@@ -714,8 +714,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		b.Queue(r.q.Savepoint)
 	}
 	b.Queue(r.cur.q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, []any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued, &lane,
-			&now, &top, &lateLanes, &lateIDs}, func() error {
+		_, err := pgx.ForEachRow(rs, x.scan(&lane, &now, &top, &lateLanes, &lateIDs), func() error {
 			cb.laneOf[x.id] = lane
 			cb.ids = append(cb.ids, x.id)
 			out = append(out, x)
