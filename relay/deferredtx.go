@@ -65,25 +65,24 @@ func (d *deferredTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (d *deferredTx) Commit(ctx context.Context) error {
-	if d.tx == nil {
-		if d.ended {
-			return pgx.ErrTxClosed
-		}
-		d.ended = true
-		return nil
-	}
-	return d.tx.Commit(ctx)
+	return d.end(func(tx pgx.Tx) error { return tx.Commit(ctx) })
 }
 
 func (d *deferredTx) Rollback(ctx context.Context) error {
-	if d.tx == nil {
-		if d.ended {
-			return pgx.ErrTxClosed
-		}
-		d.ended = true
-		return nil
+	return d.end(func(tx pgx.Tx) error { return tx.Rollback(ctx) })
+}
+
+// end is Commit and Rollback: fin ends the transaction that began; one
+// that never began ends without a statement.
+func (d *deferredTx) end(fin func(pgx.Tx) error) error {
+	if d.tx != nil {
+		return fin(d.tx)
 	}
-	return d.tx.Rollback(ctx)
+	if d.ended {
+		return pgx.ErrTxClosed
+	}
+	d.ended = true
+	return nil
 }
 
 func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
