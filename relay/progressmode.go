@@ -141,6 +141,28 @@ func (m marksMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[in
 	return parked, nil
 }
 
+// queueCharge queues a try counted on each of the failed rows ids of a
+// cursor table (Charge: a row out of attempts, or that no retry can help,
+// is copied to the parked table with its last error, err, in full beside
+// its reason) and the delete of those copied (Unpark); seen gets each row
+// charged, and whether it was parked.
+func (r *Relay) queueCharge(b *pgx.Batch, ids []int64, reasons []string, limits []int32, errs []error, seen func(id int64, parked bool)) {
+	texts := make([]string, len(errs))
+	for j, err := range errs {
+		texts[j] = textcut.Cut(err.Error(), lastErrorMax)
+	}
+	b.Queue(r.cur.q.Charge, ids, reasons, limits, texts).Query(func(rs pgx.Rows) error {
+		var id int64
+		var p bool
+		_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error {
+			seen(id, p)
+			return nil
+		})
+		return err
+	})
+	b.Queue(r.cur.q.Unpark, ids)
+}
+
 // cursorMode is ProgressCursor's progressMode.
 type cursorMode struct{ r *Relay }
 
@@ -182,12 +204,15 @@ func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[i
 		}
 		return parked, nil
 	}
-	texts := make([]string, len(rec.failed))
+	errs := make([]error, len(rec.failed))
 	for j, i := range rec.failed {
-		texts[j] = textcut.Cut(rec.errs[i].Error(), lastErrorMax)
+		errs[j] = rec.errs[i]
 	}
-	b.Queue(c.r.cur.q.Charge, rec.fids, rec.reasons, rec.limits, texts).Query(scanParked(parked))
-	b.Queue(c.r.cur.q.Unpark, rec.fids)
+	c.r.queueCharge(b, rec.fids, rec.reasons, rec.limits, errs, func(id int64, p bool) {
+		if p {
+			parked[id] = true
+		}
+	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, rec.markError(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
-	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
@@ -703,32 +702,21 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 		}
 		ids := make([]int64, len(failed))
 		limits := make([]int32, len(failed))
-		texts := make([]string, len(failed))
+		errs := make([]error, len(failed))
+		at := map[int64]int{}
 		for j, i := range failed {
-			ids[j] = rows[i].id
+			ids[j], errs[j], at[rows[i].id] = rows[i].id, res.errs[i], i
 			reasons[j] = failure.Reason(res.errs[i], rows[i].topic)
 			limits[j] = r.parkLimit(res.errs[i], slices.Contains(res.alone, i))
-			texts[j] = textcut.Cut(res.errs[i].Error(), lastErrorMax)
-		}
-		at := map[int64]int{}
-		for _, i := range failed {
-			at[rows[i].id] = i
 		}
 		logged = map[int64]bool{}
 		b := &pgx.Batch{}
-		b.Queue(r.cur.q.Charge, ids, reasons, limits, texts).Query(func(rs pgx.Rows) error {
-			var id int64
-			var p bool
-			_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error {
-				logged[id] = p
-				if p {
-					parked[at[id]] = true
-				}
-				return nil
-			})
-			return err
+		r.queueCharge(b, ids, reasons, limits, errs, func(id int64, p bool) {
+			logged[id] = p
+			if p {
+				parked[at[id]] = true
+			}
 		})
-		b.Queue(r.cur.q.Unpark, ids)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
