@@ -30,15 +30,24 @@ type deferredTx struct {
 	ended bool
 }
 
+// batchSender sends a batch: a transaction, or a connection outside one.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
 // outside reports whether tx is a deferredTx that has not begun, and
 // returns its connection: a statement sent on it runs on its own.
 func outside(tx pgx.Tx) (*pgx.Conn, bool) {
 	d, ok := tx.(*deferredTx)
-	if !ok || d.tx != nil || d.ended {
+	if !ok || d.started() {
 		return nil, false
 	}
 	return d.conn, true
 }
+
+// started reports whether a statement began the transaction, or Commit or
+// Rollback ended it unbegun: a statement then goes to the transaction.
+func (d *deferredTx) started() bool { return d.tx != nil || d.ended }
 
 // begun returns the transaction, begun first if it was not.
 func (d *deferredTx) begun(ctx context.Context) (pgx.Tx, error) {
@@ -96,10 +105,10 @@ func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns
 // SendBatch sends b in the transaction; when it has not begun, BEGIN goes
 // in the same round trip (pgx.Batch.BeginTx).
 func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if d.tx != nil || d.ended {
+	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
-			return failedBatch{err}
+			return pgx.FailedBatchResults(b, err)
 		}
 		return tx.SendBatch(ctx, b)
 	}
@@ -111,7 +120,7 @@ func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	// The caller reads b's results: BEGIN's is read here.
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return failedBatch{err}
+		return pgx.FailedBatchResults(b, err)
 	}
 	return br
 }
@@ -137,7 +146,7 @@ func (d *deferredTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 // Exec runs sql in the transaction; when it has not begun, BEGIN goes in
 // the same round trip.
 func (d *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if d.tx != nil || d.ended {
+	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
 			return pgconn.CommandTag{}, err
@@ -157,7 +166,7 @@ func (d *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 // Query runs sql in the transaction; when it has not begun, BEGIN goes in
 // the same round trip.
 func (d *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if d.tx != nil || d.ended {
+	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
 			return nil, err
@@ -204,15 +213,6 @@ func (d *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 }
 
 func (d *deferredTx) Conn() *pgx.Conn { return d.conn }
-
-// failedBatch is the outcome of a batch that could not be sent.
-type failedBatch struct{ err error }
-
-func (f failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, f.err }
-func (f failedBatch) Query() (pgx.Rows, error)         { return nil, f.err }
-func (f failedBatch) QueryRow() pgx.Row                { return failedRow(f) }
-func (f failedBatch) Close() error                     { return f.err }
-func (f failedBatch) Tx() pgx.Tx                       { return nil }
 
 // failedRow is the row of a statement that could not be sent.
 type failedRow struct{ err error }

@@ -723,12 +723,11 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		})
 		return err
 	})
-	var err error
+	var send batchSender = tx
 	if alone {
-		err = conn.SendBatch(ctx, b).Close()
-	} else {
-		err = tx.SendBatch(ctx, b).Close()
+		send = conn
 	}
+	err := send.SendBatch(ctx, b).Close()
 	if err != nil && isUnreadable(err) {
 		if !alone {
 			if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
