@@ -11,3 +11,7 @@ func AddedUntold(t *Txn, topic string, partition int32) {
 	t.added[tp{topic, partition}] = true
 	t.open = true
 }
+
+// CoordinatorFailed counts a failure of t's coordinator, as a request
+// retried after its connection broke (the coordinator restarted) does.
+func CoordinatorFailed(t *Txn) { t.faults++ }

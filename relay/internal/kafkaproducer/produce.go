@@ -186,7 +186,7 @@ func (pr *Producer) publish(ctx context.Context, msgs []Record, stored []Result)
 		}
 	}()
 	if pr.txn != nil {
-		if err := pr.txn.addPartitions(ctx, lanes); err != nil {
+		if err := pr.txn.add(ctx, lanes); err != nil {
 			pr.txn.doom(err)
 			for _, l := range lanes {
 				pr.failLane(l, err, err, false, failed)

@@ -54,6 +54,9 @@ type doubt struct {
 	commit bool
 	// committed says EndTxn committed it: the coordinator decided commit.
 	committed bool
+	// faults is the Txn's count of coordinator failures when its EndTxn
+	// was sent (see Txn.add).
+	faults int
 }
 
 // decide is the end a doubt's orphans get: commit for a transaction that
@@ -139,6 +142,13 @@ func (t *Txn) sweep(ctx context.Context, parts []tp, commit bool) error {
 	lanes := make([]*plane, len(parts))
 	for i, p := range parts {
 		lanes[i] = &plane{tp: p}
+	}
+	if commit {
+		// A commit given up halfway would be aborted by the coordinator,
+		// and the records it is meant to commit with it.
+		var cancel context.CancelFunc
+		ctx, cancel = detached(ctx, t.timeout)
+		defer cancel()
 	}
 	t.open = true
 	if err := t.addPartitions(ctx, lanes); err != nil {
@@ -256,15 +266,19 @@ func (t *Txn) tail(ctx context.Context, p tp, pid, first int64) (open bool, mark
 
 // SettleTopics settles the records of this producer id that an earlier
 // holder of its transactional id (another process, which could not settle
-// them itself) may have left without a marker on any partition of topics:
-// they are aborted. Call it after Init, before the first transaction, with
-// the topics the id's transactions write to.
+// them itself) may have left without a marker on any partition of topics.
+// Call it after Init, before the first transaction, with the topics the
+// id's transactions write to.
 //
-// Abort is what such records need unless the coordinator had decided to
-// commit their transaction when it skipped their markers: then every
-// partition it skipped loses them, and any whose marker it did write keeps
-// them. On one broker, or with replicated partitions, it skips all of a
-// transaction's partitions or none (see the package's notes on orphans).
+// They are committed when the coordinator said, just before this Txn's
+// first Init, that the id's last transaction was committed and nothing
+// ended since (see describe.go): a broker that restarted right after that
+// commit skipped their markers. Otherwise they are aborted: they belong to
+// a transaction that did not commit, or the coordinator could not say (an
+// older broker), and then abort is what they need unless the coordinator
+// had decided to commit their transaction when it skipped their markers
+// (every partition it skipped loses them, and any whose marker it did
+// write keeps them).
 func (t *Txn) SettleTopics(ctx context.Context, topics []string) error {
 	if !t.inited {
 		return fmt.Errorf("relay: transactional id %q: %w", t.id, ErrFenced)
@@ -272,7 +286,7 @@ func (t *Txn) SettleTopics(ctx context.Context, topics []string) error {
 	t.p.mu.Lock()
 	pid := t.p.id.pid
 	t.p.mu.Unlock()
-	d := &doubt{pid: pid, added: map[tp]bool{}}
+	d := &doubt{pid: pid, added: map[tp]bool{}, commit: t.priorCommitted, committed: t.priorCommitted}
 	for _, topic := range topics {
 		parts, err := t.p.client.Partitions(topic)
 		if err != nil {

@@ -151,6 +151,96 @@ func TestTxnSettleTopicsAfterTakeOver(t *testing.T) {
 	}
 }
 
+// A producer that takes a transactional id over settles, with
+// SettleTopics, the records that the id's last transaction left without a
+// marker: when that transaction was committed (the previous holder saw the
+// commit, then its broker restarted and skipped the markers, and the
+// holder died), they are committed, not aborted, and the taker's first
+// transaction, which aborts, leaves them so.
+func TestTxnSettleTopicsCommitsWhatACommitLeft(t *testing.T) {
+	ctx, brokers, client := unverified(t)
+	orphans := testenv.Topic(t, brokers, 1)
+	other := testenv.Topic(t, brokers, 1)
+	id := "kafkaproducer-test." + orphans
+	old := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := old.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kafkaproducer.AddedUntold(old, orphans, 0)
+	for _, r := range old.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
+		{Topic: other, Key: []byte("told"), Value: []byte("1")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if err := old.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStable(ctx, t, client, other)
+	if stable(t, client, orphans) {
+		t.Fatal("test bug: the orphan's partition is stable: the broker verified the partition (verification still on?)")
+	}
+	taker := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := taker.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := taker.SettleTopics(ctx, []string{orphans, other}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range taker.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("next"), Value: []byte("2")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if err := taker.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStable(ctx, t, client, orphans)
+	if got := committedValues(t, client, orphans, 0); !slices.Equal(got, []string{"1"}) {
+		t.Errorf("committed values %v, want [1]: the committed transaction's record left without a marker must stay committed, the taker's aborted one not", got)
+	}
+}
+
+// A producer whose coordinator failed between a commit and its next
+// transaction (counted here as a retried request counts it) settles that commit
+// before the next transaction writes: a coordinator that restarted may
+// have skipped the commit's markers, and the next transaction's abort
+// would then abort the committed records.
+func TestTxnSettlesACommitAfterCoordinatorFault(t *testing.T) {
+	ctx, brokers, client := unverified(t)
+	orphans := testenv.Topic(t, brokers, 1)
+	other := testenv.Topic(t, brokers, 1)
+	id := "kafkaproducer-test." + orphans
+	txn := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := txn.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	produce := func(recs ...kafkaproducer.Record) {
+		t.Helper()
+		for _, r := range txn.Produce(ctx, recs) {
+			if r.Err != nil {
+				t.Fatalf("produce: %v", r.Err)
+			}
+		}
+	}
+	kafkaproducer.AddedUntold(txn, orphans, 0)
+	produce(kafkaproducer.Record{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
+		kafkaproducer.Record{Topic: other, Key: []byte("told"), Value: []byte("1")})
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStable(ctx, t, client, other)
+	kafkaproducer.CoordinatorFailed(txn)
+	produce(kafkaproducer.Record{Topic: orphans, Key: []byte("next"), Value: []byte("2")})
+	if err := txn.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStable(ctx, t, client, orphans)
+	if got := committedValues(t, client, orphans, 0); !slices.Equal(got, []string{"1"}) {
+		t.Errorf("committed values %v, want [1]: the committed record left without a marker must stay committed, the next transaction's aborted one not", got)
+	}
+}
+
 // committedValues reads partition p of topic read_committed and returns
 // the values of its records.
 func committedValues(t *testing.T, client sarama.Client, topic string, p int32) []string {
@@ -169,17 +259,25 @@ func committedValues(t *testing.T, client sarama.Client, topic string, p int32) 
 	if blk == nil || blk.Err != sarama.ErrNoError {
 		t.Fatalf("fetch %s/%d: %v", topic, p, blk)
 	}
+	// A producer's records are aborted from the first offset of one of its
+	// aborted transactions to its next marker (as a read_committed consumer
+	// reads them).
+	var pending []*sarama.AbortedTransaction
+	pending = append(pending, blk.AbortedTransactions...)
+	slices.SortFunc(pending, func(a, b *sarama.AbortedTransaction) int { return int(a.FirstOffset - b.FirstOffset) })
 	aborted := map[int64]bool{}
-	for _, a := range blk.AbortedTransactions {
-		aborted[a.ProducerID] = true
-	}
 	var out []string
 	for _, rs := range blk.RecordsSet {
 		b := rs.RecordBatch
-		if b == nil || b.Control {
-			if b != nil && b.Control {
-				delete(aborted, b.ProducerID) // records after an abort marker are another transaction's
-			}
+		if b == nil {
+			continue
+		}
+		for len(pending) > 0 && pending[0].FirstOffset <= b.FirstOffset {
+			aborted[pending[0].ProducerID] = true
+			pending = pending[1:]
+		}
+		if b.Control {
+			delete(aborted, b.ProducerID)
 			continue
 		}
 		if b.IsTransactional && aborted[b.ProducerID] {

@@ -44,6 +44,15 @@ type Txn struct {
 	inited bool         // Init succeeded and nothing fenced the producer since
 	doubts []*doubt     // transactions whose markers may be missing, oldest first (settle.go)
 	last   *doubt       // the last transaction committed, until a doubt makes it one too
+	// faults counts the coordinator's failures that a request retried
+	// (no connection, NOT_COORDINATOR, loading): a coordinator that
+	// restarted may have completed a commit skipping markers (see add).
+	faults int
+	// described: Init asked the coordinator how the id's last transaction
+	// stood (describe.go); priorCommitted: it was committed, and the first
+	// InitProducerID came right after it (SettleTopics commits its orphans).
+	described      bool
+	priorCommitted bool
 }
 
 // NewTxn returns a transactional producer with transactional id id and
@@ -71,13 +80,19 @@ func (t *Txn) Ready() bool { return t.inited }
 // It retries the coordinator's transient answers (CONCURRENT_TRANSACTIONS
 // while it completes the previous transaction, COORDINATOR_LOAD_IN_PROGRESS,
 // NOT_COORDINATOR) until ctx ends. Then it settles a transaction of this
-// producer that ended in doubt (see Settle), and fails if it cannot.
+// producer that ended in doubt (see Settle), and fails if it cannot. A
+// Txn's first Init first asks the coordinator how the id's last
+// transaction stands, for SettleTopics (see describe.go).
 func (t *Txn) Init(ctx context.Context) error {
 	// Init follows a failure (or starts the producer): an open transaction
 	// is abandoned (the coordinator aborts it), and the last one committed
 	// is checked too.
 	t.noteDoubt(false)
 	t.inited, t.open, t.added, t.first, t.doomed = false, false, nil, nil, nil
+	var prior *priorTxn
+	if !t.described {
+		prior = t.describe(ctx)
+	}
 	req := &sarama.InitProducerIDRequest{Version: initProducerIDVersion(t.p.conf.Version), TransactionalID: &t.id,
 		TransactionTimeout: t.timeout, ProducerID: -1, ProducerEpoch: -1}
 	var resp *sarama.InitProducerIDResponse
@@ -94,6 +109,8 @@ func (t *Txn) Init(ctx context.Context) error {
 	t.p.mu.Lock()
 	t.p.id, t.p.stale = identity{pid: resp.ProducerID, epoch: resp.ProducerEpoch, gen: t.p.id.gen + 1}, false
 	t.p.mu.Unlock()
+	t.priorCommitted = !t.described && prior != nil && prior.committed && prior.follows(resp.ProducerID, resp.ProducerEpoch)
+	t.described = true
 	t.inited = true
 	if err := t.Settle(ctx); err != nil {
 		t.inited = false
@@ -196,6 +213,59 @@ func (t *Txn) addPartitions(ctx context.Context, lanes []*plane) error {
 	return nil
 }
 
+// add adds the partitions of lanes to the open transaction, as
+// addPartitions does; it is the first request of each transaction, Begin's
+// or the produce path's.
+//
+// The first request after a commit may find a coordinator that restarted
+// since it was asked to commit: one that completes a commit it loaded
+// skips the markers of the partitions whose leader it cannot find (see the
+// package's notes on orphans), and the committed records there wait for
+// the next marker of the producer id. Should this transaction then abort
+// (as it likely will, its partitions without a leader for a while), its
+// marker would abort them. So when the coordinator failed (t.faults)
+// since the last commit was asked for, the last commit is settled first,
+// before this transaction writes anything: an empty transaction already
+// open is committed (its markers commit those records where it added
+// partitions) and the last commit's partitions are read back (Settle), and
+// then the partitions are added again.
+func (t *Txn) add(ctx context.Context, lanes []*plane) error {
+	if len(t.added) > 0 || t.last == nil {
+		return t.addPartitions(ctx, lanes)
+	}
+	if t.faults == t.last.faults {
+		err := t.addPartitions(ctx, lanes)
+		if err != nil || t.faults == t.last.faults {
+			return err
+		}
+	}
+	t.doubts, t.last = append(t.doubts, t.last), nil
+	if len(t.added) > 0 {
+		dctx, cancel := detached(ctx, t.timeout)
+		err := t.end(dctx, true)
+		cancel()
+		if err != nil {
+			return err
+		}
+		t.last = nil // nothing of its own: the doubt before it covers its partitions
+	}
+	t.open = false
+	err := t.Settle(ctx)
+	t.open = true
+	if err != nil {
+		return err
+	}
+	return t.addPartitions(ctx, lanes)
+}
+
+// detached returns a context that outlives ctx's cancellation, bounded by
+// timeout: for requests that must not be given up halfway, a transaction
+// that commits what an earlier commit left without a marker (one given up
+// would be aborted by the coordinator, and those records with it).
+func detached(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), timeout)
+}
+
 // Commit commits the open transaction: its acknowledged records become
 // visible to read_committed consumers. It commits nothing and returns
 // ErrTxnAborted (after aborting) when the transaction is doomed: a record's
@@ -232,6 +302,7 @@ func (t *Txn) end(ctx context.Context, commit bool) error {
 	t.p.mu.Lock()
 	id := t.p.id
 	t.p.mu.Unlock()
+	faults := t.faults
 	req := &sarama.EndTxnRequest{TransactionalID: t.id, ProducerID: id.pid, ProducerEpoch: id.epoch, TransactionResult: commit}
 	req.Version = t.requestVersion()
 	what := "abort the transaction"
@@ -257,7 +328,7 @@ func (t *Txn) end(ctx context.Context, commit bool) error {
 		t.noteDoubt(false)
 	default:
 		t.last = t.txnDoubt()
-		t.last.commit, t.last.committed = true, true
+		t.last.commit, t.last.committed, t.last.faults = true, true, faults
 	}
 	return err
 }
@@ -346,6 +417,7 @@ func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Brok
 		b, err := t.p.client.TransactionCoordinator(t.id)
 		if err != nil {
 			last = err
+			t.faults++
 			_ = t.p.client.RefreshTransactionCoordinator(t.id)
 			continue
 		}
@@ -354,17 +426,22 @@ func (t *Txn) coordinated(ctx context.Context, what string, do func(*sarama.Brok
 		case err != nil:
 			_ = b.Close()
 			last = fmt.Errorf("via broker %s: %w", b.Addr(), err)
+			t.faults++
 			_ = t.p.client.RefreshTransactionCoordinator(t.id)
 			continue
 		case kerr == sarama.ErrNoError:
 			return nil
 		case kerr == sarama.ErrNotCoordinatorForConsumer || kerr == sarama.ErrConsumerCoordinatorNotAvailable:
 			last = kerr
+			t.faults++
 			_ = t.p.client.RefreshTransactionCoordinator(t.id)
 			continue
 		case kerr == sarama.ErrOffsetsLoadInProgress || kerr == sarama.ErrConcurrentTransactions ||
 			kerr == sarama.ErrRequestTimedOut || kerr == sarama.ErrNotEnoughReplicas || kerr == sarama.ErrNotEnoughReplicasAfterAppend:
 			last = kerr
+			if kerr == sarama.ErrOffsetsLoadInProgress {
+				t.faults++
+			}
 			continue
 		case kerr == sarama.ErrProducerFenced || kerr == sarama.ErrInvalidProducerEpoch || kerr == sarama.ErrInvalidProducerIDMapping ||
 			kerr == sarama.ErrInvalidTxnState: // the coordinator aborted the transaction under it
@@ -389,7 +466,7 @@ func (t *Txn) Begin(ctx context.Context, topic string, partition int32) error {
 		return err
 	}
 	t.open = true
-	if err := t.addPartitions(ctx, []*plane{{tp: tp{topic, partition}}}); err != nil {
+	if err := t.add(ctx, []*plane{{tp: tp{topic, partition}}}); err != nil {
 		t.doom(err)
 		return err
 	}
