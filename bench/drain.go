@@ -120,10 +120,14 @@ type Drain struct {
 	// defaults; median of the rounds' ratios); EO2VsALO2 the same with 2
 	// relays and BatchSize 500 (the eos.* figures of issue 32: on Apache
 	// Kafka when KAFKA_BROKERS is set).
-	EOVsALO    float64 `json:"eo_vs_alo,omitempty"`
-	EO2VsALO2  float64 `json:"eo_vs_alo_2relays,omitempty"`
-	CursorPGUs float64 `json:"cursor_pg_us_per_event"`
-	MarksPGUs  float64 `json:"marks_pg_us_per_event"`
+	EOVsALO   float64 `json:"eo_vs_alo,omitempty"`
+	EO2VsALO2 float64 `json:"eo_vs_alo_2relays,omitempty"`
+	// StreamEOVsALO: the streaming relay's drain of a backlog it decodes,
+	// exactly-once against at-least-once (1 relay, defaults; median of the
+	// rounds' ratios): issue 32's eos.stream_drain_vs_alo.
+	StreamEOVsALO float64 `json:"stream_eo_vs_alo,omitempty"`
+	CursorPGUs    float64 `json:"cursor_pg_us_per_event"`
+	MarksPGUs     float64 `json:"marks_pg_us_per_event"`
 
 	Contenders []*DrainContender `json:"contenders"`
 }
@@ -194,6 +198,14 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 			run: fx(&relay.Config{BatchSize: 500, Delivery: relay.ExactlyOnce}, 1)},
 		{name: "fxoutbox exactly-once b500 x2", desc: "BatchSize 500, Delivery ExactlyOnce, 2 relays (own producers each)", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{BatchSize: 500, Delivery: relay.ExactlyOnce}, 2)},
+		{name: "fxoutbox stream default", desc: "Mode Stream, Progress ProgressCursor, otherwise the defaults, 1 relay, restarted on its slot with a backlog written while it was down (after the slot's position, transactions of 500 events), until it confirmed the backlog's last transaction: at least once, a restart delivers it by polling from the lanes' positions, then streams", kind: "contender",
+			run: func(ctx context.Context, topic string) (drainRun, error) {
+				return e.drainStream(ctx, topic, warm, n, relay.AtLeastOnce)
+			}},
+		{name: "fxoutbox stream exactly-once", desc: "as stream default, with Delivery ExactlyOnce: the restart resumes from the stream's record and decodes the backlog from the slot (each batch one Kafka transaction with the stream's record; the slot confirmed after the commit)", kind: "contender",
+			run: func(ctx context.Context, topic string) (drainRun, error) {
+				return e.drainStream(ctx, topic, warm, n, relay.ExactlyOnce)
+			}},
 		{name: "fxoutbox b500 x2", desc: "BatchSize 500, 2 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 2)},
 		{name: "fxoutbox b500 x3", desc: "BatchSize 500, 3 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 3)},
 		{name: "fxoutbox b500 x4", desc: "BatchSize 500, 4 relays (own producer each)", kind: "contender", prepare: prepFx, run: fx(b500, 4)},
@@ -335,6 +347,9 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 	}
 	if eo := get("fxoutbox exactly-once default"); eo.EPS > 0 && fxd.EPS > 0 {
 		d.EOVsALO = medianRatio(eo.series(), fxd.series())
+	}
+	if eo, alo := get("fxoutbox stream exactly-once"), get("fxoutbox stream default"); eo.EPS > 0 && alo.EPS > 0 {
+		d.StreamEOVsALO = medianRatio(eo.series(), alo.series())
 	}
 	if eo2, alo2 := get("fxoutbox exactly-once b500 x2"), get("fxoutbox b500 x2"); eo2.EPS > 0 && alo2.EPS > 0 {
 		d.EO2VsALO2 = medianRatio(eo2.series(), alo2.series())

@@ -115,6 +115,9 @@ func evaluateTargets(r *results) []Target {
 	if d := r.Drain; d != nil && d.EO2VsALO2 > 0 && kafka {
 		atLeast("eos: drain exactly-once vs at-least-once, 2 relays", ">= 0.85x (b500; Apache Kafka with KAFKA_BROKERS)", d.EO2VsALO2, 0.85, "x")
 	}
+	if d := r.Drain; d != nil && d.StreamEOVsALO > 0 {
+		atLeast("eos: stream drain exactly-once vs at-least-once", ">= 0.85x (1 relay, defaults, a backlog decoded from the WAL)", d.StreamEOVsALO, 0.85, "x")
+	}
 	if l := r.Latency; l != nil && l.EOP50 > 0 && kafka {
 		atMost("eos: exactly-once p50 at 1k/s", "<= 8 ms (read committed; Apache Kafka with KAFKA_BROKERS)", l.EOP50, 8, "ms")
 	}
