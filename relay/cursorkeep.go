@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/lazytx"
 )
 
 // Lanes kept across batches (cursor progress, Mode Poll, AtLeastOnce, a
@@ -26,7 +27,7 @@ import (
 // batch took since the previous one. A lane's row is so
 // written about twice a second while it has events, instead of once per
 // batch. Its batches' transactions begin at their first write (see
-// deferredTx): a batch that reads the kept lanes and writes nothing is one
+// lazytx.Tx): a batch that reads the kept lanes and writes nothing is one
 // statement, without BEGIN and COMMIT.
 //
 // What the row does not hold yet was delivered: a relay that crashes, or
@@ -206,7 +207,7 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		// Begun by its first statement but the kept lanes' read (a batch
 		// without a write sends that read alone); a lost connection fails
 		// that statement, and the batch with it (see pipelineOn).
-		return &deferredTx{conn: k.conn}, nil
+		return lazytx.New(k.conn), nil
 	}
 	tx, err := k.conn.Begin(ctx)
 	if err != nil {

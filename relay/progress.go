@@ -14,6 +14,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/lazytx"
 )
 
 // Progress says how a relay records what it delivered.
@@ -707,9 +708,9 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 			b.Queue(pre, args...)
 		}
 	}
-	// Before the batch's transaction begins, when it can (see deferredTx);
+	// Before the batch's transaction begins, when it can (see lazytx.Tx);
 	// otherwise under a savepoint, as cursorRead's Read.
-	conn, alone := outside(tx)
+	conn, alone := lazytx.Outside(tx)
 	if !alone {
 		b.Queue(r.q.Savepoint)
 	}
@@ -723,7 +724,9 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		})
 		return err
 	})
-	var send batchSender = tx
+	var send interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	} = tx
 	if alone {
 		send = conn
 	}

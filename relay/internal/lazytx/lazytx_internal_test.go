@@ -1,8 +1,9 @@
-package relay
+package lazytx
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -13,11 +14,11 @@ import (
 // inTx reports whether conn's session is in a transaction block.
 func inTx(conn *pgx.Conn) bool { return conn.PgConn().TxStatus() != 'I' }
 
-// A deferredTx sends nothing until a statement needs the transaction; each
+// A Tx sends nothing until a statement needs the transaction; each
 // way of sending one begins it in the statement's round trip and hands
 // back that statement's results (not BEGIN's), and Commit then commits
 // what it wrote. One that never began ends without a statement.
-func TestDeferredTx(t *testing.T) {
+func TestLazyTx(t *testing.T) {
 	pool := testenv.Pool(t)
 	ctx := context.Background()
 	pc, err := pool.Acquire(ctx)
@@ -38,9 +39,9 @@ func TestDeferredTx(t *testing.T) {
 	}
 
 	t.Run("never begun", func(t *testing.T) {
-		d := &deferredTx{conn: conn}
-		if c, ok := outside(d); !ok || c != conn {
-			t.Fatal("a deferredTx that did not begin is not outside a transaction")
+		d := New(conn)
+		if c, ok := Outside(d); !ok || c != conn {
+			t.Fatal("a Tx that did not begin is not outside a transaction")
 		}
 		if err := d.Commit(ctx); err != nil {
 			t.Fatal(err)
@@ -48,8 +49,8 @@ func TestDeferredTx(t *testing.T) {
 		if err := d.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatalf("Rollback after Commit: %v, want ErrTxClosed", err)
 		}
-		if _, ok := outside(d); ok {
-			t.Fatal("an ended deferredTx is still outside a transaction")
+		if _, ok := Outside(d); ok {
+			t.Fatal("an ended Tx is still outside a transaction")
 		}
 		if _, err := d.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatalf("Exec after Commit: %v, want ErrTxClosed", err)
@@ -59,8 +60,11 @@ func TestDeferredTx(t *testing.T) {
 		}
 	})
 
-	begins := map[string]func(d *deferredTx) error{
-		"SendBatch": func(d *deferredTx) error {
+	// before: the table's rows before the statement (an earlier case's
+	// commit leaves its rows, and the cases run in any order).
+	var before int
+	begins := map[string]func(d *Tx) error{
+		"SendBatch": func(d *Tx) error {
 			b := &pgx.Batch{}
 			b.Queue("INSERT INTO deferred VALUES (1)")
 			var got int
@@ -76,19 +80,19 @@ func TestDeferredTx(t *testing.T) {
 			if err := br.Close(); err != nil {
 				return err
 			}
-			if got != 1 {
-				return errors.New("the batch's second statement did not see its first")
+			if got != before+1 {
+				return fmt.Errorf("the batch's second statement counted %d rows, want %d: it did not see its first", got, before+1)
 			}
 			return nil
 		},
-		"Exec": func(d *deferredTx) error {
+		"Exec": func(d *Tx) error {
 			tag, err := d.Exec(ctx, "INSERT INTO deferred VALUES (1)")
 			if err == nil && !tag.Insert() {
 				err = errors.New("Exec returned " + tag.String())
 			}
 			return err
 		},
-		"Query": func(d *deferredTx) error {
+		"Query": func(d *Tx) error {
 			rows, err := d.Query(ctx, "INSERT INTO deferred VALUES (1), (2) RETURNING n")
 			if err != nil {
 				return err
@@ -103,16 +107,16 @@ func TestDeferredTx(t *testing.T) {
 	for name, begin := range begins {
 		t.Run(name, func(t *testing.T) {
 			for _, commit := range []bool{false, true} {
-				before := count()
-				d := &deferredTx{conn: conn}
+				before = count()
+				d := New(conn)
 				if err := begin(d); err != nil {
 					t.Fatal(err)
 				}
 				if !inTx(conn) {
 					t.Fatal("the statement did not begin a transaction")
 				}
-				if _, ok := outside(d); ok {
-					t.Fatal("a begun deferredTx is outside a transaction")
+				if _, ok := Outside(d); ok {
+					t.Fatal("a begun Tx is outside a transaction")
 				}
 				// The connection is free for the transaction's next statement.
 				if _, err := d.Exec(ctx, "SELECT 1"); err != nil {

@@ -1,4 +1,9 @@
-package relay
+// Package lazytx is a transaction on a connection that begins with its
+// first statement, BEGIN sent in that statement's round trip, and a way to
+// send a statement outside it while it has not begun. The relay's workers
+// that keep cursor lanes use it for each batch: one that reads its kept
+// lanes and writes nothing sends that one statement.
+package lazytx
 
 import (
 	"context"
@@ -7,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// deferredTx is a batch's transaction on the connection of a worker that
-// keeps lanes (see laneKeeper), begun by its first statement, except the
-// read of the kept lanes (cursorReadKept), which runs before it on its own.
+// Tx is a batch's transaction on the connection of a worker that keeps
+// lanes (the relay's laneKeeper), begun by its first statement, except the
+// read of the kept lanes (the relay's cursorReadKept), which runs before it
+// on its own (Outside).
 // A batch that reads its kept lanes and has nothing to write (their
 // positions are written when due, see laneKeeper.plan) so sends one
 // statement in one round trip, where a transaction would add BEGIN and
@@ -23,22 +29,20 @@ import (
 // connection, and so its lanes, after idle_session_timeout, which is longer
 // than BatchTimeout as idle_in_transaction_session_timeout is (see
 // laneKeeper.idleSession).
-type deferredTx struct {
+type Tx struct {
 	conn *pgx.Conn
 	tx   pgx.Tx // nil until a statement begins it
 	// ended: Commit or Rollback ran before anything began it.
 	ended bool
 }
 
-// batchSender sends a batch: a transaction, or a connection outside one.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
+// New returns a transaction on conn that begins with its first statement.
+func New(conn *pgx.Conn) *Tx { return &Tx{conn: conn} }
 
-// outside reports whether tx is a deferredTx that has not begun, and
-// returns its connection: a statement sent on it runs on its own.
-func outside(tx pgx.Tx) (*pgx.Conn, bool) {
-	d, ok := tx.(*deferredTx)
+// Outside reports whether tx is a Tx that has not begun, and returns its
+// connection: a statement sent on it runs on its own.
+func Outside(tx pgx.Tx) (*pgx.Conn, bool) {
+	d, ok := tx.(*Tx)
 	if !ok || d.started() {
 		return nil, false
 	}
@@ -47,10 +51,10 @@ func outside(tx pgx.Tx) (*pgx.Conn, bool) {
 
 // started reports whether a statement began the transaction, or Commit or
 // Rollback ended it unbegun: a statement then goes to the transaction.
-func (d *deferredTx) started() bool { return d.tx != nil || d.ended }
+func (d *Tx) started() bool { return d.tx != nil || d.ended }
 
 // begun returns the transaction, begun first if it was not.
-func (d *deferredTx) begun(ctx context.Context) (pgx.Tx, error) {
+func (d *Tx) begun(ctx context.Context) (pgx.Tx, error) {
 	if d.tx != nil {
 		return d.tx, nil
 	}
@@ -65,7 +69,7 @@ func (d *deferredTx) begun(ctx context.Context) (pgx.Tx, error) {
 	return tx, nil
 }
 
-func (d *deferredTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (d *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := d.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -73,17 +77,17 @@ func (d *deferredTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return tx.Begin(ctx)
 }
 
-func (d *deferredTx) Commit(ctx context.Context) error {
+func (d *Tx) Commit(ctx context.Context) error {
 	return d.end(func(tx pgx.Tx) error { return tx.Commit(ctx) })
 }
 
-func (d *deferredTx) Rollback(ctx context.Context) error {
+func (d *Tx) Rollback(ctx context.Context) error {
 	return d.end(func(tx pgx.Tx) error { return tx.Rollback(ctx) })
 }
 
 // end is Commit and Rollback: fin ends the transaction that began; one
 // that never began ends without a statement.
-func (d *deferredTx) end(fin func(pgx.Tx) error) error {
+func (d *Tx) end(fin func(pgx.Tx) error) error {
 	if d.tx != nil {
 		return fin(d.tx)
 	}
@@ -94,7 +98,7 @@ func (d *deferredTx) end(fin func(pgx.Tx) error) error {
 	return nil
 }
 
-func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+func (d *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	tx, err := d.begun(ctx)
 	if err != nil {
 		return 0, err
@@ -104,7 +108,7 @@ func (d *deferredTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns
 
 // SendBatch sends b in the transaction; when it has not begun, BEGIN goes
 // in the same round trip (pgx.Batch.BeginTx).
-func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (d *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
@@ -127,7 +131,7 @@ func (d *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 
 // LargeObjects begins the transaction without a deadline: the relay uses
 // none.
-func (d *deferredTx) LargeObjects() pgx.LargeObjects {
+func (d *Tx) LargeObjects() pgx.LargeObjects {
 	tx, err := d.begun(context.Background())
 	if err != nil {
 		return pgx.LargeObjects{}
@@ -135,7 +139,7 @@ func (d *deferredTx) LargeObjects() pgx.LargeObjects {
 	return tx.LargeObjects()
 }
 
-func (d *deferredTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+func (d *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	tx, err := d.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -145,7 +149,7 @@ func (d *deferredTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 
 // Exec runs sql in the transaction; when it has not begun, BEGIN goes in
 // the same round trip.
-func (d *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (d *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
@@ -165,7 +169,7 @@ func (d *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 
 // Query runs sql in the transaction; when it has not begun, BEGIN goes in
 // the same round trip.
-func (d *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (d *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if d.started() {
 		tx, err := d.begun(ctx)
 		if err != nil {
@@ -204,7 +208,7 @@ func (r batchRows) Close() {
 	_ = r.br.Close()
 }
 
-func (d *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (d *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	tx, err := d.begun(ctx)
 	if err != nil {
 		return failedRow{err}
@@ -212,7 +216,7 @@ func (d *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return tx.QueryRow(ctx, sql, args...)
 }
 
-func (d *deferredTx) Conn() *pgx.Conn { return d.conn }
+func (d *Tx) Conn() *pgx.Conn { return d.conn }
 
 // failedRow is the row of a statement that could not be sent.
 type failedRow struct{ err error }
