@@ -20,7 +20,7 @@ import (
 var mayImport = map[string][]string{
 	".":                                    {"internal/textcut"},
 	"unitofwork":                           {".", "internal/record", "internal/sqlname", "internal/defaults"},
-	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
+	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/pace", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
 	"relay/internal/cursor":                {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/marks":                 {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},
@@ -28,6 +28,7 @@ var mayImport = map[string][]string{
 	"relay/internal/kafkaproducer":         {"relay/internal/failure"},
 	"relay/internal/pgoutput":              {"."},
 	"relay/internal/lazytx":                {},
+	"relay/internal/pace":                  {"relay/internal/failure"},
 	"relay/internal/streamsql":             {".", "internal/sqlname"},
 	"relay/internal/tablestats":            {".", "internal/tablesql"},
 	"inbox":                                {".", "unitofwork", "migrations", "internal/backoff", "internal/dberr", "internal/parklog", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/defaults"},

@@ -134,6 +134,22 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	return len(d.ids), next, nil
 }
 
+// heldKeys returns the keys of the relay's failed events still waiting out
+// their backoff (see pace.Pacer); a failed event is forgotten two
+// MaxBackoffs after it was due.
+func (r *Relay) heldKeys() []string { return r.pacer.Held(time.Now(), 2*r.cfg.MaxBackoff) }
+
+// publishedTopics returns the topics of the rows published (errs[i] nil).
+func publishedTopics(rows []row, errs []error) []string {
+	var out []string
+	for i, err := range errs {
+		if err == nil {
+			out = append(out, rows[i].topic)
+		}
+	}
+	return out
+}
+
 // isolateMax caps the events that failed before (attempts > 0) one batch
 // sends alone first; the rest wait for the next batch. maxSends caps the
 // sends one batch spends finding the events that fail a bulk send.
@@ -176,7 +192,7 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []M
 		if err == nil && !rows[i].requeued {
 			// A requeued event is sent: the operator says its cause is
 			// fixed (a topic created since), whatever the relay remembers.
-			err = r.missing.get(m.Topic, now)
+			err = r.missing.Get(m.Topic, now)
 		}
 		switch {
 		case blocked[k]:

@@ -114,14 +114,14 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 				return c, d, fmt.Errorf("relay: commit: %w", err)
 			}
 			c.cur.committed = true
-			r.pacer.done(badParked...)
+			r.pacer.Done(badParked...)
 			return c, d, nil
 		}
 		if len(c.bad) > 0 {
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)
 			}
-			r.pacer.done(badParked...)
+			r.pacer.Done(badParked...)
 		}
 		return c, d, nil
 	}
@@ -202,18 +202,18 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	// rest flows; forget those that were published or parked.
 	now := time.Now()
 	for _, i := range d.failed {
-		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.get(rows[i].topic, now) == nil {
-			r.missing.set(rows[i].topic, errs[i], now)
+		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.Get(rows[i].topic, now) == nil {
+			r.missing.Set(rows[i].topic, errs[i], now)
 		}
 	}
-	r.missing.forget(rows, errs)
-	r.pacer.done(d.ids...)
-	r.pacer.done(done...)
+	r.missing.Forget(publishedTopics(rows, errs)...)
+	r.pacer.Done(d.ids...)
+	r.pacer.Done(done...)
 	for _, i := range d.failed {
 		if d.parked[rows[i].id] {
-			r.pacer.done(rows[i].id)
+			r.pacer.Done(rows[i].id)
 		} else {
-			r.pacer.failed(rows[i].id, rows[i].key, now, r.backoff)
+			r.pacer.Failed(rows[i].id, rows[i].key, now, r.backoff)
 		}
 	}
 	if len(d.transient) > 0 {
@@ -225,7 +225,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		}
 		for _, i := range d.transient {
 			x := rows[i]
-			if r.pacer.failed(x.id, x.key, now, r.backoff) == 1 {
+			if r.pacer.Failed(x.id, x.key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
 					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, logFieldMax), "topic", textcut.Cut(x.topic, logFieldMax), "error", errs[i], "error.type", failure.Type(errs[i]))
 			}
@@ -287,7 +287,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 		if first, ok := heldFrom[c.key]; !ok || c.id < first {
 			heldFrom[c.key] = c.id
 		}
-		r.pacer.failed(c.id, c.key, now, r.backoff)
+		r.pacer.Failed(c.id, c.key, now, r.backoff)
 		r.cfg.Logger.Warn("outbox relay: event held: its stored row cannot be read (Poison is Hold); its key waits until the row is fixed or deleted",
 			"event_id", c.eventID, "topic", textcut.Cut(c.topic, logFieldMax), "reason", reason, "detail", detail)
 	}
@@ -317,7 +317,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 // topic's events without sending them; a topic created later finds its
 // events parked, and Requeue sends them.) Other permanent failures (no
 // authorization for the topic, a policy violation, a publisher's own) are
-// charged MaxAttempts times, paced (see pacer), so a cause fixed within
+// charged MaxAttempts times, paced (see pace.Pacer), so a cause fixed within
 // seconds loses nothing.
 func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
 	rec := recording{ids: ids, rows: rows, errs: errs, failed: failed, reasons: reasons, marked: marked, cur: cur}

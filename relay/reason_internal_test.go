@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/pace"
 )
 
 // The reason of one cause is one text, whatever varies between its events
@@ -22,12 +23,12 @@ func TestReasonIsStablePerCause(t *testing.T) {
 	missing := func(partition int) error {
 		return outbox.Permanent(fmt.Errorf("relay: topic %q cannot be produced to (create it, fix its name, or grant access): %s/%d: %w", topic, topic, partition, sarama.ErrUnknownTopicOrPartition))
 	}
-	var m missingTopics
+	var m pace.MissingTopics
 	now := time.Now()
-	m.set(topic, missing(0), now)
-	refused1 := m.get(topic, now.Add(608*time.Millisecond))
-	m.set(topic, refused1, now.Add(time.Second)) // a refusal is not a report: not nested, not renewed
-	refused2 := m.get(topic, now.Add(3632*time.Millisecond))
+	m.Set(topic, missing(0), now)
+	refused1 := m.Get(topic, now.Add(608*time.Millisecond))
+	m.Set(topic, refused1, now.Add(time.Second)) // a refusal is not a report: not nested, not renewed
+	refused2 := m.Get(topic, now.Add(3632*time.Millisecond))
 	if refused2 == nil || strings.Count(refused2.Error(), "not sent") != 1 {
 		t.Fatalf("the memory nests or forgets: %v", refused2)
 	}

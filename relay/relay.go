@@ -19,6 +19,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/pace"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
 
@@ -47,8 +48,8 @@ type Relay struct {
 	wakes   []chan struct{} // one per worker
 	kicks   []chan struct{} // one per worker: end its backoff now (Health)
 	failLog failLog
-	pacer   pacer
-	missing missingTopics
+	pacer   pace.Pacer
+	missing pace.MissingTopics
 	parkLog *parklog.Log // lines of parked events: the first per cause, then summaries
 	// failedLog: lines of permanent failures not parked yet (MaxAttempts),
 	// likewise.

@@ -568,11 +568,11 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 	var errs []error
 	for i, x := range res.rows {
 		rows, errs = append(rows, x.row), append(errs, res.errs[i])
-		if err := res.errs[i]; err != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) && r.missing.get(x.topic, now) == nil {
-			r.missing.set(x.topic, err, now)
+		if err := res.errs[i]; err != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) && r.missing.Get(x.topic, now) == nil {
+			r.missing.Set(x.topic, err, now)
 		}
 	}
-	r.missing.forget(rows, errs)
+	r.missing.Forget(publishedTopics(rows, errs)...)
 	for i, x := range res.rows {
 		if j, ok := stopped[x.key]; ok && i >= j {
 			continue

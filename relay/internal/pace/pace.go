@@ -1,4 +1,9 @@
-package relay
+// Package pace is the relay's memory of failures that must not hold the
+// whole relay back: the events that failed, and their keys, held out of
+// the claims until their retry is due (Pacer), and the topics the broker
+// said do not exist, whose next events are parked without being sent
+// (MissingTopics). Both live in one relay's memory.
+package pace
 
 import (
 	"errors"
@@ -8,7 +13,7 @@ import (
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
-// pacer spaces the retries of events that failed while the relay as a whole
+// Pacer spaces the retries of events that failed while the relay as a whole
 // works (a permanent failure charged to the event, or a transient one of a
 // single event in a batch that otherwise went through). A failed event, and
 // with it its key, is held out of the claims until its retry is due:
@@ -16,7 +21,7 @@ import (
 // MaxBackoff, with jitter. The other keys flow meanwhile, and the relay never
 // backs off for one event. The pacing lives in the memory of each relay: a
 // restarted relay, or another replica, tries such an event once at once.
-type pacer struct {
+type Pacer struct {
 	mu   sync.Mutex
 	rows map[int64]*pace // by row id
 }
@@ -31,15 +36,10 @@ type pace struct {
 // first, then the entry due soonest.
 const maxPaced = 10000
 
-// heldKeys returns the keys of the relay's failed events still waiting out
-// their backoff; a failed event is forgotten two MaxBackoffs after it was
-// due.
-func (r *Relay) heldKeys() []string { return r.pacer.held(time.Now(), 2*r.cfg.MaxBackoff) }
-
-// held returns the keys whose failed event is not due yet, and forgets
+// Held returns the keys whose failed event is not due yet, and forgets
 // entries long past due (their event was published or parked by another
 // relay, or requeued).
-func (p *pacer) held(now time.Time, forgetAfter time.Duration) []string {
+func (p *Pacer) Held(now time.Time, forgetAfter time.Duration) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.rows) == 0 {
@@ -61,9 +61,9 @@ func (p *pacer) held(now time.Time, forgetAfter time.Duration) []string {
 	return keys
 }
 
-// failed records a failure of row id (of key) and returns how many times in
+// Failed records a failure of row id (of key) and returns how many times in
 // a row it failed; delay gives the wait after that many failures.
-func (p *pacer) failed(id int64, key string, now time.Time, delay func(fails int) time.Duration) int {
+func (p *Pacer) Failed(id int64, key string, now time.Time, delay func(fails int) time.Duration) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.rows == nil {
@@ -82,7 +82,7 @@ func (p *pacer) failed(id int64, key string, now time.Time, delay func(fails int
 	return e.fails
 }
 
-func (p *pacer) evict(now time.Time) {
+func (p *Pacer) evict(now time.Time) {
 	var soonest int64
 	var first *pace
 	for id, e := range p.rows {
@@ -99,8 +99,8 @@ func (p *pacer) evict(now time.Time) {
 	}
 }
 
-// done forgets rows that were published or parked.
-func (p *pacer) done(ids ...int64) {
+// Done forgets rows that were published or parked.
+func (p *Pacer) Done(ids ...int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, id := range ids {
@@ -108,14 +108,14 @@ func (p *pacer) done(ids ...int64) {
 	}
 }
 
-// missingTopics remembers for a few seconds the topics the broker said do
+// MissingTopics remembers for a few seconds the topics the broker said do
 // not exist, so that their next events are parked without being sent: the
 // producer waits for a missing topic's metadata (Metadata.Retry.Max times)
 // on every send, and that wait holds up the whole batch. A requeued event
 // is sent whatever is remembered (see publish), and an event of the topic
 // published makes the relay forget it: a topic created and its events
 // requeued are sent at once.
-type missingTopics struct {
+type MissingTopics struct {
 	mu     sync.Mutex
 	topics map[string]missingTopic
 }
@@ -128,10 +128,10 @@ type missingTopic struct {
 // missingFor is how long a topic reported missing is not asked for again.
 const missingFor = 5 * time.Second
 
-// set remembers err, the broker's report that topic is missing. A refusal
-// of the memory itself (notSentError) is not a report: the memory is
+// Set remembers err, the broker's report that topic is missing. A refusal
+// of the memory itself (failure.NotSent) is not a report: the memory is
 // neither renewed nor nested by it.
-func (m *missingTopics) set(topic string, err error, now time.Time) {
+func (m *MissingTopics) Set(topic string, err error, now time.Time) {
 	if errors.As(err, new(*failure.NotSent)) {
 		return
 	}
@@ -143,9 +143,9 @@ func (m *missingTopics) set(topic string, err error, now time.Time) {
 	m.topics[topic] = missingTopic{at: now, err: err}
 }
 
-// get returns the refusal (a notSentError) of an event of a topic reported
+// Get returns the refusal (a failure.NotSent) of an event of a topic reported
 // missing less than missingFor ago, or nil.
-func (m *missingTopics) get(topic string, now time.Time) error {
+func (m *MissingTopics) Get(topic string, now time.Time) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, ok := m.topics[topic]
@@ -159,16 +159,14 @@ func (m *missingTopics) get(topic string, now time.Time) error {
 	return &failure.NotSent{Ago: now.Sub(t.at), Err: t.err}
 }
 
-// forget drops the topics of the published rows: they exist now.
-func (m *missingTopics) forget(rows []row, errs []error) {
+// Forget drops topics: events of them were published, they exist now.
+func (m *MissingTopics) Forget(topics ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.topics) == 0 {
 		return
 	}
-	for i, err := range errs {
-		if err == nil {
-			delete(m.topics, rows[i].topic)
-		}
+	for _, t := range topics {
+		delete(m.topics, t)
 	}
 }
