@@ -159,39 +159,15 @@ func TestTxnSettleTopicsAfterTakeOver(t *testing.T) {
 // transaction, which aborts, leaves them so.
 func TestTxnSettleTopicsCommitsWhatACommitLeft(t *testing.T) {
 	ctx, brokers, client := unverified(t)
-	orphans := testenv.Topic(t, brokers, 1)
-	other := testenv.Topic(t, brokers, 1)
-	id := "kafkaproducer-test." + orphans
-	old := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
-	if err := old.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	kafkaproducer.AddedUntold(old, orphans, 0)
-	for _, r := range old.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
-		{Topic: other, Key: []byte("told"), Value: []byte("1")}}) {
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-	}
-	if err := old.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitStable(ctx, t, client, other)
-	if stable(t, client, orphans) {
-		t.Fatal("test bug: the orphan's partition is stable: the broker verified the partition (verification still on?)")
-	}
-	taker := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	_, orphans, other := committedOrphan(ctx, t, client, brokers)
+	taker := kafkaproducer.NewTxn(client, config(), "kafkaproducer-test."+orphans, 10*time.Second)
 	if err := taker.Init(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := taker.SettleTopics(ctx, []string{orphans, other}); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range taker.Produce(ctx, []kafkaproducer.Record{{Topic: orphans, Key: []byte("next"), Value: []byte("2")}}) {
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-	}
+	mustProduce(ctx, t, taker, kafkaproducer.Record{Topic: orphans, Key: []byte("next"), Value: []byte("2")})
 	if err := taker.Abort(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -208,36 +184,50 @@ func TestTxnSettleTopicsCommitsWhatACommitLeft(t *testing.T) {
 // would then abort the committed records.
 func TestTxnSettlesACommitAfterCoordinatorFault(t *testing.T) {
 	ctx, brokers, client := unverified(t)
-	orphans := testenv.Topic(t, brokers, 1)
-	other := testenv.Topic(t, brokers, 1)
-	id := "kafkaproducer-test." + orphans
-	txn := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
-	if err := txn.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	produce := func(recs ...kafkaproducer.Record) {
-		t.Helper()
-		for _, r := range txn.Produce(ctx, recs) {
-			if r.Err != nil {
-				t.Fatalf("produce: %v", r.Err)
-			}
-		}
-	}
-	kafkaproducer.AddedUntold(txn, orphans, 0)
-	produce(kafkaproducer.Record{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
-		kafkaproducer.Record{Topic: other, Key: []byte("told"), Value: []byte("1")})
-	if err := txn.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitStable(ctx, t, client, other)
+	txn, orphans, _ := committedOrphan(ctx, t, client, brokers)
 	kafkaproducer.CoordinatorFailed(txn)
-	produce(kafkaproducer.Record{Topic: orphans, Key: []byte("next"), Value: []byte("2")})
+	mustProduce(ctx, t, txn, kafkaproducer.Record{Topic: orphans, Key: []byte("next"), Value: []byte("2")})
 	if err := txn.Abort(ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitStable(ctx, t, client, orphans)
 	if got := committedValues(t, client, orphans, 0); !slices.Equal(got, []string{"1"}) {
 		t.Errorf("committed values %v, want [1]: the committed record left without a marker must stay committed, the next transaction's aborted one not", got)
+	}
+}
+
+// committedOrphan makes a transaction, of the id "kafkaproducer-test." +
+// orphans, that commits a record on partition 0 of orphans without a
+// marker (the coordinator never knew of that partition) and one on other
+// with its marker, and returns its producer and the two topics.
+func committedOrphan(ctx context.Context, t *testing.T, client sarama.Client, brokers []string) (txn *kafkaproducer.Txn, orphans, other string) {
+	t.Helper()
+	orphans, other = testenv.Topic(t, brokers, 1), testenv.Topic(t, brokers, 1)
+	txn = kafkaproducer.NewTxn(client, config(), "kafkaproducer-test."+orphans, 10*time.Second)
+	if err := txn.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kafkaproducer.AddedUntold(txn, orphans, 0)
+	mustProduce(ctx, t, txn, kafkaproducer.Record{Topic: orphans, Key: []byte("orphan"), Value: []byte("1")},
+		kafkaproducer.Record{Topic: other, Key: []byte("told"), Value: []byte("1")})
+	if err := txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStable(ctx, t, client, other)
+	if stable(t, client, orphans) {
+		t.Fatal("test bug: the orphan's partition is stable: the broker verified the partition (verification still on?)")
+	}
+	return txn, orphans, other
+}
+
+// mustProduce produces recs in txn's transaction and fails the test on any
+// record's error.
+func mustProduce(ctx context.Context, t *testing.T, txn *kafkaproducer.Txn, recs ...kafkaproducer.Record) {
+	t.Helper()
+	for _, r := range txn.Produce(ctx, recs) {
+		if r.Err != nil {
+			t.Fatalf("produce: %v", r.Err)
+		}
 	}
 }
 
