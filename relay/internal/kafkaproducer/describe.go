@@ -49,9 +49,13 @@ func (t *Txn) describe(ctx context.Context) *priorTxn {
 	}
 	var st *sarama.TransactionState
 	err := t.coordinated(ctx, "describe the transactional id", func(b *sarama.Broker) (sarama.KError, error) {
+		// A failure of the connection of its own is answered as the
+		// coordinator's unavailability (look it up again, retry): an error
+		// would make coordinated close b, the client's connection, which
+		// the relay's other producers share.
 		side := sarama.NewBroker(b.Addr())
 		if err := side.Open(&conf); err != nil {
-			return 0, err
+			return sarama.ErrConsumerCoordinatorNotAvailable, nil
 		}
 		defer func() { _ = side.Close() }()
 		resp, err := side.DescribeTransactions(&sarama.DescribeTransactionsRequest{TransactionalIDs: []string{t.id}})
@@ -59,7 +63,7 @@ func (t *Txn) describe(ctx context.Context) *priorTxn {
 		case errors.Is(err, sarama.ErrUnsupportedVersion):
 			return sarama.ErrUnsupportedVersion, nil // an older broker: nothing to retry
 		case err != nil:
-			return 0, err
+			return sarama.ErrConsumerCoordinatorNotAvailable, nil
 		case len(resp.TransactionStates) != 1:
 			return sarama.ErrUnknown, nil
 		}
@@ -73,8 +77,9 @@ func (t *Txn) describe(ctx context.Context) *priorTxn {
 		committed: st.TransactionState == "PrepareCommit" || st.TransactionState == "CompleteCommit"}
 }
 
-// follows reports whether a producer id and epoch that InitProducerID
-// returned come right after p: the same producer id, the next epoch.
-func (p *priorTxn) follows(pid int64, epoch int16) bool {
-	return p != nil && p.pid == pid && p.epoch+1 == epoch
+// committedJustBefore reports whether p (nil: not known) was committed and
+// the producer id and epoch that InitProducerID returned come right after
+// it: the same producer id, the next epoch.
+func (p *priorTxn) committedJustBefore(pid int64, epoch int16) bool {
+	return p != nil && p.committed && p.pid == pid && p.epoch+1 == epoch
 }

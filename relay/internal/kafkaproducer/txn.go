@@ -109,7 +109,7 @@ func (t *Txn) Init(ctx context.Context) error {
 	t.p.mu.Lock()
 	t.p.id, t.p.stale = identity{pid: resp.ProducerID, epoch: resp.ProducerEpoch, gen: t.p.id.gen + 1}, false
 	t.p.mu.Unlock()
-	t.priorCommitted = !t.described && prior != nil && prior.committed && prior.follows(resp.ProducerID, resp.ProducerEpoch)
+	t.priorCommitted = prior.committedJustBefore(resp.ProducerID, resp.ProducerEpoch)
 	t.described = true
 	t.inited = true
 	if err := t.Settle(ctx); err != nil {
