@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 	"time"
 
@@ -139,15 +140,15 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 // MaxBackoffs after it was due.
 func (r *Relay) heldKeys() []string { return r.pacer.Held(time.Now(), 2*r.cfg.MaxBackoff) }
 
-// publishedTopics returns the topics of the rows published (errs[i] nil).
-func publishedTopics(rows []row, errs []error) []string {
-	var out []string
-	for i, err := range errs {
-		if err == nil {
-			out = append(out, rows[i].topic)
+// publishedTopics yields topic(i) of each event published (errs[i] nil).
+func publishedTopics(errs []error, topic func(i int) string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for i, err := range errs {
+			if err == nil && !yield(topic(i)) {
+				return
+			}
 		}
 	}
-	return out
 }
 
 // isolateMax caps the events that failed before (attempts > 0) one batch

@@ -202,11 +202,9 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	// rest flows; forget those that were published or parked.
 	now := time.Now()
 	for _, i := range d.failed {
-		if errors.Is(errs[i], sarama.ErrUnknownTopicOrPartition) && r.missing.Get(rows[i].topic, now) == nil {
-			r.missing.Set(rows[i].topic, errs[i], now)
-		}
+		r.missing.Report(rows[i].topic, errs[i], now)
 	}
-	r.missing.Forget(publishedTopics(rows, errs)...)
+	r.missing.Forget(publishedTopics(errs, func(i int) string { return rows[i].topic }))
 	r.pacer.Done(d.ids...)
 	r.pacer.Done(done...)
 	for _, i := range d.failed {

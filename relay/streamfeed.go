@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
@@ -564,15 +563,10 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 	}
 	// Unknown topics are remembered (their events park at once for a
 	// while), as the pipeline does.
-	var rows []row
-	var errs []error
 	for i, x := range res.rows {
-		rows, errs = append(rows, x.row), append(errs, res.errs[i])
-		if err := res.errs[i]; err != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) && r.missing.Get(x.topic, now) == nil {
-			r.missing.Set(x.topic, err, now)
-		}
+		r.missing.Report(x.topic, res.errs[i], now)
 	}
-	r.missing.Forget(publishedTopics(rows, errs)...)
+	r.missing.Forget(publishedTopics(res.errs, func(i int) string { return res.rows[i].topic }))
 	for i, x := range res.rows {
 		if j, ok := stopped[x.key]; ok && i >= j {
 			continue

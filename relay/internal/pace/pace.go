@@ -7,8 +7,11 @@ package pace
 
 import (
 	"errors"
+	"iter"
 	"sync"
 	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
@@ -159,14 +162,24 @@ func (m *MissingTopics) Get(topic string, now time.Time) error {
 	return &failure.NotSent{Ago: now.Sub(t.at), Err: t.err}
 }
 
-// Forget drops topics: events of them were published, they exist now.
-func (m *MissingTopics) Forget(topics ...string) {
+// Report remembers err, a send's outcome for an event of topic, when it
+// says the topic does not exist (sarama.ErrUnknownTopicOrPartition) and the
+// topic is not remembered already: the memory runs from the first report.
+func (m *MissingTopics) Report(topic string, err error, now time.Time) {
+	if err != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) && m.Get(topic, now) == nil {
+		m.Set(topic, err, now)
+	}
+}
+
+// Forget drops topics: events of them were published, they exist now. It
+// ranges over topics only when some topic is remembered.
+func (m *MissingTopics) Forget(topics iter.Seq[string]) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.topics) == 0 {
 		return
 	}
-	for _, t := range topics {
+	for t := range topics {
 		delete(m.topics, t)
 	}
 }

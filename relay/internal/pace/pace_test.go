@@ -2,9 +2,12 @@ package pace
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
 
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
@@ -74,8 +77,19 @@ func TestMissingTopics(t *testing.T) {
 	if m.Get("a", now.Add(missingFor)) != nil {
 		t.Fatalf("still refused %v after the report", missingFor)
 	}
+	// Report remembers only a missing topic, from its first report.
+	m.Report("c", errors.New("broker down"), now)
+	if m.Get("c", now) != nil {
+		t.Fatal("an error that does not say the topic is missing was remembered")
+	}
+	unknown := fmt.Errorf("send: %w", sarama.ErrUnknownTopicOrPartition)
+	m.Report("c", unknown, now)
+	m.Report("c", unknown, now.Add(4*time.Second)) // not renewed
+	if m.Get("c", now.Add(missingFor)) != nil {
+		t.Fatal("a second report renewed the memory")
+	}
 	m.Set("b", missing, now)
-	m.Forget("b")
+	m.Forget(slices.Values([]string{"b"}))
 	if err := m.Get("b", now); err != nil {
 		t.Fatalf("a topic published to is still refused: %v", err)
 	}
