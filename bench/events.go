@@ -56,6 +56,17 @@ func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, 
 	if err := e.truncate(ctx, t); err != nil {
 		return err
 	}
+	if err := e.insertEvents(ctx, t, topic, 1, n, published); err != nil {
+		return fmt.Errorf("preload: %w", err)
+	}
+	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+ident(t))
+	return err
+}
+
+// insertEvents writes events from to to (their sequence numbers) for topic
+// into table t in one statement, published already when published (in the
+// INSERT: no UPDATE), each with a key of the bench's Keys.
+func (e *env) insertEvents(ctx context.Context, t outbox.Table, topic string, from, to int, published bool) error {
 	at := "NULL::timestamptz"
 	if published {
 		at = "now()"
@@ -64,13 +75,10 @@ func (e *env) preload(ctx context.Context, t outbox.Table, topic string, n int, 
 		SELECT ` + at + `, gen_random_uuid(), $1, k, $2,
 		       format('{"pad": "%s", "seq": "%s", "order_id": "%s"}', $3::text, lpad(i::text, 7, '0'), k)::jsonb,
 		       $4, k
-		FROM (SELECT i, 'order-' || lpad(floor(random() * $6)::int::text, 5, '0') AS k
-		      FROM generate_series(1, $5) AS i) AS s
+		FROM (SELECT i, 'order-' || lpad(floor(random() * $7)::int::text, 5, '0') AS k
+		      FROM generate_series($5::int, $6::int) AS i) AS s
 		ORDER BY i`
-	if _, err := e.pool.Exec(ctx, q, aggregateType, eventType, pad, topic, n, e.p.Keys); err != nil {
-		return fmt.Errorf("preload: %w", err)
-	}
-	_, err := e.pool.Exec(ctx, "VACUUM ANALYZE "+ident(t))
+	_, err := e.pool.Exec(ctx, q, aggregateType, eventType, pad, topic, from, to, e.p.Keys)
 	return err
 }
 

@@ -167,13 +167,6 @@ func waitConfirmed(ctx context.Context, r *relay.Relay, lsn pglogrepl.LSN, limit
 // transactions of streamChunk events, and returns the WAL position before
 // the last one: a stream that confirmed past it has confirmed them all.
 func (e *env) writeStreamBacklog(ctx context.Context, topic string, n int) (pglogrepl.LSN, error) {
-	q := `INSERT INTO ` + ident(e.ctable) + ` (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)
-		SELECT gen_random_uuid(), $1, k, $2,
-		       format('{"pad": "%s", "seq": "%s", "order_id": "%s"}', $3::text, lpad(i::text, 7, '0'), k)::jsonb,
-		       $4, k
-		FROM (SELECT i, 'order-' || lpad(floor(random() * $7)::int::text, 5, '0') AS k
-		      FROM generate_series($5::int, $6::int) AS i) AS s
-		ORDER BY i`
 	var last pglogrepl.LSN
 	for from := 1; from <= n; from += streamChunk {
 		to := min(n, from+streamChunk-1)
@@ -187,7 +180,7 @@ func (e *env) writeStreamBacklog(ctx context.Context, topic string, n int) (pglo
 				return 0, err
 			}
 		}
-		if _, err := e.pool.Exec(ctx, q, aggregateType, eventType, pad, topic, from, to, e.p.Keys); err != nil {
+		if err := e.insertEvents(ctx, e.ctable, topic, from, to, false); err != nil {
 			return 0, fmt.Errorf("write the stream's backlog: %w", err)
 		}
 	}
@@ -205,6 +198,6 @@ func (e *env) dropSlot(ctx context.Context, slot string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("drop slot %s: %w", slot, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // its walsender is still ending
 	}
 }

@@ -609,18 +609,7 @@ func (c *walCluster) startRelay(ctx context.Context, mode, warm, profile string,
 func (r *walRelay) stop(ctx context.Context) error {
 	err := r.ps.stop()
 	if r.mode == "stream" {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			_, derr := r.c.e.pool.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", benchSlot(ctx, r.c.e.pool, r.c.e.tableOf("stream")))
-			if derr == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				err = errors.Join(err, fmt.Errorf("drop slot %s: %w", benchSlot(ctx, r.c.e.pool, r.c.e.tableOf("stream")), derr))
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // its walsender is still ending
-		}
+		err = errors.Join(err, r.c.e.dropSlot(context.WithoutCancel(ctx), benchSlot(ctx, r.c.e.pool, r.c.e.tableOf("stream"))))
 	}
 	return err
 }
