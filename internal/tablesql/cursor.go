@@ -83,8 +83,14 @@ func Delivered(table outbox.Table) string {
 // cursorWaiting selects (id, created_at) of the rows some lane has yet to
 // deliver: those not in the lane's done snapshot, less those its open
 // window delivered (at or below its start, or in its skip list). The
-// candidates come from the (txid, id) index: rows of the transactions in a
-// done snapshot's xip list, or at or past its xmax.
+// candidates come from the (txid, id) index: rows of the transactions past
+// the lowest xmax of the done snapshots (up to the statement's own, a range
+// the planner takes the index for), and, one index probe each, those of
+// the transactions in a done snapshot's xip list. The rows' unpublished
+// condition is written so that the planner cannot match it to the
+// unpublished partial index: in cursor mode that index holds every row the
+// table keeps, delivered or not, and reading it whole cost every read of
+// the counts (the relay's gauges, once a second) the table's size.
 func cursorWaiting(table outbox.Table) string {
 	t, c := sqlname.Ident(table), sqlname.Ident(sqlname.Cursor(table))
 	// The lanes' states are arrays indexed by lane + 1, so that the scans
@@ -93,19 +99,21 @@ func cursorWaiting(table outbox.Table) string {
 	arr := func(col string) string {
 		return "ARRAY(SELECT " + col + " FROM generate_series(0, (SELECT max(lanes) FROM c) - 1) g LEFT JOIN c ON c.lane = g ORDER BY g)"
 	}
-	waiting := func(txid string) string {
-		return "(SELECT e.id, e.created_at FROM " + t + " e WHERE " + txid +
+	waiting := func(from, txid string) string {
+		return "(SELECT e.id, e.created_at FROM " + from + " WHERE " + txid +
 			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
 			" AND NOT coalesce(pg_visible_in_snapshot(e.txid, ((SELECT uptos FROM k))[" + ln + "])" +
 			" AND (e.id <= ((SELECT starts FROM k))[" + ln + "] OR e.id = ANY((SELECT skips FROM k)::bigint[])), false)" +
-			" AND e.published_at IS NULL AND e.parked_at IS NULL)"
+			" AND coalesce(e.published_at, e.parked_at) IS NULL)"
 	}
+	byXip := "unnest((SELECT xips FROM k)::xid8[]) x(xid) CROSS JOIN LATERAL (SELECT * FROM " + t + " e WHERE e.txid = x.xid OFFSET 0) e"
 	return "WITH c AS MATERIALIZED (SELECT lane, lanes, done, upto, greatest(pos, floor - 1) AS start, skip FROM " + c + ")," +
 		" k AS MATERIALIZED (SELECT (SELECT max(lanes) FROM c) AS lanes, " + arr("c.done") + " AS dones, " + arr("c.upto") + " AS uptos, " + arr("c.start") + " AS starts," +
 		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
 		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x), '{}') AS xips," +
 		" (SELECT min(pg_snapshot_xmax(done)) FROM c) AS xmax)" +
-		" " + waiting("e.txid >= (SELECT xmax FROM k)") + " UNION ALL " + waiting("e.txid = ANY((SELECT xips FROM k)::xid8[])")
+		" " + waiting(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax(pg_current_snapshot())") +
+		" UNION ALL " + waiting(byXip, "true")
 }
 
 // readCursorCounts is readCounts for a table in cursor mode.
