@@ -103,15 +103,21 @@ func (r *Relay) newKeeper() *laneKeeper {
 }
 
 // fast reports whether the next claim reads the kept lanes alone, without
-// Find: lanes are kept and Find ran less than findEvery ago. Such a claim
-// is one statement fewer, and its Load and Read are those of a claim whose
-// Find locked the kept lanes (their positions are the worker's, their
-// session locks the connection's), so order, late rows, held keys and
-// parking are as in any claim; it returns to Find when the kept lanes
-// have nothing to send.
+// Find: lanes are kept and Find ran less than findEvery ago, or the worker
+// keeps every lane. Such a claim is one statement fewer, and its Load and
+// Read are those of a claim whose Find locked the kept lanes (their
+// positions are the worker's, their session locks the connection's), so
+// order, late rows, held keys and parking are as in any claim; it returns
+// to Find when the kept lanes have nothing to send, unless they are all
+// the lanes there are.
 func (k *laneKeeper) fast() bool {
-	return k.keeping() && len(k.lanes) > 0 && time.Since(k.found) < k.findEvery
+	return k.keeping() && len(k.lanes) > 0 && (time.Since(k.found) < k.findEvery || k.everyLane())
 }
+
+// everyLane reports whether the worker keeps every lane: Find could find
+// no lane that the kept lanes' read does not read (a relay alone on its
+// table, with one worker, keeps them all while events spread over them).
+func (k *laneKeeper) everyLane() bool { return len(k.lanes) >= k.r.cfg.Lanes }
 
 // searched notes that a claim of n rows ran Find, which saw seen waiting
 // rows: all there are when they did not fill its window (2n), a backlog

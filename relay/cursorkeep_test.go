@@ -223,6 +223,59 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 	s.noRowUpdated(t)
 }
 
+// A worker that keeps every lane has no lane for Find to find: its claims
+// read the kept lanes alone however long ago Find ran (here it would be
+// due at every claim), each event once and each key in order; idle, it
+// writes their positions and lets them go.
+func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	const lanes = 2
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: lanes})
+	relay.SetKeepFind(r, time.Nanosecond)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	write := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
+				return tx.Add(s.ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%20), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(0, 100) // twenty keys: both lanes are kept after the first events
+	cons.WaitForDistinct(100, 30*time.Second)
+	before := relay.KeptClaims(r)
+	write(100, 300)
+	cons.WaitForDistinct(300, 30*time.Second)
+	if relay.KeptClaims(r) == before {
+		t.Fatal("no claim read the lanes without Find while the worker kept every lane")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 300 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 300 and 0", distinct, dups)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := s.waiting(t)
+		return n == 0, fmt.Sprintf("the lanes' rows leave %d delivered events to deliver while the relay is idle", n)
+	})
+	ns := locks.Namespace(s.table.String())
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		var free int
+		err := s.pool.QueryRow(s.ctx, "SELECT count(*) FILTER (WHERE pg_try_advisory_xact_lock($1, l)) FROM generate_series(0, $2 - 1) l", ns, lanes).Scan(&free)
+		return err == nil && free == lanes, fmt.Sprintf("%d of %d lanes free (%v) once the relay has nothing to deliver", free, lanes, err)
+	})
+	s.noRowUpdated(t)
+}
+
 // A row that cannot be read in a kept lane, met by a claim without Find
 // (one statement for the kept lanes' positions and rows): the claim reads
 // the lanes again the general way, the row is parked, and the lane goes on

@@ -371,6 +371,16 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 			}
 			return c, err
 		}
+		if k.everyLane() {
+			// Nothing to send, and there is no other lane: no row waits
+			// but those the read held back (their keys' retries are not
+			// due). Find would lock the same lanes and read them again.
+			k.searched(0, n)
+			if c.cur == nil && k.due() {
+				return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
+			}
+			return c, nil
+		}
 		// Nothing to send in the kept lanes: Find looks at every lane
 		// (this read wrote nothing and is forgotten).
 	}
