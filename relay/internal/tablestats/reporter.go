@@ -162,7 +162,7 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, noJIT("true")); err != nil {
+		if _, err := tx.Exec(ctx, readSettings("true")); err != nil {
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		st, err := r.query(ctx, tx)
@@ -183,7 +183,7 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, nil
 		}
 		conn = pc.Hijack() // the lock lives as long as this connection
-		if _, err := conn.Exec(ctx, noJIT("false")); err != nil {
+		if _, err := conn.Exec(ctx, readSettings("false")); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
@@ -196,14 +196,17 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 	return st, conn, nil
 }
 
-// noJIT turns JIT compilation off for the transaction (local "true") or the
-// session ("false"). The counts' plan is cheap to run but may be estimated
-// dear (the probes of the running transactions' rows, where transactions
-// wrote many rows each), and past jit_above_cost PostgreSQL would compile
-// it at every read: 50 to 190 ms of the server's CPU, once a second, for a
-// statement that runs in under one.
-func noJIT(local string) string {
-	return "SELECT set_config('jit', 'off', " + local + "), set_config('max_parallel_workers_per_gather', '0', " + local + ")"
+// readSettings are the settings of the reads, for the transaction (local
+// "true") or the session ("false"): those of the relay's cursor statements.
+// The counts' plan is cheap to run, but its probes of the running
+// transactions' rows are estimated from the table's statistics: where a
+// transaction wrote many rows (a bulk load, a batch writer), the planner
+// took a sequential scan per probe (490 ms a read in the wal bench, whose
+// table was loaded in one transaction), and past jit_above_cost compiled
+// the plan at every read (50 to 190 ms).
+func readSettings(local string) string {
+	return "SELECT set_config('jit', 'off', " + local + "), set_config('enable_seqscan', 'off', " + local + ")," +
+		" set_config('max_parallel_workers_per_gather', '0', " + local + ")"
 }
 
 // query reads the backlog, the oldest age and the parked events by topic
