@@ -80,40 +80,35 @@ func Delivered(table outbox.Table) string {
 		" WHERE c.lane = " + Lane("partition_key", "c.lanes") + " AND pg_visible_in_snapshot(txid, c.done)))"
 }
 
-// cursorWaiting selects (id, created_at) of the rows some lane has yet to
-// deliver: those not in the lane's done snapshot, less those its open
-// window delivered (at or below its start, or in its skip list). The
-// candidates come from the (txid, id) index: rows of the transactions past
-// the lowest xmax of the done snapshots (up to the statement's own, a range
-// the planner takes the index for), and, one index probe each, those of
-// the transactions in a done snapshot's xip list. The rows' unpublished
-// condition is written so that the planner cannot match it to the
-// unpublished partial index: in cursor mode that index holds every row the
-// table keeps, delivered or not, and reading it whole cost every read of
-// the counts (the relay's gauges, once a second) the table's size.
+// cursorWaiting selects the ids of the rows some lane has yet to deliver:
+// those not in the lane's done snapshot, less those its open window
+// delivered (at or below its start, or in its skip list). The candidates
+// come from the (txid, id) index: rows of the transactions past the lowest
+// xmax of the done snapshots (up to the statement's own, a range the
+// planner takes the index for), and, one index probe each, those of the
+// transactions below it in a done snapshot's xip list, so that no row is
+// selected twice. The rows' unpublished condition is written so that the
+// planner cannot match it to the unpublished partial index: in cursor mode
+// that index holds every row the table keeps, delivered or not, and
+// reading it whole cost every read of the counts (the relay's gauges, once
+// a second) the table's size.
 func cursorWaiting(table outbox.Table) string {
 	t, c := sqlname.Ident(table), sqlname.Ident(sqlname.Cursor(table))
-	// The lanes' states are arrays indexed by lane + 1, so that the scans
-	// stay on the (txid, id) index (see relay/internal/cursor).
-	ln := Lane("e.partition_key", "(SELECT lanes FROM k)") + " + 1"
-	arr := func(col string) string {
-		return "ARRAY(SELECT " + col + " FROM generate_series(0, (SELECT max(lanes) FROM c) - 1) g LEFT JOIN c ON c.lane = g ORDER BY g)"
-	}
+	// Each row meets its lane's position by a join on the lane (computed
+	// once per row), not by subscripts into arrays of the positions.
 	waiting := func(from, txid string) string {
-		return "(SELECT e.id, e.created_at FROM " + from + " WHERE " + txid +
-			" AND NOT pg_visible_in_snapshot(e.txid, ((SELECT dones FROM k))[" + ln + "])" +
-			" AND NOT coalesce(pg_visible_in_snapshot(e.txid, ((SELECT uptos FROM k))[" + ln + "])" +
-			" AND (e.id <= ((SELECT starts FROM k))[" + ln + "] OR e.id = ANY((SELECT skips FROM k)::bigint[])), false)" +
+		return "(SELECT e.id FROM " + from + " JOIN c ON c.lane = " + Lane("e.partition_key", "(SELECT lanes FROM k)") +
+			" WHERE " + txid + " AND NOT pg_visible_in_snapshot(e.txid, c.done)" +
+			" AND NOT coalesce(pg_visible_in_snapshot(e.txid, c.upto) AND (e.id <= c.start OR e.id = ANY(c.skip)), false)" +
 			" AND coalesce(e.published_at, e.parked_at) IS NULL)"
 	}
 	byXip := "unnest((SELECT xips FROM k)::xid8[]) x(xid) CROSS JOIN LATERAL (SELECT * FROM " + t + " e WHERE e.txid = x.xid OFFSET 0) e"
 	return "WITH c AS MATERIALIZED (SELECT lane, lanes, done, upto, greatest(pos, floor - 1) AS start, skip FROM " + c + ")," +
-		" k AS MATERIALIZED (SELECT (SELECT max(lanes) FROM c) AS lanes, " + arr("c.done") + " AS dones, " + arr("c.upto") + " AS uptos, " + arr("c.start") + " AS starts," +
-		" coalesce((SELECT array_agg(s) FROM c, unnest(c.skip) s), '{}') AS skips," +
+		" k AS MATERIALIZED (SELECT (SELECT max(lanes) FROM c) AS lanes," +
 		" coalesce((SELECT array_agg(DISTINCT x) FROM c, pg_snapshot_xip(c.done) x), '{}') AS xips," +
 		" (SELECT min(pg_snapshot_xmax(done)) FROM c) AS xmax)" +
 		" " + waiting(t+" e", "e.txid >= (SELECT xmax FROM k) AND e.txid < pg_snapshot_xmax(pg_current_snapshot())") +
-		" UNION ALL " + waiting(byXip, "true")
+		" UNION ALL " + waiting(byXip, "x.xid < (SELECT xmax FROM k)")
 }
 
 // readCursorCounts is readCounts for a table in cursor mode.
@@ -124,11 +119,13 @@ func readCursorCounts(ctx context.Context, db Querier, table outbox.Table) (Coun
 	if err != nil {
 		return c, err
 	}
-	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED (SELECT DISTINCT id, created_at FROM ("+cursorWaiting(table)+") u)"+
+	// The waiting rows' ids only: their count, and the lowest, whose row
+	// gives the oldest age.
+	rows, err := db.Query(ctx, "WITH w AS MATERIALIZED (SELECT id FROM ("+cursorWaiting(table)+") u)"+
 		" SELECT (SELECT count(*) FROM (SELECT 1 FROM w LIMIT @cap) b),"+
 		" o.created_at, coalesce(extract(epoch FROM now() - o.created_at)::float8, 0),"+
 		" (SELECT count(*) FROM "+sqlname.Ident(p.Table)+" WHERE "+p.Where+")"+
-		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM w ORDER BY id LIMIT 1) o ON true",
+		" FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT created_at FROM "+sqlname.Ident(table)+" WHERE id = (SELECT min(id) FROM w)) o ON true",
 		pgx.NamedArgs{"cap": BacklogCap})
 	if err != nil {
 		return c, err
