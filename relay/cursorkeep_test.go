@@ -139,6 +139,14 @@ func TestCursorKeptLanesAreWrittenWhileIdle(t *testing.T) {
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	s.write(t, topic, 30, 6)
 	cons.WaitForDistinct(30, 30*time.Second)
+	s.keptLanesWrittenAndFree(t, lanes)
+}
+
+// keptLanesWrittenAndFree waits until a running relay that has nothing to
+// deliver wrote the positions of the lanes it kept (their rows leave no
+// delivered event to deliver) and let all lanes of lanes go.
+func (s *setup) keptLanesWrittenAndFree(t *testing.T, lanes int) {
+	t.Helper()
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := s.waiting(t)
 		return n == 0, fmt.Sprintf("the lanes' rows leave %d delivered events to deliver while the relay runs", n)
@@ -263,16 +271,7 @@ func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 300 || dups != 0 {
 		t.Errorf("got %d distinct events and %d duplicates, want 300 and 0", distinct, dups)
 	}
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		n := s.waiting(t)
-		return n == 0, fmt.Sprintf("the lanes' rows leave %d delivered events to deliver while the relay is idle", n)
-	})
-	ns := locks.Namespace(s.table.String())
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		var free int
-		err := s.pool.QueryRow(s.ctx, "SELECT count(*) FILTER (WHERE pg_try_advisory_xact_lock($1, l)) FROM generate_series(0, $2 - 1) l", ns, lanes).Scan(&free)
-		return err == nil && free == lanes, fmt.Sprintf("%d of %d lanes free (%v) once the relay has nothing to deliver", free, lanes, err)
-	})
+	s.keptLanesWrittenAndFree(t, lanes)
 	s.noRowUpdated(t)
 }
 
