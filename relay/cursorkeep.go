@@ -24,7 +24,9 @@ import (
 // once its batches read MaxBatchSize rows since the last write (in the batch's
 // transaction when one is due, or a transaction of its own when the worker
 // is idle), and lets go, after that write committed, of the lanes that no
-// batch took since the previous one. A lane's row is so
+// batch took since it last let lanes go, at most every keepSaveEvery (a
+// drain writes at each batch, and reads the lanes behind first). A lane's
+// row is so
 // written about twice a second while it has events, instead of once per
 // batch. Its batches' transactions begin at their first write (see
 // lazytx.Tx): a batch that reads the kept lanes and writes nothing is one
@@ -69,6 +71,11 @@ type laneKeeper struct {
 	dirty map[int32]bool
 	used  map[int32]bool
 	saved time.Time // the last write
+	// freed is when the lanes no batch took were last let go: at a write,
+	// once every (not at each write of a drain, whose batches of
+	// MaxBatchSize write each time and read the lanes behind first: the
+	// lanes ahead would be let go and found again batch after batch).
+	freed time.Time
 	// session: conn's session has the batches' settings (Relay.settings).
 	session bool
 	every   time.Duration
@@ -207,7 +214,7 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		// Its batches' settings for the whole session: a batch then
 		// sends no statement for them (see settled).
 		_, err = conn.Exec(ctx, k.r.sessionSettings, k.r.idleMillis)
-		k.conn, k.saved, k.session = conn, time.Now(), err == nil
+		k.conn, k.saved, k.freed, k.session = conn, time.Now(), time.Now(), err == nil
 	}
 	if k.session {
 		// Begun by its first statement but the kept lanes' read (a batch
@@ -310,7 +317,8 @@ func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.
 
 // committed takes a batch's outcome once its transaction committed (or
 // had nothing to write): the lanes' positions are kept; after a write,
-// the lanes no batch took since the previous one are let go.
+// once every keepSaveEvery, the lanes no batch took since the last time
+// are let go.
 func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 	written := map[int32]bool{}
 	for _, l := range cb.saved {
@@ -347,6 +355,10 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 		return nil
 	}
 	k.saved, k.unsaved = time.Now(), 0
+	if time.Since(k.freed) < k.every {
+		return nil // the lanes taken since the last release are counted on
+	}
+	k.freed = k.saved
 	var free []int32
 	for id := range k.lanes {
 		if !k.used[id] {
@@ -360,6 +372,7 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 	for _, id := range free {
 		delete(k.lanes, id)
 	}
+	k.r.cur.keptFreed.Add(int64(len(free)))
 	if _, err := k.conn.Exec(ctx, k.r.cur.q.Release, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": free}); err != nil {
 		return fmt.Errorf("relay: let go of %d lanes of %s: %w", len(free), k.r.cfg.Table, err)
 	}

@@ -275,6 +275,37 @@ func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 	s.noRowUpdated(t)
 }
 
+// A worker draining a backlog keeps the lanes it read: its batches of
+// MaxBatchSize write the positions each time and read the lanes that are
+// behind first, but a lane is let go only when no batch took it for the
+// write interval, not at each of those writes (where the lanes ahead would
+// be let go and found again batch after batch).
+func TestCursorKeptLanesStayKeptThroughADrain(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	s.write(t, topic, 1500, 50) // the backlog, before the relay starts
+	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond,
+		Lanes: 8, BatchSize: 40, MaxBatchSize: 40})
+	relay.SetKeepSaveEvery(r, time.Hour)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	cons.WaitForDistinct(1500, 60*time.Second)
+	if n := relay.KeptFreed(r); n != 0 {
+		t.Errorf("the worker let go of kept lanes %d times while it drained the backlog; want none", n)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if distinct, dups := checkOrder(t, cons.Messages()); distinct != 1500 || dups != 0 {
+		t.Errorf("got %d distinct events and %d duplicates, want 1500 and 0", distinct, dups)
+	}
+	s.noRowUpdated(t)
+}
+
 // A row that cannot be read in a kept lane, met by a claim without Find
 // (one statement for the kept lanes' positions and rows): the claim reads
 // the lanes again the general way, the row is parked, and the lane goes on

@@ -18,3 +18,6 @@ func KeptClaims(r *Relay) int64 { return r.cur.keptClaims.Load() }
 // KeptUnreadable returns how many claims of r read kept lanes in one
 // statement, met a row that could not be read and read the lanes again.
 func KeptUnreadable(r *Relay) int64 { return r.cur.keptUnreadable.Load() }
+
+// KeptFreed returns how many kept lanes the workers of r let go.
+func KeptFreed(r *Relay) int64 { return r.cur.keptFreed.Load() }

@@ -116,6 +116,9 @@ type cursorState struct {
 	// keptUnreadable counts the reads of kept lanes in one statement that
 	// met a row that could not be read (tests).
 	keptUnreadable atomic.Int64
+	// keptFreed counts the kept lanes let go (see laneKeeper.committed;
+	// tests).
+	keptFreed atomic.Int64
 }
 
 // knownEvery is how often a relay reads every lane's position.
