@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/relay"
-	"github.com/fxoutbox/outbox/unitofwork"
 )
 
 // killKeepers terminates the backends that hold session locks on the
@@ -180,18 +180,7 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Stop(s.ctx) }()
-	add := func(tx unitofwork.Tx, key string, seq int) error {
-		return tx.Add(s.ctx, outbox.Event{AggregateType: "order", AggregateID: key, Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": seq}})
-	}
-	writeRange := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error { return add(tx, fmt.Sprintf("k%d", i%20), i) }); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	writeRange(0, 100)
+	s.writeRange(t, topic, 0, 100, 20)
 	cons.WaitForDistinct(100, 30*time.Second)
 
 	// A transaction opens and writes first (its rows have lower ids than
@@ -208,7 +197,7 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 		}
 	}
 	before := relay.KeptClaims(r)
-	writeRange(100, 300)
+	s.writeRange(t, topic, 100, 300, 20)
 	cons.WaitForDistinct(300, 30*time.Second)
 	if relay.KeptClaims(r) == before {
 		t.Fatal("no claim read the kept lanes without Find while they had events to send")
@@ -221,7 +210,7 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 	if err := long.Commit(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	writeRange(300, 400)
+	s.writeRange(t, topic, 300, 400, 20)
 	cons.WaitForDistinct(403, 30*time.Second)
 	time.Sleep(200 * time.Millisecond)
 	distinct, dups := checkOrder(t, cons.Messages())
@@ -249,20 +238,10 @@ func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
-	write := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			if err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-				return tx.Add(s.ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%20), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	write(0, 100) // twenty keys: both lanes are kept after the first events
+	s.writeRange(t, topic, 0, 100, 20) // twenty keys: both lanes are kept after the first events
 	cons.WaitForDistinct(100, 30*time.Second)
 	before := relay.KeptClaims(r)
-	write(100, 300)
+	s.writeRange(t, topic, 100, 300, 20)
 	cons.WaitForDistinct(300, 30*time.Second)
 	if relay.KeptClaims(r) == before {
 		t.Fatal("no claim read the lanes without Find while the worker kept every lane")
@@ -272,6 +251,46 @@ func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 		t.Errorf("got %d distinct events and %d duplicates, want 300 and 0", distinct, dups)
 	}
 	s.keptLanesWrittenAndFree(t, lanes)
+	s.noRowUpdated(t)
+}
+
+// A worker that keeps every lane (here the one lane) and reads only events
+// held back behind a key's failure returns without Find: the failed key's
+// events go once its retry is due, in order, and the other key's flow
+// meanwhile, each once.
+func TestCursorKeptEveryLaneHeldKeyGoesOnInOrder(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, 4)
+	cons := testenv.Consume(t, brokers, topic)
+	pub := &flakyPublisher{pub: s.publisher(t), flaky: "flaky", failures: 3}
+	r := s.relay(t, pub, relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lanes: 1})
+	relay.SetKeepFind(r, time.Nanosecond)
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	for i := range 5 {
+		s.addEvent(t, "flaky", topic, i)
+		s.addEvent(t, "ok", topic, i)
+	}
+	msgs := cons.WaitForDistinct(10, 30*time.Second)
+	pub.mu.Lock()
+	if pub.failures != 0 {
+		t.Errorf("test bug: %d of the flaky key's failures were not used", pub.failures)
+	}
+	pub.mu.Unlock()
+	seqs := map[string][]int{}
+	for _, m := range msgs {
+		seqs[string(m.Key)] = append(seqs[string(m.Key)], seqIn(m.Value))
+	}
+	for _, k := range []string{"flaky", "ok"} {
+		if fmt.Sprint(seqs[k]) != "[0 1 2 3 4]" {
+			t.Errorf("key %s arrived as %v, want [0 1 2 3 4]", k, seqs[k])
+		}
+	}
 	s.noRowUpdated(t)
 }
 
@@ -394,9 +413,16 @@ func TestCursorKeptConnectionSettingsAndReads(t *testing.T) {
 		t.Fatal("no claim read kept lanes: the test did not run batches on a kept connection")
 	}
 	const session, local = "'force_generic_plan', false)", "'force_generic_plan', true)"
-	kept := tr.connsThatRan(session)
+	// The table statistics reporter's connection sets them for its
+	// session too; the worker's is the one that claims.
+	var kept []*pgx.Conn
+	for _, c := range tr.connsThatRan(session) {
+		if tr.count(c, "pg_current_snapshot() AS now") > 0 {
+			kept = append(kept, c)
+		}
+	}
 	if len(kept) != 1 {
-		t.Fatalf("%d connections set the batches' settings for their session, want the worker's 1", len(kept))
+		t.Fatalf("%d connections that claim set the batches' settings for their session, want the worker's 1", len(kept))
 	}
 	if n := tr.count(kept[0], local); n > 0 {
 		t.Errorf("the kept connection set the settings for a transaction %d times after it set them for its session", n)

@@ -475,6 +475,8 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(failure.Type(&failure.DBStep{Err: err}))))
 		},
 		ErrorType: func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
+		// The batches' settings, their arguments alike.
+		TxSettings: r.txSettings, SessionSettings: r.sessionSettings, SettingsArgs: []any{r.idleMillis},
 	})
 }
 

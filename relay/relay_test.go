@@ -80,7 +80,14 @@ func (s *setup) relay(t testing.TB, pub relay.Publisher, cfg relay.Config) *rela
 // write commits n events, one per transaction, keys cycling over keys.
 func (s *setup) write(t *testing.T, topic string, n, keys int) {
 	t.Helper()
-	for i := range n {
+	s.writeRange(t, topic, 0, n, keys)
+}
+
+// writeRange commits the events of seq from to to - 1, one per
+// transaction, the key of seq i "k" + i % keys.
+func (s *setup) writeRange(t *testing.T, topic string, from, to, keys int) {
+	t.Helper()
+	for i := from; i < to; i++ {
 		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
 			return tx.Add(ctx, outbox.Event{
 				AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%keys), Type: "order.updated.v1",

@@ -50,6 +50,15 @@ type Config struct {
 	Failed func(ctx context.Context, err error)
 	// ErrorType names an error's cause for the log (error.type).
 	ErrorType func(error) string
+	// TxSettings and SessionSettings set a read's settings for its
+	// transaction or for the session of the connection holding the lock,
+	// with SettingsArgs: the relay's batch settings (no JIT, no parallel
+	// plans, under cursor progress no sequential scans). The counts probe
+	// the rows of running transactions through the (txid, id) index, and
+	// after a bulk load the planner would scan the table for each probe,
+	// or compile the plan at every read.
+	TxSettings, SessionSettings string
+	SettingsArgs                []any
 }
 
 // Stats are the table-wide statistics.
@@ -162,7 +171,7 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, readSettings("true")); err != nil {
+		if _, err := tx.Exec(ctx, r.cfg.TxSettings, r.cfg.SettingsArgs...); err != nil {
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		st, err := r.query(ctx, tx)
@@ -183,7 +192,7 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, nil
 		}
 		conn = pc.Hijack() // the lock lives as long as this connection
-		if _, err := conn.Exec(ctx, readSettings("false")); err != nil {
+		if _, err := conn.Exec(ctx, r.cfg.SessionSettings, r.cfg.SettingsArgs...); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
@@ -194,19 +203,6 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 		return nil, nil, err
 	}
 	return st, conn, nil
-}
-
-// readSettings are the settings of the reads, for the transaction (local
-// "true") or the session ("false"): those of the relay's cursor statements.
-// The counts' plan is cheap to run, but its probes of the running
-// transactions' rows are estimated from the table's statistics: where a
-// transaction wrote many rows (a bulk load, a batch writer), the planner
-// took a sequential scan per probe (490 ms a read in the wal bench, whose
-// table was loaded in one transaction), and past jit_above_cost compiled
-// the plan at every read (50 to 190 ms).
-func readSettings(local string) string {
-	return "SELECT set_config('jit', 'off', " + local + "), set_config('enable_seqscan', 'off', " + local + ")," +
-		" set_config('max_parallel_workers_per_gather', '0', " + local + ")"
 }
 
 // query reads the backlog, the oldest age and the parked events by topic

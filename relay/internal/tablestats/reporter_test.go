@@ -11,6 +11,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay/internal/marks"
 )
 
 // The parked gauge counts parked events by topic and by the error.type the
@@ -102,7 +103,8 @@ func TestOneReporterPerTableAndTakeover(t *testing.T) {
 	newReporter := func() *Reporter {
 		return New(Config{DB: pool, Table: tbl, LockNamespace: locks.Namespace(tbl.String()), LockKey: -1, Interval: 20 * time.Millisecond,
 			Logger: slog.New(slog.DiscardHandler), Failed: func(_ context.Context, err error) { t.Errorf("read failed: %v", err) },
-			ErrorType: func(error) string { return "test" }})
+			ErrorType:  func(error) string { return "test" },
+			TxSettings: marks.TxSettings(true, marks.CommitDefault), SessionSettings: marks.SessionSettings(true, marks.CommitDefault), SettingsArgs: []any{"10000"}})
 	}
 	a, b := newReporter(), newReporter()
 	actx, stopA := context.WithCancel(ctx)
