@@ -214,6 +214,13 @@ type cursorBatch struct {
 	committed bool
 }
 
+// newCursorBatch returns an empty batch of the worker's keeper own (nil
+// where lanes are not kept): a claim's read fills it; read nothing, it
+// writes the kept positions when they are due.
+func newCursorBatch(own *laneKeeper) *cursorBatch {
+	return &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: own}
+}
+
 // cursorCommitted takes the positions of a batch that committed (or had
 // nothing to write) into the relay's copy and the worker's kept lanes.
 func (r *Relay) cursorCommitted(ctx context.Context, cb *cursorBatch) {
@@ -380,7 +387,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 			// due). Find would lock the same lanes and read them again.
 			k.searched(0, n)
 			if c.cur == nil && k.due() {
-				return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
+				return claimed{cur: newCursorBatch(k)}, nil
 			}
 			return c, nil
 		}
@@ -390,7 +397,7 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 	locked, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, nil, k)
 	k.searched(seen, n)
 	if err == nil && len(locked) == 0 && k.due() {
-		return claimed{cur: &cursorBatch{own: k, lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}}}, nil
+		return claimed{cur: newCursorBatch(k)}, nil
 	}
 	if err != nil || len(locked) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
@@ -550,7 +557,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	q := r.cur.q
 	// A new statement: its snapshot sees what the lanes' previous holder
 	// committed.
-	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: k}
+	cb := newCursorBatch(k)
 	loadArgs := cursor.KeptArgs(k.given(locked))
 	loadArgs["locked"], loadArgs["lanes"] = locked, r.cfg.Lanes
 	pre, preArgs := "", []any(nil)
@@ -705,7 +712,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 	if len(given) != len(locked) || len(given) == 0 {
 		return r.cursorRead(ctx, tx, locked, n, held, seen, nil, k, first)
 	}
-	cb := &cursorBatch{lanes: map[int32]cursor.Lane{}, laneOf: map[int64]int32{}, held: map[int64]bool{}, own: k}
+	cb := newCursorBatch(k)
 	args := cursor.KeptReadArgs(r.cfg.Lanes, given)
 	args["n"], args["lanes"] = n, r.cfg.Lanes
 	var out []row
