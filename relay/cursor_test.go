@@ -168,15 +168,7 @@ func TestCursorOpenTransactionHoldsOnlyItsOwn(t *testing.T) {
 	if err := long.Commit(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	// More writes after the commit, on the same keys.
-	for i := 200; i < 250; i++ {
-		err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-			return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%10), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	s.writeRange(t, topic, 200, 250, 10) // more writes after the commit, on the same keys
 	cons.WaitForDistinct(253, 30*time.Second)
 	time.Sleep(200 * time.Millisecond)
 	distinct, dups := checkOrder(t, cons.Messages())
@@ -542,17 +534,7 @@ func TestCursorRebaseAfterRestore(t *testing.T) {
 	topic := testenv.Topic(t, brokers, 2)
 	cons := testenv.Consume(t, brokers, topic)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
-	write := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
-				return tx.Add(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("k%d", i%5), Type: "order.updated.v1", Topic: topic, Payload: map[string]int{"seq": i}})
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	write := func(from, to int) { t.Helper(); s.writeRange(t, topic, from, to, 5) }
 	write(0, 10)
 	drain(t, r)
 	cons.WaitForDistinct(10, 30*time.Second)

@@ -31,8 +31,7 @@ const cols = "e.id, e.event_id, e.event_type, e.topic, e.partition_key, e.payloa
 // the next batch finds their rows as late rows, as with writers that
 // commit all the time. It reports the PostgreSQL CPU of the reading
 // backend per batch (pg_us/batch, from /proc: run it on the server's
-// machine), most of what a cursor relay costs the server. KEPT_EXPLAIN=1
-// prints the plan of one more batch.
+// machine), most of what a cursor relay costs the server.
 //
 //	go test ./relay/internal/cursor/ -run XXX -bench Kept -benchtime 1500x
 func BenchmarkKept(b *testing.B) {
@@ -54,7 +53,7 @@ func benchKept(b *testing.B, held int) {
 	insert := "INSERT INTO " + sqlname.Ident(table) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)" +
 		" VALUES (gen_random_uuid(), 'a', $1, 'a.b', '{}', 't', $1)"
 	for range 1000 { // a table in service
-		if _, err := pool.Exec(ctx, insert, "k"+strconv.Itoa(rand.IntN(10_000))); err != nil {
+		if _, err := pool.Exec(ctx, insert, key()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -97,13 +96,13 @@ func benchKept(b *testing.B, held int) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := tx.Exec(ctx, insert, "k"+strconv.Itoa(rand.IntN(10_000))); err != nil {
+				if _, err := tx.Exec(ctx, insert, key()); err != nil {
 					b.Fatal(err)
 				}
 				open = append(open, tx)
 				continue
 			}
-			if _, err := pool.Exec(ctx, insert, "k"+strconv.Itoa(rand.IntN(10_000))); err != nil {
+			if _, err := pool.Exec(ctx, insert, key()); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -114,19 +113,17 @@ func benchKept(b *testing.B, held int) {
 			b.Fatal(err)
 		}
 		byLane := map[int32][]cursor.Outcome{}
+		var id, last int64
+		var lane int32
 		var now string
-		var last int64
 		var lateLanes []int32
 		var lateIDs []int64
+		dest := []any{&id, nil, nil, nil, nil, nil, nil, nil, nil, nil, &lane, &now, &top, &lateLanes, &lateIDs} // cols' others skipped
 		n := 0
 		for rows.Next() {
-			v, err := rows.Values()
-			if err != nil {
+			if err := rows.Scan(dest...); err != nil {
 				b.Fatal(err)
 			}
-			id, lane := v[0].(int64), v[10].(int32)
-			now, top = v[11].(string), v[12].(int64)
-			lateLanes, lateIDs = toInt32s(v[13]), toInt64s(v[14])
 			byLane[lane] = append(byLane[lane], cursor.Outcome{ID: id, Resolved: true})
 			last = id
 			n++
@@ -164,40 +161,12 @@ func benchKept(b *testing.B, held int) {
 		b.Fatalf("read %d events, want at least %d", events, b.N*(perBatch-held))
 	}
 	b.ReportMetric((procCPU(b, pid)-cpu0)*1e6/float64(b.N), "pg_us/batch")
-	if os.Getenv("KEPT_EXPLAIN") != "" {
-		for range perBatch {
-			if _, err := pool.Exec(ctx, insert, "k"+strconv.Itoa(rand.IntN(10_000))); err != nil {
-				b.Fatal(err)
-			}
-		}
-		args := cursor.KeptReadArgs(lanes, kept)
-		args["n"], args["lanes"] = 50, lanes
-		rows, _ := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+q.Kept, pgx.NamedArgs(args))
-		for rows.Next() {
-			var l string
-			_ = rows.Scan(&l)
-			fmt.Println(l)
-		}
-	}
-}
-
-func toInt32s(v any) []int32 {
-	var out []int32
-	for _, x := range v.([]any) {
-		out = append(out, x.(int32))
-	}
-	return out
-}
-
-func toInt64s(v any) []int64 {
-	var out []int64
-	for _, x := range v.([]any) {
-		out = append(out, x.(int64))
-	}
-	return out
 }
 
 // procCPU is the user and system CPU seconds of process pid.
+// key is one of 10,000 keys, at random.
+func key() string { return "k" + strconv.Itoa(rand.IntN(10_000)) }
+
 func procCPU(b *testing.B, pid int) float64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
