@@ -135,10 +135,7 @@ func runUntil(t *testing.T, r *relay.Relay, what string, cond func() bool) {
 func TestCursorParkMovesTheRow(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	var fixed atomic.Bool
 	r := s.relay(t, failingTopics(s.publisher(t), topic, &fixed), relay.Config{Progress: relay.ProgressCursor, MaxAttempts: 3, PollInterval: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
 	var missing, refused uuid.UUID
@@ -204,10 +201,7 @@ func TestCursorParkMovesTheRow(t *testing.T) {
 func TestCursorHoldStopsOnlyItsLane(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	var fixed atomic.Bool
 	const lanes = 8
 	r := s.relay(t, failingTopics(s.publisher(t), topic, &fixed), relay.Config{Progress: relay.ProgressCursor, Poison: outbox.Hold, Lanes: lanes, PollInterval: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
@@ -286,10 +280,7 @@ func laneOf(t *testing.T, s *setup, key string, lanes int) int {
 func TestCursorParkedRequeueDeleteReplay(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 2)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 2)
 	var fixed atomic.Bool
 	r := s.relay(t, failingTopics(s.publisher(t), topic, &fixed), relay.Config{Progress: relay.ProgressCursor})
 	first := s.addEvent(t, "a", topic, 0)

@@ -59,6 +59,16 @@ func (s *setup) noRowUpdated(t *testing.T) {
 	}
 }
 
+// cursorTopic makes s's table a cursor table and returns a topic of
+// partitions partitions on the test's broker, and a consumer of it.
+func (s *setup) cursorTopic(t *testing.T, partitions int32) (string, *testenv.Consumer) {
+	t.Helper()
+	s.cursor(t)
+	brokers := s.kafka(t)
+	topic := testenv.Topic(t, brokers, partitions)
+	return topic, testenv.Consume(t, brokers, topic)
+}
+
 // checkOrder fails the test when a key's events (payload seq 0, 1, ...)
 // first arrived out of order, and returns the number of duplicates.
 func checkOrder(t *testing.T, msgs []*sarama.ConsumerMessage) (distinct, dups int) {
@@ -91,10 +101,7 @@ func checkOrder(t *testing.T, msgs []*sarama.ConsumerMessage) (distinct, dups in
 func TestCursorDeliversWithoutWritingRows(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	// Some events before the relay's first claim, some between its
 	// batches, in transactions of several events.
 	s.write(t, topic, 120, 7)
@@ -136,10 +143,7 @@ func TestCursorDeliversWithoutWritingRows(t *testing.T) {
 func TestCursorOpenTransactionHoldsOnlyItsOwn(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond})
 	if err := r.Start(s.ctx); err != nil {
 		t.Fatal(err)
@@ -183,10 +187,7 @@ func TestCursorOpenTransactionHoldsOnlyItsOwn(t *testing.T) {
 func TestCursorSkipsRolledBackEvents(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 2)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 2)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
 	boom := errors.New("boom")
 	err := s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {
@@ -228,10 +229,7 @@ func TestCursorPerKeyOrderWithHeldKeysAcrossEightReplicas(t *testing.T) {
 func TestCursorParksPoisonAndGoesOn(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 2)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 2)
 	pub := s.publisher(t)
 	bad := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
 		failed := map[int]error{}
@@ -311,10 +309,7 @@ func TestCursorRefusals(t *testing.T) {
 func TestCursorStatusRequeueReplay(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 2)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 2)
 	var created atomic.Bool
 	pub := s.publisher(t)
 	wrapped := relay.PublisherFunc(func(ctx context.Context, msgs []relay.Message) error {
@@ -433,10 +428,7 @@ func TestCursorStatusRequeueReplay(t *testing.T) {
 func TestCursorUnreadableRowIsParked(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	s.write(t, topic, 20, 5)
 	bad := s.insertUnreadable(t, topic, "kbad")
 	after := s.insertRaw(t, topic, "kbad", []byte(`{"after":true}`))
@@ -529,10 +521,7 @@ func TestCursorNoticesAnotherCluster(t *testing.T) {
 func TestCursorRebaseAfterRestore(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 2)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 2)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor})
 	write := func(from, to int) { t.Helper(); s.writeRange(t, topic, from, to, 5) }
 	write(0, 10)

@@ -127,10 +127,7 @@ func TestCursorKeptLanesCrashRepeatsOnlyWhatRowsDoNotHold(t *testing.T) {
 func TestCursorKeptLanesAreWrittenWhileIdle(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	const lanes = 16
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 50 * time.Millisecond, Lanes: lanes})
 	if err := r.Start(s.ctx); err != nil {
@@ -167,10 +164,7 @@ func (s *setup) keptLanesWrittenAndFree(t *testing.T, lanes int) {
 func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	// Two lanes and twenty keys: after the first events both lanes are
 	// kept, so every later key is in a kept lane.
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: 2})
@@ -227,10 +221,7 @@ func TestCursorKeptLanesClaimWithoutFind(t *testing.T) {
 func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	const lanes = 2
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: lanes})
 	relay.SetKeepFind(r, time.Nanosecond)
@@ -261,10 +252,7 @@ func TestCursorKeptEveryLaneClaimsWithoutFind(t *testing.T) {
 func TestCursorKeptEveryLaneHeldKeyGoesOnInOrder(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	pub := &flakyPublisher{pub: s.publisher(t), flaky: "flaky", failures: 3}
 	r := s.relay(t, pub, relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lanes: 1})
 	relay.SetKeepFind(r, time.Nanosecond)
@@ -282,10 +270,7 @@ func TestCursorKeptEveryLaneHeldKeyGoesOnInOrder(t *testing.T) {
 		t.Errorf("test bug: %d of the flaky key's failures were not used", pub.failures)
 	}
 	pub.mu.Unlock()
-	seqs := map[string][]int{}
-	for _, m := range msgs {
-		seqs[string(m.Key)] = append(seqs[string(m.Key)], seqIn(m.Value))
-	}
+	seqs := seqsByKey(msgs)
 	for _, k := range []string{"flaky", "ok"} {
 		if fmt.Sprint(seqs[k]) != "[0 1 2 3 4]" {
 			t.Errorf("key %s arrived as %v, want [0 1 2 3 4]", k, seqs[k])
@@ -302,10 +287,7 @@ func TestCursorKeptEveryLaneHeldKeyGoesOnInOrder(t *testing.T) {
 func TestCursorKeptLanesStayKeptThroughADrain(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	s.write(t, topic, 1500, 50) // the backlog, before the relay starts
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond,
 		Lanes: 8, BatchSize: 40, MaxBatchSize: 40})
@@ -332,10 +314,7 @@ func TestCursorKeptLanesStayKeptThroughADrain(t *testing.T) {
 func TestCursorKeptLanesParkAnUnreadableRow(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	s.cursor(t)
-	brokers := s.kafka(t)
-	topic := testenv.Topic(t, brokers, 4)
-	cons := testenv.Consume(t, brokers, topic)
+	topic, cons := s.cursorTopic(t, 4)
 	r := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressCursor, PollInterval: 20 * time.Millisecond, Lanes: 2})
 	relay.SetKeepSaveEvery(r, time.Hour)
 	relay.SetKeepFind(r, time.Hour)

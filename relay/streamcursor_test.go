@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
@@ -203,10 +204,7 @@ func TestStreamCursorFailuresHoldOnlyTheirKey(t *testing.T) {
 	}
 	after := s.addEvent(t, "poison", topic, 1)
 	msgs := cons.WaitForDistinct(11, 30*time.Second)
-	seqs := map[string][]int{}
-	for _, m := range msgs {
-		seqs[string(m.Key)] = append(seqs[string(m.Key)], seqIn(m.Value))
-	}
+	seqs := seqsByKey(msgs)
 	for _, k := range []string{"flaky", "ok"} {
 		if fmt.Sprint(seqs[k]) != "[0 1 2 3 4]" {
 			t.Errorf("key %s arrived as %v, want [0 1 2 3 4]", k, seqs[k])
@@ -235,4 +233,13 @@ func seqIn(payload []byte) int {
 		return -1
 	}
 	return *p.Seq
+}
+
+// seqsByKey returns each key's seqs (seqIn), in the order msgs arrived.
+func seqsByKey(msgs []*sarama.ConsumerMessage) map[string][]int {
+	seqs := map[string][]int{}
+	for _, m := range msgs {
+		seqs[string(m.Key)] = append(seqs[string(m.Key)], seqIn(m.Value))
+	}
+	return seqs
 }
