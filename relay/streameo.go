@@ -415,8 +415,21 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 	}
 	abort := func(err error) error {
 		if txn.Open() {
-			if aerr := txn.Abort(ctx); aerr != nil {
+			// The batch's deadline may have passed: the abort gets time
+			// of its own, so that it still learns whether the producer
+			// was fenced.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			aerr := txn.Abort(actx)
+			cancel()
+			if aerr != nil {
 				txn.Invalidate()
+				switch {
+				case !errors.Is(aerr, kafkaproducer.ErrFenced) || errors.Is(err, kafkaproducer.ErrFenced):
+				case err == nil:
+					err = aerr
+				default:
+					err = fmt.Errorf("%w (after: %w)", aerr, err)
+				}
 			}
 		}
 		r.metrics.txnEnded(ctx, txnAborted, started, err)
