@@ -36,6 +36,9 @@ type LatencyRun struct {
 	P999      float64 `json:"p999_ms"`
 	Max       float64 `json:"max_ms"`
 	Mean      float64 `json:"mean_ms"`
+	// WarmupMax is the worst wait of the warm-up's events (not in the
+	// percentiles).
+	WarmupMax float64 `json:"warmup_max_ms"`
 	Saturated bool    `json:"saturated,omitempty"`
 	// WritersShort: the writers committed under 90% of the offered rate.
 	WritersShort bool `json:"writers_short,omitempty"`
@@ -404,8 +407,8 @@ func runLatency(ctx context.Context, e *env) (*Latency, error) {
 			}
 		}
 	}
-	l.Note = fmt.Sprintf("commit-to-consumer: %d writers commit one event per transaction at the offered rate for %.0f s; the commit time is taken when UnitOfWork.Do (or tx.Commit) returns, the arrival time when a sarama consumer (all partitions, same process) receives the record; medians over %d round(s). A contender still more than 1 s behind when the writers stop, or with a median over 1 s, is marked saturated (its percentiles cover what arrived within %.0f s); achieved/s below 90%% of the offered rate means the writers themselves could not commit faster on this machine.",
-		p.LatWriters, p.LatDurationS, p.LatRounds, graceFor(p).Seconds())
+	l.Note = fmt.Sprintf("commit-to-consumer: %d writers commit one event per transaction at the offered rate for %.0f s, after a warm-up of %.0f s at that rate whose events are not in the percentiles (its worst wait is each round's warmup_max_ms); the commit time is taken when UnitOfWork.Do (or tx.Commit) returns, the arrival time when a sarama consumer (all partitions, same process) receives the record; medians over %d round(s). A contender still more than 1 s behind when the writers stop, or with a median over 1 s, is marked saturated (its percentiles cover what arrived within %.0f s); achieved/s below 90%% of the offered rate means the writers themselves could not commit faster on this machine.",
+		p.LatWriters, p.LatDurationS, p.LatWarmupS, p.LatRounds, graceFor(p).Seconds())
 	return l, nil
 }
 
@@ -497,11 +500,13 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 	if c.long && !p.Quick {
 		d = 60 * time.Second
 	}
-	total := int(float64(rate) * d.Seconds())
+	warmN := int(float64(rate) * p.latWarmup().Seconds())
+	total := warmN + int(float64(rate)*d.Seconds())
 	tokens := make(chan int, total)
 	type commit struct {
-		id string
-		at time.Time
+		id  string
+		at  time.Time
+		seq int
 	}
 	commits := make([][]commit, p.LatWriters)
 	var werr atomic.Value
@@ -516,7 +521,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 					werr.CompareAndSwap(nil, err)
 					continue
 				}
-				commits[w] = append(commits[w], commit{id.String(), time.Now()})
+				commits[w] = append(commits[w], commit{id.String(), time.Now(), seq})
 			}
 		}()
 	}
@@ -555,7 +560,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 	defer mu.Unlock()
 	lats := make([]time.Duration, 0, len(all))
 	missing := 0
-	var sum time.Duration
+	var sum, warmMax time.Duration
 	for _, c := range all {
 		a, ok := arrivals[c.id]
 		if !ok {
@@ -563,6 +568,10 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 			continue
 		}
 		d := max(0, a.Sub(c.at))
+		if c.seq < warmN {
+			warmMax = max(warmMax, d)
+			continue
+		}
 		lats = append(lats, d)
 		sum += d
 	}
@@ -577,6 +586,7 @@ func (e *env) measureLatency(ctx context.Context, c latContender, warm string, r
 		P99:       percentileMS(lats, 0.99),
 		P999:      percentileMS(lats, 0.999),
 		Max:       percentileMS(lats, 1),
+		WarmupMax: round2(float64(warmMax) / float64(time.Millisecond)),
 		CatchUpS:  round3(catchUp.Seconds()),
 		// The publishing side did not keep up: events left behind, a
 		// backlog that took over a second to clear after the writers
