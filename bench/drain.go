@@ -194,6 +194,8 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
 		{name: "fxoutbox exactly-once default", desc: "every default but Delivery ExactlyOnce (each batch one lane's Kafka transaction, synchronous commit), 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{Delivery: relay.ExactlyOnce}, 1)},
+		{name: "fxoutbox exactly-once mb500", desc: "every default but Delivery ExactlyOnce and MaxBatchSize 500 (at-least-once's default, exactly-once's before 6 December: more, smaller transactions), 1 relay", kind: "contender", prepare: prepFx,
+			run: fx(&relay.Config{Delivery: relay.ExactlyOnce, MaxBatchSize: 500}, 1)},
 		{name: "fxoutbox exactly-once b500 x1", desc: "BatchSize 500, Delivery ExactlyOnce, 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{BatchSize: 500, Delivery: relay.ExactlyOnce}, 1)},
 		{name: "fxoutbox exactly-once b500 x2", desc: "BatchSize 500, Delivery ExactlyOnce, 2 relays (own producers each)", kind: "contender", prepare: prepFx,

@@ -37,7 +37,10 @@ type Config struct {
 	// trips, commit) over more events: draining a backlog with batches of
 	// 500 is about 2.4x faster than with batches of 50. A crash then repeats
 	// up to MaxBatchSize events instead of BatchSize. Set it to BatchSize
-	// for fixed batches. BatchSize-10000. Default 500, or BatchSize if larger.
+	// for fixed batches. Under ExactlyOnce each batch is a Kafka
+	// transaction, whose fixed cost larger batches share, and a crash
+	// repeats no event. BatchSize-10000. Default 500, or 5000 under
+	// ExactlyOnce in Mode Poll, or BatchSize if larger.
 	MaxBatchSize int `env:"OUTBOX_MAX_BATCH_SIZE"`
 	// Workers is how many batches one relay has in flight, each in its own
 	// transaction on its own lanes (under PerKey ordering a lane is still
@@ -200,6 +203,7 @@ const (
 	defaultBatchSize       = 50
 	maxBatchSize           = 10000 // bound of BatchSize and MaxBatchSize
 	defaultMaxBatchSize    = 500   // or BatchSize, if larger
+	defaultEOMaxBatchSize  = 5000  // under ExactlyOnce in Mode Poll
 	defaultWorkers         = 1
 	maxWorkers             = 64
 	defaultLanes           = 64
@@ -229,7 +233,11 @@ func (c Config) withDefaults() Config {
 	}
 	defaults.Set(&c.PollInterval, defaultPollInterval)
 	defaults.Set(&c.BatchSize, defaultBatchSize)
-	defaults.Set(&c.MaxBatchSize, max(defaultMaxBatchSize, c.BatchSize))
+	maxBatch := defaultMaxBatchSize
+	if c.Delivery == ExactlyOnce && c.Mode == Poll {
+		maxBatch = defaultEOMaxBatchSize
+	}
+	defaults.Set(&c.MaxBatchSize, max(maxBatch, c.BatchSize))
 	defaults.Set(&c.MaxAttempts, defaultMaxAttempts)
 	defaults.Set(&c.MaxMessageBytes, defaultMaxMessageBytes)
 	defaults.Set(&c.Retention, defaultRetention)

@@ -29,6 +29,9 @@ func TestDefaultsInComments(t *testing.T) {
 		},
 	}
 	comments := fieldComments(t, "config.go", "stream.go")
+	if doc := strings.Join(strings.Fields(comments["Config.MaxBatchSize"]), " "); !strings.Contains(doc, "or "+defaultText(defaultEOMaxBatchSize)+" under ExactlyOnce in Mode Poll") {
+		t.Errorf("Config.MaxBatchSize: comment does not say the ExactlyOnce default, %d:\n%s", defaultEOMaxBatchSize, doc)
+	}
 	for typ, fields := range want {
 		for field, def := range fields {
 			doc, ok := comments[typ+"."+field]
@@ -110,4 +113,24 @@ func fieldComments(t *testing.T, files ...string) map[string]string {
 		})
 	}
 	return out
+}
+
+// TestMaxBatchSizeDefault: batches grow to 500 by default, to 5000 under
+// ExactlyOnce in Mode Poll, never below BatchSize, and a set value stays.
+func TestMaxBatchSizeDefault(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{}, defaultMaxBatchSize},
+		{Config{BatchSize: 800}, 800},
+		{Config{Delivery: ExactlyOnce}, defaultEOMaxBatchSize},
+		{Config{Delivery: ExactlyOnce, BatchSize: 8000}, 8000},
+		{Config{Delivery: ExactlyOnce, MaxBatchSize: 300}, 300},
+		{Config{Delivery: ExactlyOnce, Mode: Stream, Progress: ProgressCursor}, defaultMaxBatchSize},
+	} {
+		if got := c.cfg.withDefaults().MaxBatchSize; got != c.want {
+			t.Errorf("%+v: MaxBatchSize %d, want %d", c.cfg, got, c.want)
+		}
+	}
 }

@@ -12,7 +12,8 @@
 // BatchSize events (50), publishes them through its [Publisher] (acks=all,
 // idempotent: see [NewSaramaPublisher]), marks the acknowledged ones
 // published and commits. While events wait it claims the next batch at
-// once, twice as large after a full one, up to MaxBatchSize (500); once
+// once, twice as large after a full one, up to MaxBatchSize (500; 5000
+// under ExactlyOnce, whose batches are Kafka transactions); once
 // caught up it waits for its ticker (PollInterval, 500ms) or a wake-up:
 // [Relay.Wake], which the fxoutbox module calls when an in-process unit of
 // work commits, or, with Listen, a NOTIFY from writers in other processes.
