@@ -30,7 +30,8 @@ const writerApp = "fxbench-writer"
 // pods of a service that writes would be, apart from the relay: its own
 // pool, a unit of work with what fxoutbox.Module wires for writers (the
 // coalesced NOTIFY after commit, unitofwork.Notifier, unless
-// FXBENCH_NOTIFY=0). It prints "ready", then runs one command per stdin
+// FXBENCH_NOTIFY=0; FXBENCH_NOTIFY_MS sets its interval, in milliseconds,
+// instead of its default). It prints "ready", then runs one command per stdin
 // line:
 //
 //	run <events/s> <seconds> <events per transaction> <writers> <record>
@@ -55,7 +56,8 @@ func runWriterChild() error {
 	table := tableNamed(os.Getenv("FXBENCH_TABLE"))
 	ucfg := &unitofwork.Config{Table: table}
 	if os.Getenv("FXBENCH_NOTIFY") != "0" {
-		n, err := unitofwork.NewNotifier(pool, table, 0, nil)
+		ms, _ := strconv.Atoi(os.Getenv("FXBENCH_NOTIFY_MS"))
+		n, err := unitofwork.NewNotifier(pool, table, time.Duration(ms)*time.Millisecond, nil)
 		if err != nil {
 			return err
 		}

@@ -29,6 +29,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_SYNCHRONOUS_COMMIT":   "on",
 		"OUTBOX_RELAY":                "off",
 		"OUTBOX_NOTIFY":               "off",
+		"OUTBOX_NOTIFY_INTERVAL":      "20ms",
 		"OUTBOX_ORDERING":             "unordered",
 		"OUTBOX_LANES":                "128",
 		"OUTBOX_RETENTION":            "forever",
@@ -50,6 +51,12 @@ func TestConfigFromEnv(t *testing.T) {
 		c.Relay.Lanes != 128 || c.Relay.Retention >= 0 || c.Relay.MaxAttempts != 9 || c.Relay.Poison != outbox.Hold || c.Sarama == nil || c.Sarama.ClientID != "orders" || c.Sarama.Version.String() != "3.7.0" {
 		t.Errorf("config = %+v", c)
 	}
+	if c.NotifyInterval != 20*time.Millisecond {
+		t.Errorf("NotifyInterval = %v, want 20ms", c.NotifyInterval)
+	}
+	if _, err := (Config{NotifyInterval: -time.Millisecond, Writer: unitofwork.Config{Service: "svc"}}).UnitOfWork(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "OUTBOX_NOTIFY_INTERVAL") {
+		t.Errorf("a negative NotifyInterval: %v, want a ConfigError naming OUTBOX_NOTIFY_INTERVAL", err)
+	}
 	if c.Relay.Mode != relay.Stream || c.Relay.Stream != (relay.StreamConfig{MaxLag: 10 * time.Second, MaxLagBytes: 1000000}) {
 		t.Errorf("stream settings: mode %v, %+v", c.Relay.Mode, c.Relay.Stream)
 	}
@@ -60,7 +67,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"OUTBOX_POLL_INTERVAL": "soon", "OUTBOX_BATCH_SIZE": "-1", "OUTBOX_MIGRATE": "maybe",
 		"OUTBOX_TOPIC_NAMING": "random", "KAFKA_VERSION": "latest", "OUTBOX_TABLE": "x;y", "OUTBOX_SCHEMA": "a b", "OUTBOX_RELAY": "sometimes",
 		"OUTBOX_ORDERING": "random", "OUTBOX_LANES": "x", "OUTBOX_RETENTION": "-1h", "OUTBOX_LISTEN": "nah", "OUTBOX_MAX_ATTEMPTS": "0", "OUTBOX_POISON": "drop",
-		"OUTBOX_MAX_BATCH_SIZE": "lots", "OUTBOX_SYNCHRONOUS_COMMIT": "sometimes",
+		"OUTBOX_MAX_BATCH_SIZE": "lots", "OUTBOX_SYNCHRONOUS_COMMIT": "sometimes", "OUTBOX_NOTIFY_INTERVAL": "often",
 		"OUTBOX_RELAY_MODE": "cdc", "OUTBOX_STREAM_MAX_LAG": "-1s", "OUTBOX_STREAM_MAX_LAG_BYTES": "1GB",
 	} {
 		_, err := configFrom(func(name string) (string, bool) { return v, name == k })

@@ -12,7 +12,7 @@
 // [Module] provides both sides and wakes the relay as soon as a unit of work
 // commits events, through Do or through AddTx in a transaction of the
 // application's own (see unitofwork.UnitOfWork.AddTx). Across processes,
-// writers send a coalesced NOTIFY after commits (at most one per 5ms per
+// writers send a coalesced NOTIFY after commits (at most one per 10ms per
 // process, outside the business transaction) and relays LISTEN for it;
 // Config.DisableNotify and Config.DisableListen turn these off. The relay's
 // ticker stays as the safety net for lost signals.

@@ -377,7 +377,7 @@ func (in *instance) writer(lc fx.Lifecycle, r *relay.Relay, relayChecks bool) (*
 	}
 	var notifier *unitofwork.Notifier
 	if !cfg.DisableNotify {
-		if notifier, err = unitofwork.NewNotifier(in.pool, cfg.Table, 0, in.log); err != nil {
+		if notifier, err = unitofwork.NewNotifier(in.pool, cfg.Table, cfg.NotifyInterval, in.log); err != nil {
 			return nil, err
 		}
 	}

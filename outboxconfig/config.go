@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -84,10 +85,20 @@ type Config struct {
 	// OUTBOX_RELAY=off). Default false.
 	DisableRelay bool `env:"OUTBOX_RELAY,invert"`
 	// DisableNotify stops writers from waking relays in other processes
-	// with a coalesced NOTIFY after commits (at most one per 5ms per
-	// process, never inside the business transaction) (OUTBOX_NOTIFY=off).
-	// Default false: writers notify.
+	// with a coalesced NOTIFY after commits (at most one per NotifyInterval
+	// per process, never inside the business transaction)
+	// (OUTBOX_NOTIFY=off). Default false: writers notify.
 	DisableNotify bool `env:"OUTBOX_NOTIFY,invert"`
+	// NotifyInterval is the shortest time between two of a process's
+	// NOTIFYs. The first commit after a quiet interval is notified at once;
+	// while commits keep coming it is the most an event waits for its
+	// wake-up, and it sets what a woken relay's batch gathers: at 1,000
+	// events/s, 10ms makes batches of about 10 events and costs PostgreSQL
+	// about 60 µs per event for the relay, 5ms about 6 events and 85 µs,
+	// for a median commit-to-consumer latency about 3ms lower. Relays in
+	// the writer's own process are woken at once, whatever it is. Default
+	// 10ms.
+	NotifyInterval time.Duration `env:"OUTBOX_NOTIFY_INTERVAL"`
 	// DisableListen stops the relay from listening for those notifications
 	// on a dedicated connection (Relay.Listen); it then relies on in-process
 	// wake-ups and its ticker (OUTBOX_LISTEN=off). Default false: the relay
@@ -306,8 +317,12 @@ func (c *Config) cloudEvents() error {
 }
 
 // validateWriter checks what only the writer needs, after withDefaults: a
-// service name when topics are derived from it.
+// service name when topics are derived from it, and NotifyInterval.
 func (c Config) validateWriter() error {
+	if c.NotifyInterval < 0 {
+		return &outbox.ConfigError{Field: "NotifyInterval [OUTBOX_NOTIFY_INTERVAL]", Reason: fmt.Sprintf("is %v: use a positive duration such as 10ms, "+
+			"or zero for the default (10ms); OUTBOX_NOTIFY=off turns the notifications off", c.NotifyInterval)}
+	}
 	if c.Writer.Service == "" && derivesFromService(c.Writer.Topics) {
 		return &outbox.ConfigError{Field: "Writer.Service [OUTBOX_SERVICE]", Reason: "is empty, and topic names are derived from it " +
 			"(OUTBOX_TOPIC_NAMING per-event or per-aggregate): every event without a Topic would fail at Add. " +

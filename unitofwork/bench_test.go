@@ -23,7 +23,7 @@ import (
 // BenchmarkNotifyCost measures what waking relays in other processes costs
 // writers: business transactions (one UPDATE + one outbox event) per second
 // with no NOTIFY, with a NOTIFY inside every transaction, and with the
-// coalesced Notifier (at most one NOTIFY per 5ms, after the commit). The
+// coalesced Notifier (at most one NOTIFY per 10ms, after the commit). The
 // variants alternate in rounds of one second and the medians are reported,
 // with their ratio to "none", so machine noise hits all of them alike.
 //
