@@ -55,8 +55,8 @@ type Config struct {
 	// Ordering is PerKey (default: each key's events reach Kafka in the
 	// order they were written, with any number of replicas) or Unordered.
 	Ordering Ordering `env:"OUTBOX_ORDERING"`
-	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch, one
-	// lane's events, in a Kafka transaction with the lane's progress, for
+	// Delivery is AtLeastOnce (default) or ExactlyOnce: each batch in a
+	// Kafka transaction with a progress record for each of its lanes, for
 	// read_committed consumers that see each event once (see
 	// docs/exactly-once.md). ExactlyOnce needs Ordering PerKey and a
 	// SaramaPublisher, and commits each batch's marks synchronously; in

@@ -32,13 +32,13 @@ const (
 	// x-event-id); consumers drop the repeats (the inbox does).
 	AtLeastOnce Delivery = iota
 	// ExactlyOnce publishes each batch in a Kafka transaction that also
-	// writes the lane's progress to the table's progress topic, and marks
-	// the rows after the commit: every event reaches each read_committed
-	// consumer once, in per-key order, across relay, broker and database
-	// crashes (see docs/exactly-once.md). It needs Ordering PerKey and a
-	// SaramaPublisher; a polling batch is one lane's events. In Mode Stream
-	// it needs ProgressCursor, and each batch of the stream is one
-	// transaction with the stream's record (docs/streaming.md).
+	// writes a progress record for each of its lanes to the table's
+	// progress topic, and marks the rows after the commit: every event
+	// reaches each read_committed consumer once, in per-key order, across
+	// relay, broker and database crashes (see docs/exactly-once.md). It
+	// needs Ordering PerKey and a SaramaPublisher. In Mode Stream it needs
+	// ProgressCursor, and each batch of the stream is one transaction with
+	// the stream's record (docs/streaming.md).
 	ExactlyOnce
 )
 
