@@ -11,6 +11,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/fxoutbox/outbox/relay"
 )
@@ -27,6 +30,63 @@ type drainRun struct {
 	// PGUsPerEvent the same per published event, in microseconds.
 	PGCPUS       float64 `json:"pg_backend_cpu_s,omitempty"`
 	PGUsPerEvent float64 `json:"pg_us_per_event,omitempty"`
+	// EO counts an exactly-once contender's Kafka transactions and lane
+	// take-overs, summed over its relays (nil for the others).
+	EO *eoCounts `json:"exactly_once,omitempty"`
+}
+
+// eoCounts are exactly-once relays' counters over one drain: transactions
+// by outcome (outbox.transactions) and fences (outbox.fences): lanes taken
+// over by fencing their owner, and the times a relay found itself fenced.
+type eoCounts struct {
+	Committed int64 `json:"txn_committed"`
+	Aborted   int64 `json:"txn_aborted"`
+	Unknown   int64 `json:"txn_unknown"`
+	Fencing   int64 `json:"lanes_taken_over"`
+	Fenced    int64 `json:"fenced"`
+}
+
+// add reads the counters of a relay's meter provider into c.
+func (c *eoCounts) add(rd sdkmetric.Reader) error {
+	var rm metricdata.ResourceMetrics
+	if err := rd.Collect(context.Background(), &rm); err != nil {
+		return err
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				continue
+			}
+			for _, p := range d.DataPoints {
+				var key attribute.Key = relay.AttrTxnOutcome
+				if m.Name == relay.MetricFences {
+					key = relay.AttrFenceSide
+				} else if m.Name != relay.MetricTransactions {
+					continue
+				}
+				v, _ := p.Attributes.Value(key)
+				switch v.AsString() {
+				case "committed":
+					c.Committed += p.Value
+				case "aborted":
+					c.Aborted += p.Value
+				case "unknown":
+					c.Unknown += p.Value
+				case "fencing":
+					c.Fencing += p.Value
+				case "fenced":
+					c.Fenced += p.Value
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (c *eoCounts) String() string {
+	return fmt.Sprintf("  transactions %d committed, %d aborted, %d unknown; %d lanes taken over, fenced %d times",
+		c.Committed, c.Aborted, c.Unknown, c.Fencing, c.Fenced)
 }
 
 // DrainContender is one contender over every round.
@@ -192,7 +252,7 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 		{name: "fxoutbox cursor default", desc: "every default but Progress ProgressCursor (the lanes' positions saved once per batch, no mark per event; on a table with the cursor migration), 1 relay", kind: "contender", prepare: prepCursor,
 			run: fx(&relay.Config{Progress: relay.ProgressCursor}, 1)},
 		{name: "fxoutbox b500 x1", desc: "BatchSize 500, 1 relay", kind: "contender", prepare: prepFx, run: fx(b500, 1)},
-		{name: "fxoutbox exactly-once default", desc: "every default but Delivery ExactlyOnce (each batch one lane's Kafka transaction, synchronous commit), 1 relay", kind: "contender", prepare: prepFx,
+		{name: "fxoutbox exactly-once default", desc: "every default but Delivery ExactlyOnce (each batch one Kafka transaction with its lanes' progress records, synchronous commit), 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{Delivery: relay.ExactlyOnce}, 1)},
 		{name: "fxoutbox exactly-once mb500", desc: "every default but Delivery ExactlyOnce and MaxBatchSize 500 (at-least-once's default, exactly-once's before 6 December: more, smaller transactions), 1 relay", kind: "contender", prepare: prepFx,
 			run: fx(&relay.Config{Delivery: relay.ExactlyOnce, MaxBatchSize: 500}, 1)},
@@ -319,6 +379,9 @@ func runDrain(ctx context.Context, e *env) (*Drain, *Limits, error) {
 			extra := ""
 			if res.Capped {
 				extra = " (fixed window)"
+			}
+			if res.EO != nil {
+				extra += res.EO.String()
 			}
 			if u := res.CPU; u != nil {
 				extra += fmt.Sprintf("  cpu: %.0f%% of %d cores busy; bench %.2f, jvm broker %.2f, postgres+rest %.2f cores", 100*u.Busy, u.Cores, u.Bench, u.Broker, u.Postgres)
@@ -482,6 +545,7 @@ func acked(msgs int, err error) int {
 func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay.Config, replicas int, noPublish bool) (drainRun, error) {
 	prog := newProgress(n)
 	var relays []*relay.Relay
+	var readers []*sdkmetric.ManualReader // exactly-once relays' metrics
 	var pubs []*relay.SaramaPublisher
 	defer func() {
 		for _, p := range pubs {
@@ -523,6 +587,12 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 		c.Table = e.table // the only setting the "default" contender changes
 		if c.Progress == relay.ProgressCursor {
 			c.Table = e.ctable // the table with the cursor migration
+		}
+		var rd *sdkmetric.ManualReader
+		if c.Delivery == relay.ExactlyOnce && !noPublish {
+			rd = sdkmetric.NewManualReader()
+			c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd))
+			readers = append(readers, rd)
 		}
 		r, err := relay.New(e.pool, pub, &c)
 		if err != nil {
@@ -566,6 +636,14 @@ func (e *env) drainFx(ctx context.Context, topic, warm string, n int, cfg *relay
 	}
 	res := result(min(prog.n.Load(), int64(n)), elapsed, capped)
 	res.setPG(pgUsed)
+	if len(readers) > 0 {
+		res.EO = &eoCounts{}
+		for _, rd := range readers {
+			if err := res.EO.add(rd); err != nil {
+				return drainRun{}, err
+			}
+		}
+	}
 	return res, nil
 }
 
