@@ -908,9 +908,7 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 	}
 	txn := b.w.txn
 	if txn.Open() {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if aerr := txn.Abort(actx); aerr != nil {
+		if aerr := txn.Abort(ctx); aerr != nil {
 			txn.Invalidate()
 		}
 		r.metrics.txnEnded(ctx, txnAborted, b.started, err)

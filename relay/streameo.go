@@ -414,22 +414,13 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 		}
 	}
 	abort := func(err error) error {
-		if txn.Open() {
-			// The batch's deadline may have passed: the abort gets time
-			// of its own, so that it still learns whether the producer
-			// was fenced.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			aerr := txn.Abort(actx)
-			cancel()
-			if aerr != nil {
-				txn.Invalidate()
-				switch {
-				case !errors.Is(aerr, kafkaproducer.ErrFenced) || errors.Is(err, kafkaproducer.ErrFenced):
-				case err == nil:
-					err = aerr
-				default:
-					err = fmt.Errorf("%w (after: %w)", aerr, err)
-				}
+		if aerr := txn.Abort(ctx); aerr != nil {
+			txn.Invalidate()
+			// An abort that finds the producer fenced restarts the
+			// stream as a fenced batch does, even when the batch failed
+			// for another reason first (its time ran out).
+			if errors.Is(aerr, kafkaproducer.ErrFenced) && !errors.Is(err, kafkaproducer.ErrFenced) {
+				err = errors.Join(aerr, err)
 			}
 		}
 		r.metrics.txnEnded(ctx, txnAborted, started, err)

@@ -286,12 +286,18 @@ func (t *Txn) Commit(ctx context.Context) error {
 }
 
 // Abort aborts the open transaction, if any: none of its records becomes
-// visible to read_committed consumers.
+// visible to read_committed consumers. It outlives ctx's cancellation and
+// deadline, up to the transaction timeout (the coordinator aborts the
+// transaction then anyway): a batch whose time ran out still ends its
+// transaction, and learns from the answer whether the producer was fenced
+// (ErrFenced).
 func (t *Txn) Abort(ctx context.Context) error {
 	if !t.open {
 		return nil
 	}
-	return t.end(ctx, false)
+	dctx, cancel := detached(ctx, t.timeout)
+	defer cancel()
+	return t.end(dctx, false)
 }
 
 func (t *Txn) end(ctx context.Context, commit bool) error {

@@ -114,3 +114,39 @@ func TestTxnCommitAbortFence(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Abort outlives its context: a batch whose time ran out still aborts its
+// transaction, and learns that the producer was fenced.
+func TestTxnAbortOutlivesItsContext(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 1)
+	client, err := sarama.NewClient(brokers, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := "kafkaproducer-abort-test." + topic
+	a := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
+	if err := a.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range a.Produce(ctx, []kafkaproducer.Record{{Topic: topic, Key: []byte("k"), Value: []byte("v")}}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if err := kafkaproducer.NewTxn(client, config(), id, 10*time.Second).Init(ctx); err != nil { // fences a
+		t.Fatal(err)
+	}
+	done, stop := context.WithCancel(ctx)
+	stop()
+	if err := a.Abort(done); !errors.Is(err, kafkaproducer.ErrFenced) {
+		t.Fatalf("Abort with a cancelled context on a fenced producer = %v, want ErrFenced", err)
+	}
+	if a.Open() {
+		t.Fatal("the transaction is still open after Abort")
+	}
+}
