@@ -232,35 +232,26 @@ func TestStreamExactlyOnceFencedStreamer(t *testing.T) {
 	}
 	defer client.Close()
 	id := a.r.Config().TransactionalID + ".stream"
-	fenced := func() (bool, string) {
+	// A relay that restarts its stream for a reason of its own just after
+	// an Init initialises the id again and fences this one instead: the id
+	// is initialised again every 15 s until relay A counts a fence.
+	var inited time.Time
+	inits := 0
+	testenv.Eventually(t, 45*time.Second, func() (bool, string) {
 		m := collect(t, readerA)
 		if counter(m[relay.MetricFences], relay.AttrFenceSide.String("fenced")) > 0 {
 			return true, ""
 		}
-		return false, fmt.Sprintf("relay A's stream is %v, its transactions: %d committed, %d aborted, %d unknown",
-			a.r.StreamStatus().State, counter(m[relay.MetricTransactions], relay.AttrTxnOutcome.String("committed")),
+		if time.Since(inited) >= 15*time.Second {
+			if err := kafkaproducer.NewTxn(client, conf, id, 10*time.Second).Init(s.ctx); err != nil {
+				t.Fatal(err)
+			}
+			inited, inits = time.Now(), inits+1
+		}
+		return false, fmt.Sprintf("relay A has not found it was fenced after %d Init(s) of %q; its stream is %v, its transactions: %d committed, %d aborted, %d unknown",
+			inits, id, a.r.StreamStatus().State, counter(m[relay.MetricTransactions], relay.AttrTxnOutcome.String("committed")),
 			counter(m[relay.MetricTransactions], relay.AttrTxnOutcome.String("aborted")), counter(m[relay.MetricTransactions], relay.AttrTxnOutcome.String("unknown")))
-	}
-	// A relay that restarts its stream for a reason of its own just
-	// after the Init initialises the id again and fences this one
-	// instead; the id is then initialised again, up to three times.
-	for attempt := 1; ; attempt++ {
-		if err := kafkaproducer.NewTxn(client, conf, id, 10*time.Second).Init(s.ctx); err != nil {
-			t.Fatal(err)
-		}
-		var why string
-		done := false
-		for deadline := time.Now().Add(15 * time.Second); !done && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			done, why = fenced()
-		}
-		if done {
-			break
-		}
-		if attempt == 3 {
-			t.Fatalf("relay A did not find it was fenced, after three Inits of %q 15 s apart: %s", id, why)
-		}
-		t.Logf("relay A did not find it was fenced in 15 s (%s); initialising %q again", why, id)
-	}
+	})
 	var streamer, standby *eoStreamer
 	waitUntil(t, 60*time.Second, "a relay to stream again", func() bool {
 		switch {
