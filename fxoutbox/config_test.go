@@ -3,6 +3,7 @@ package fxoutbox
 import (
 	"errors"
 	"github.com/fxoutbox/outbox/unitofwork"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -53,6 +54,14 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 	if c.NotifyInterval != 20*time.Millisecond {
 		t.Errorf("NotifyInterval = %v, want 20ms", c.NotifyInterval)
+	}
+	// The one default, as the settings page (from the field's comment) states it.
+	if doc, err := os.ReadFile("../docs/configuration.md"); err != nil {
+		t.Fatal(err)
+	} else if i := strings.Index(string(doc), "| `OUTBOX_NOTIFY_INTERVAL` |"); i < 0 {
+		t.Error("docs/configuration.md has no row for OUTBOX_NOTIFY_INTERVAL")
+	} else if row := append(strings.Split(strings.SplitN(string(doc[i:]), "\n", 2)[0], " | "), "", "", "", ""); !strings.HasPrefix(row[3], unitofwork.DefaultNotifyInterval.String()) {
+		t.Errorf("the settings page's default for OUTBOX_NOTIFY_INTERVAL is %q, want %v (unitofwork.DefaultNotifyInterval)", row[3], unitofwork.DefaultNotifyInterval)
 	}
 	if _, err := (Config{NotifyInterval: -time.Millisecond, Writer: unitofwork.Config{Service: "svc"}}).UnitOfWork(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "OUTBOX_NOTIFY_INTERVAL") {
 		t.Errorf("a negative NotifyInterval: %v, want a ConfigError naming OUTBOX_NOTIFY_INTERVAL", err)

@@ -12,10 +12,10 @@
 // [Module] provides both sides and wakes the relay as soon as a unit of work
 // commits events, through Do or through AddTx in a transaction of the
 // application's own (see unitofwork.UnitOfWork.AddTx). Across processes,
-// writers send a coalesced NOTIFY after commits (at most one per 10ms per
-// process, outside the business transaction) and relays LISTEN for it;
-// Config.DisableNotify and Config.DisableListen turn these off. The relay's
-// ticker stays as the safety net for lost signals.
+// writers send a coalesced NOTIFY after commits (at most one per
+// Config.NotifyInterval per process, outside the business transaction) and
+// relays LISTEN for it; Config.DisableNotify and Config.DisableListen turn
+// these off. The relay's ticker stays as the safety net for lost signals.
 //
 // Which module: [Module] in a service that writes and publishes.
 // [WriterModule] provides only the unit of work, for pods that write but

@@ -97,7 +97,7 @@ type Config struct {
 	// about 60 µs per event for the relay, 5ms about 6 events and 85 µs,
 	// for a median commit-to-consumer latency about 3ms lower. Relays in
 	// the writer's own process are woken at once, whatever it is. Default
-	// 10ms.
+	// 10ms (unitofwork.DefaultNotifyInterval).
 	NotifyInterval time.Duration `env:"OUTBOX_NOTIFY_INTERVAL"`
 	// DisableListen stops the relay from listening for those notifications
 	// on a dedicated connection (Relay.Listen); it then relies on in-process
@@ -320,8 +320,8 @@ func (c *Config) cloudEvents() error {
 // service name when topics are derived from it, and NotifyInterval.
 func (c Config) validateWriter() error {
 	if c.NotifyInterval < 0 {
-		return &outbox.ConfigError{Field: "NotifyInterval [OUTBOX_NOTIFY_INTERVAL]", Reason: fmt.Sprintf("is %v: use a positive duration such as 10ms, "+
-			"or zero for the default (10ms); OUTBOX_NOTIFY=off turns the notifications off", c.NotifyInterval)}
+		return &outbox.ConfigError{Field: "NotifyInterval [OUTBOX_NOTIFY_INTERVAL]", Reason: fmt.Sprintf("is %v: use a positive duration, "+
+			"or zero for the default (%v); OUTBOX_NOTIFY=off turns the notifications off", c.NotifyInterval, unitofwork.DefaultNotifyInterval)}
 	}
 	if c.Writer.Service == "" && derivesFromService(c.Writer.Topics) {
 		return &outbox.ConfigError{Field: "Writer.Service [OUTBOX_SERVICE]", Reason: "is empty, and topic names are derived from it " +

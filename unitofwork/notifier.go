@@ -36,17 +36,16 @@ type Notifier struct {
 	background
 }
 
-// defaultNotifyInterval is NewNotifier's interval when none is given.
-const defaultNotifyInterval = 10 * time.Millisecond
+// DefaultNotifyInterval is NewNotifier's interval when none is given.
+const DefaultNotifyInterval = 10 * time.Millisecond
 
 // NewNotifier returns a notifier that sends on table's channel through db
 // (normally the *pgxpool.Pool, from which it takes one connection of its
-// own for as long as it runs), at most once per interval (default 10ms when
-// zero). The first commit after a quiet interval is notified at once; while
-// commits keep coming, the interval is the most an event waits for its
-// wake-up, and what a relay's batch gathers: at 1,000 events/s a relay
-// woken every 10ms sends batches of about 10 events, and costs PostgreSQL
-// about half as much per event as at 5ms (docs/benchmarks.md). It logs a failed NOTIFY once per run of failures to log (default
+// own for as long as it runs), at most once per interval
+// (DefaultNotifyInterval when zero). The first commit after a quiet
+// interval is notified at once; while commits keep coming, the interval is
+// the most an event waits for its wake-up, and what a woken relay's batch
+// gathers (the trade is measured in docs/benchmarks.md). It logs a failed NOTIFY once per run of failures to log (default
 // slog.Default()).
 func NewNotifier(db interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -55,7 +54,7 @@ func NewNotifier(db interface {
 		return nil, err
 	}
 	if interval == 0 {
-		interval = defaultNotifyInterval
+		interval = DefaultNotifyInterval
 	}
 	if interval < 0 {
 		return nil, &outbox.ConfigError{Field: "NotifyInterval", Reason: "is negative"}
