@@ -54,17 +54,12 @@ func (c *eoCounts) add(rd sdkmetric.Reader) error {
 	}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			d, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
+			key, ok := map[string]attribute.Key{relay.MetricTransactions: relay.AttrTxnOutcome, relay.MetricFences: relay.AttrFenceSide}[m.Name]
+			d, sum := m.Data.(metricdata.Sum[int64])
+			if !ok || !sum {
 				continue
 			}
 			for _, p := range d.DataPoints {
-				var key attribute.Key = relay.AttrTxnOutcome
-				if m.Name == relay.MetricFences {
-					key = relay.AttrFenceSide
-				} else if m.Name != relay.MetricTransactions {
-					continue
-				}
 				v, _ := p.Attributes.Value(key)
 				switch v.AsString() {
 				case "committed":
