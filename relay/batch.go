@@ -70,6 +70,9 @@ type batchInfo struct {
 	heldElsewhere bool
 	// keep: the worker's cursor lanes kept across batches (nil: none).
 	keep *laneKeeper
+	// eoKeep: the worker's exactly-once lanes kept across batches (nil:
+	// none).
+	eoKeep *eoKeeper
 }
 
 // runOnce is RunOnce with a claim of up to size rows. next is the size of
@@ -100,6 +103,9 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	}
 	if r.eo != nil {
 		eo = &eoBatch{}
+		if info != nil && info.eoKeep.usable() {
+			eo.keep, db = info.eoKeep, info.eoKeep
+		}
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {
 			c, err := r.prog.claimEO(ctx, tx, size, held, eo)
 			c.eo = eo

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -179,12 +178,6 @@ func (k *laneKeeper) settled(tx pgx.Tx) bool {
 // keeping reports whether k's batch may keep lanes (its connection is up).
 func (k *laneKeeper) keeping() bool { return k.usable() && k.conn != nil }
 
-// idleSession is the bound on the connection's idle time, in milliseconds.
-func (k *laneKeeper) idleSession() string {
-	d := max(k.r.cfg.BatchTimeout, 2*k.r.cfg.PollInterval) + 5*time.Second
-	return strconv.FormatInt(d.Milliseconds(), 10)
-}
-
 // Begin begins a batch's transaction on the worker's connection, which it
 // acquires first when it has none.
 func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -192,23 +185,11 @@ func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		return k.r.db.Begin(ctx)
 	}
 	if k.conn == nil {
-		pc, err := k.r.db.(acquirer).Acquire(ctx)
+		conn, err := k.r.keptConn(ctx, &k.off, "cursor batches write their lanes' positions each time")
 		if err != nil {
 			return nil, err
 		}
-		// Out of the pool: it holds its locks and its settings for good,
-		// and the pool keeps its size for the rest of the relay.
-		conn := pc.Hijack()
-		if _, err := conn.Exec(ctx, k.r.cur.q.KeepSession, k.idleSession()); err != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			// No bound on an idle session: a frozen relay would keep its
-			// lanes for ever. Each batch locks its lanes, as with a DB that
-			// is not a pool.
-			k.off = true
-			k.r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); cursor batches write their lanes' positions each time", "error", err)
+		if conn == nil { // each batch locks its lanes, as with a DB that is not a pool
 			return k.r.db.Begin(ctx)
 		}
 		// Its batches' settings for the whole session: a batch then

@@ -270,6 +270,7 @@ func (e *exactlyOnce) close() error {
 // of its Kafka transaction.
 type eoBatch struct {
 	w         *eoWorker
+	keep      *eoKeeper // the worker's kept lanes (nil: none; see eokeep.go)
 	lanes     map[int32]bool
 	laneOf    map[uuid.UUID]int32 // event id -> lane
 	committed bool                // the batch's Kafka transaction committed (or may have)
@@ -305,7 +306,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
-	b.w, b.started = r.eo.take(client), time.Now()
+	b.w, b.started = r.eoTake(client, b), time.Now()
 	owned := make([]int32, 0, len(b.w.owned))
 	for lane := range b.w.owned {
 		owned = append(owned, lane)
@@ -319,7 +320,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	for _, lane := range laneOf {
 		lanes[lane] = true
 	}
-	if c, done, err := r.eoTakeOver(ctx, client, b, lanes); done {
+	if c, done, err := r.eoTakeOver(ctx, tx, client, b, lanes); done {
 		return c, err
 	}
 	// A new statement: its snapshot is taken after the locks were granted
@@ -334,16 +335,20 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 }
 
 // eoTakeOver readies the batch's worker (eoBegin) and makes it the owner
-// of lanes (eoAcquire). done says the claim ends there, with c and err:
+// of lanes (eoAcquire), which its worker keeps from then on when it keeps
+// lanes (see eoKeeper.own, in tx). done says the claim ends there, with c and err:
 // a step failed, or another worker took one of this worker's lanes
 // meanwhile, and then nothing was claimed and the next batch, at once,
 // starts over with a new epoch.
-func (r *Relay) eoTakeOver(ctx context.Context, client sarama.Client, b *eoBatch, lanes map[int32]bool) (c claimed, done bool, err error) {
+func (r *Relay) eoTakeOver(ctx context.Context, tx pgx.Tx, client sarama.Client, b *eoBatch, lanes map[int32]bool) (c claimed, done bool, err error) {
 	if err := r.eoBegin(ctx, b.w); err != nil {
 		return claimed{}, true, &kafkaStepError{err}
 	}
 	b.lanes = lanes
 	err = r.eoAcquire(ctx, client, b)
+	if err == nil {
+		err = b.keep.own(ctx, tx, lanes)
+	}
 	switch {
 	case err == nil:
 		return claimed{}, false, nil
@@ -918,5 +923,18 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 			delete(b.w.owned, lane)
 		}
 	}
+	if b.keep != nil && b.keep.w == b.w {
+		b.keep.finished(ctx, b, err)
+		return
+	}
 	r.eo.release(b.w)
+}
+
+// eoTake returns the producer of batch b: its worker's, when the worker
+// keeps lanes, or a free one.
+func (r *Relay) eoTake(client sarama.Client, b *eoBatch) *eoWorker {
+	if b.keep.usable() {
+		return b.keep.worker(client)
+	}
+	return r.eo.take(client)
 }

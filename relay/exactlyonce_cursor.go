@@ -34,7 +34,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
-	b.w, b.started = r.eo.take(client), time.Now()
+	b.w, b.started = r.eoTake(client, b), time.Now()
 	if err := r.cursorReady(ctx); err != nil {
 		return claimed{}, err
 	}
@@ -53,7 +53,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	for _, lane := range found {
 		lanes[lane] = true
 	}
-	if c, done, err := r.eoTakeOver(ctx, client, b, lanes); done {
+	if c, done, err := r.eoTakeOver(ctx, tx, client, b, lanes); done {
 		return c, err
 	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.

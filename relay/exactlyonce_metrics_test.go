@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -89,4 +90,61 @@ func TestExactlyOnceMetricsCountFencesAndAborts(t *testing.T) {
 	runOnce(a, "relay a, taking the lane back", n)
 	verify("a took the lane back", "a", readerA, want{committed: 4, batches: 2, aborted: 1, abortedBatches: 1, fenced: 1, fencing: 1})
 	eachOnce(t, cons, 3*n)
+}
+
+// TestExactlyOnceReplicasKeepTheirLanes: two started relays drain a
+// backlog spread over four lanes. Each worker keeps the lanes it took over
+// locked between its batches, so neither takes a lane the other owns: no
+// producer is fenced and no transaction aborted, while a read_committed
+// consumer gets every event once, each key in write order. Then relay a
+// stops, which lets its lanes go at once: relay b delivers the events
+// written after it, on every lane, taking a's lanes over (fencing a's
+// producer, once per lane's owner).
+func TestExactlyOnceReplicasKeepTheirLanes(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	topic := testenv.Topic(t, s.kafka(t), 4)
+	cons := testenv.ConsumeCommitted(t, s.kafka(t), topic)
+	const n, keys = 2000, 40
+	s.write(t, topic, n, keys)
+	readerA, mpA := newReader(t)
+	readerB, mpB := newReader(t)
+	cfg := relay.Config{Delivery: relay.ExactlyOnce, Lanes: 4, BatchSize: 500, PollInterval: 20 * time.Millisecond}
+	cfgA, cfgB := cfg, cfg
+	cfgA.MeterProvider, cfgB.MeterProvider = mpA, mpB
+	a := s.relay(t, s.publisher(t), cfgA)
+	b := s.relay(t, s.publisher(t), cfgB)
+	defer func() { _ = a.Stop(s.ctx); _ = b.Stop(s.ctx) }()
+	for _, r := range []*relay.Relay{a, b} {
+		if err := r.Start(s.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 60*time.Second, "the backlog published", func() bool { return s.unpublished(t) == 0 })
+	fences := func(reader *sdkmetric.ManualReader) (fencing, fenced, aborted int64) {
+		m := collect(t, reader)
+		f := m[relay.MetricFences]
+		return counter(f, relay.AttrFenceSide.String("fencing")), counter(f, relay.AttrFenceSide.String("fenced")),
+			counter(m[relay.MetricTransactions], relay.AttrTxnOutcome.String("aborted"))
+	}
+	for _, x := range []struct {
+		who    string
+		reader *sdkmetric.ManualReader
+	}{{"a", readerA}, {"b", readerB}} {
+		if fencing, fenced, aborted := fences(x.reader); fencing+fenced+aborted != 0 {
+			t.Errorf("relay %s while draining: fenced others %d times, was fenced %d times, aborted %d transactions; want none (each keeps its lanes)", x.who, fencing, fenced, aborted)
+		}
+	}
+
+	if err := a.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.writeRange(t, topic, n, n+keys, keys) // one more event per key: every lane
+	// b takes a's lanes at once (well within the kept connection's
+	// idle_session_timeout, over 5 s).
+	waitUntil(t, 4*time.Second, "the events after a stopped published by b", func() bool { return s.unpublished(t) == 0 })
+	if err := b.Stop(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	onceInKeyOrder(t, cons, n+keys)
 }

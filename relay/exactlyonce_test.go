@@ -202,6 +202,13 @@ func TestExactlyOnceWorkersAndReplicas(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
+	onceInKeyOrder(t, cons, n)
+}
+
+// onceInKeyOrder waits for n records and fails unless they are n distinct
+// events, each key's in write order (the "seq" of their payload).
+func onceInKeyOrder(t *testing.T, cons *testenv.Consumer, n int) {
+	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]int{}
 	for _, m := range cons.WaitFor(n, 30*time.Second) {

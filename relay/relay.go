@@ -263,8 +263,10 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	var quiet time.Time
 	keep := r.newKeeper() // cursor lanes kept across batches
 	defer keep.close(ctx)
+	eoKeep := r.newEOKeeper() // exactly-once lanes kept across batches
+	defer eoKeep.close(ctx)
 	for {
-		info := batchInfo{keep: keep}
+		info := batchInfo{keep: keep, eoKeep: eoKeep}
 		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)
 		if woken && n == 0 && next == 0 && err == nil && info.heldElsewhere {

@@ -31,6 +31,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/lanelock"
 )
 
 // Lane is one lane's position, as stored in the positions table.
@@ -204,10 +205,6 @@ type Queries struct {
 	// Cleanup deletes rows older than $1 that every lane delivered, at
 	// most $2 of them.
 	Cleanup string
-	// KeepSession sets idle_session_timeout ($1, milliseconds) for the
-	// session of a connection that keeps lanes across batches: the server
-	// ends a frozen relay's session, and so its session locks, after it.
-	KeepSession string
 
 	// Parking moves an event out of the table: a copy goes to the parked
 	// table and the row is deleted, in the transaction that moves the
@@ -436,9 +433,8 @@ func NewQueries(table, cursor, parked outbox.Table, cols string) Queries {
 			" skip = " + skipArray + ", updated_at = now()" +
 			" FROM unnest(@lane::int[], @done::text[], @upto::text[], @base::bigint[], @pos::bigint[], @floor::bigint[], @top::bigint[], @skip::text[]) AS x(l, d, u, b, p, f, t, s)" +
 			" WHERE c.lane = x.l",
-		KeepSession: "SELECT set_config('idle_session_timeout', $1, false)",
-		Own:         "SELECT count(pg_advisory_lock(@ns, l)) FROM unnest(@lanes::int[]) l",
-		Release:     "SELECT count(pg_advisory_unlock(@ns, l)) FROM unnest(@lanes::int[]) l",
+		Own:     lanelock.Own,
+		Release: lanelock.Release,
 		Idle: "SELECT lane FROM (SELECT lane FROM " + c + " WHERE upto IS NULL AND lane <> ALL(coalesce(@locked::int[], '{}'))" +
 			" AND pg_snapshot_xmax(done) < pg_snapshot_xmax(pg_current_snapshot()) OFFSET 0) s WHERE pg_try_advisory_xact_lock(@ns, lane)",
 		// Cleanup deletes rows that their lane's done snapshot holds.

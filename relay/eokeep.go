@@ -1,0 +1,231 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fxoutbox/outbox/relay/internal/lanelock"
+)
+
+// Lanes kept by exactly-once workers (Mode Poll, ExactlyOnce, a pool as the
+// DB). Taking a lane that another worker's producer owns fences that
+// producer (see eoAcquire): its open transaction is aborted and it takes
+// its lanes again, fencing in turn. Replicas that take lanes from each
+// other between batches therefore abort each other's transactions while a
+// backlog drains. So each worker runs its batches on a connection of its
+// own, with one producer for as long as it runs, and keeps the lanes its
+// producer owns locked between batches with a session lock in the lanes'
+// namespace: its own claims' try-locks go through, other relays' and
+// workers' fail, and they leave the lanes to it. A lane is kept from the
+// batch that took it over (the session lock is taken in that batch's
+// transaction, which holds the lane's transaction lock, so it is granted at
+// once) and let go once no batch took it for eoKeepIdle.
+//
+// The locks only keep order and spare fences: what a crash or a takeover
+// sends twice is decided by the producers' fencing and the progress
+// records, as without them. A batch that fails, or whose producer was
+// fenced, closes the connection (the server drops its locks): its lanes
+// are free at once. A relay frozen between batches loses its session, and
+// so its lanes, after idle_session_timeout (see keptIdleMillis).
+type eoKeeper struct {
+	r    *Relay
+	conn *pgx.Conn // taken out of the pool, as the LISTEN connection is
+	// off: the server cannot bound an idle session (no
+	// idle_session_timeout, PostgreSQL 13): no lane is kept.
+	off bool
+	// w is the worker's producer, taken at its first batch and kept until
+	// the worker stops: the lanes conn keeps are w's.
+	w *eoWorker
+	// kept are the lanes whose session locks conn holds; used the kept
+	// lanes a batch took since freed, when the unused ones were let go.
+	kept  map[int32]bool
+	used  map[int32]bool
+	freed time.Time
+	idle  time.Duration
+}
+
+// eoKeepIdle is how long an exactly-once worker keeps a lane that no batch
+// of its took: a lane whose events stopped is free for any relay soon
+// after.
+const eoKeepIdle = 500 * time.Millisecond
+
+// newEOKeeper returns an exactly-once worker's keeper, or nil where lanes
+// are not kept.
+func (r *Relay) newEOKeeper() *eoKeeper {
+	if r.eo == nil || r.cfg.Mode != Poll {
+		return nil
+	}
+	if _, ok := r.db.(acquirer); !ok {
+		return nil
+	}
+	return &eoKeeper{r: r, kept: map[int32]bool{}, used: map[int32]bool{}, idle: eoKeepIdle}
+}
+
+// usable reports whether k runs the worker's batches.
+func (k *eoKeeper) usable() bool { return k != nil && !k.off }
+
+// keptIdleMillis is the bound on a kept connection's idle time between
+// batches, in milliseconds: longer than any wait of a live worker.
+func keptIdleMillis(cfg Config) string {
+	d := max(cfg.BatchTimeout, 2*cfg.PollInterval) + 5*time.Second
+	return strconv.FormatInt(d.Milliseconds(), 10)
+}
+
+// keptConn takes a connection out of the pool for a worker that keeps lanes
+// (it holds its locks and settings for good, and the pool keeps its size
+// for the rest of the relay), its idle session bounded by keptIdleMillis.
+// When the server cannot bound an idle session (PostgreSQL 13: a frozen
+// relay would keep its lanes for ever), it sets off, warns that instead
+// (what the worker does without), and returns no connection and no error.
+func (r *Relay) keptConn(ctx context.Context, off *bool, instead string) (*pgx.Conn, error) {
+	pc, err := r.db.(acquirer).Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack()
+	if _, err := conn.Exec(ctx, lanelock.KeepSession, keptIdleMillis(r.cfg)); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		if pe := new(pgconn.PgError); errors.As(err, &pe) && pe.Code == "42704" { // unrecognized configuration parameter
+			*off = true
+			r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); "+instead, "error", err)
+			return nil, nil
+		}
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Begin begins a batch's transaction on the worker's connection, which it
+// acquires first when it has none.
+func (k *eoKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
+	if k.off {
+		return k.r.db.Begin(ctx)
+	}
+	if k.conn == nil {
+		conn, err := k.r.keptConn(ctx, &k.off, "exactly-once workers keep no lanes between batches, so replicas fence each other more often")
+		if err != nil {
+			return nil, err
+		}
+		if conn == nil { // each batch locks its lanes for itself only
+			return k.r.db.Begin(ctx)
+		}
+		k.conn, k.freed = conn, time.Now()
+	}
+	tx, err := k.conn.Begin(ctx)
+	if err != nil {
+		// The connection was lost (or its idle session ended): its locks
+		// went with it.
+		k.drop(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// worker returns the worker's producer, taking one on first use.
+func (k *eoKeeper) worker(client sarama.Client) *eoWorker {
+	if k.w == nil {
+		k.w = k.r.eo.take(client)
+	}
+	return k.w
+}
+
+// own takes, in tx, session locks on the lanes of a batch its producer now
+// owns that the connection does not keep yet: tx holds their transaction
+// locks, so they are granted at once. Nothing is kept when tx does not run
+// on the kept connection.
+func (k *eoKeeper) own(ctx context.Context, tx pgx.Tx, lanes map[int32]bool) error {
+	if k == nil || k.conn == nil || tx.Conn() != k.conn {
+		return nil
+	}
+	var take []int32
+	for lane := range lanes {
+		if !k.kept[lane] {
+			take = append(take, lane)
+		}
+	}
+	if len(take) == 0 {
+		return nil
+	}
+	slices.Sort(take)
+	if _, err := tx.Exec(ctx, lanelock.Own, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": take}); err != nil {
+		return fmt.Errorf("relay: exactly-once: keep lanes %v of %s: %w", take, k.r.cfg.Table, err)
+	}
+	for _, lane := range take {
+		k.kept[lane] = true
+	}
+	return nil
+}
+
+// finished takes the outcome of a batch of the keeper's producer: after a
+// failure, or once the producer must be initialised again (fenced, or a
+// transaction of unknown outcome: it owns no lane until it takes them
+// again), every lane is let go; otherwise the batch's lanes are used, and
+// once every eoKeepIdle the kept lanes no batch took since are let go.
+func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
+	if k.conn == nil {
+		return
+	}
+	if err != nil || !k.w.txn.Ready() {
+		k.drop(ctx)
+		return
+	}
+	for lane := range b.lanes {
+		if k.kept[lane] {
+			k.used[lane] = true
+		}
+	}
+	if time.Since(k.freed) < k.idle {
+		return
+	}
+	k.freed = time.Now()
+	var free []int32
+	for lane := range k.kept {
+		if !k.used[lane] {
+			free = append(free, lane)
+		}
+	}
+	clear(k.used)
+	if len(free) == 0 {
+		return
+	}
+	slices.Sort(free)
+	if _, err := k.conn.Exec(ctx, lanelock.Release, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": free}); err != nil {
+		k.r.cfg.Logger.Warn("outbox relay: exactly-once: could not let idle lanes go; closing the worker's connection lets them all go", "lanes", free, "error", err)
+		k.drop(ctx)
+		return
+	}
+	for _, lane := range free {
+		delete(k.kept, lane)
+	}
+}
+
+// drop closes the connection: the server drops its locks.
+func (k *eoKeeper) drop(ctx context.Context) {
+	if k.conn == nil {
+		return
+	}
+	_ = k.conn.Close(context.WithoutCancel(ctx))
+	k.conn = nil
+	clear(k.kept)
+	clear(k.used)
+}
+
+// close lets the lanes and the producer go (the worker stops).
+func (k *eoKeeper) close(ctx context.Context) {
+	if k == nil {
+		return
+	}
+	k.drop(ctx)
+	if k.w != nil {
+		k.r.eo.release(k.w)
+		k.w = nil
+	}
+}
