@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -324,6 +325,9 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 	}
 	covered := 0
 	tried := map[int32]bool{}
+	// after: each locked lane's window's last id (exactly-once, see
+	// extendLanes).
+	after := map[int32]int64{}
 	for window := 2 * n; ; window *= 4 {
 		type laneRows struct {
 			lane int32
@@ -332,8 +336,10 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 		var cands []laneRows
 		seen := 0
 		var (
-			lr  laneRows
-			got *bool
+			lr     laneRows
+			got    *bool
+			last   int64   // the window's last id
+			locked []int32 // the lanes locked in this window
 		)
 		// Only the first window locks in its statement: the lanes a larger
 		// one adds all come after those already tried.
@@ -360,6 +366,9 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
 					seen += cnt
+					if k := len(lr.ids); k > 0 {
+						last = max(last, lr.ids[k-1])
+					}
 					switch {
 					case tried[lr.lane]:
 					case got == nil:
@@ -368,6 +377,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 						tried[lr.lane] = true
 						ids = append(ids, lr.ids...)
 						note(lr.lane, lr.ids)
+						locked = append(locked, lr.lane)
 						covered += len(lr.ids)
 					default:
 						tried[lr.lane] = true
@@ -402,8 +412,12 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 			for _, l := range got {
 				ids = append(ids, want[l]...)
 				note(l, want[l])
+				locked = append(locked, l)
 				covered += len(want[l])
 			}
+		}
+		for _, l := range locked {
+			after[l] = last
 		}
 		// Done when the batch is covered, the window held every unpublished
 		// row, every lane has been tried (a larger window cannot show a lane
@@ -419,10 +433,55 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 				// PollInterval.
 				r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
 			}
+			if laneOf != nil && upto == 0 && covered < n && seen >= window && len(after) > 0 {
+				more, err := r.extendLanes(ctx, tx, n-covered, n, held, after, laneOf)
+				if err != nil {
+					return nil, false, err
+				}
+				ids = append(ids, more...)
+			}
 			slices.Sort(ids)
 			return ids, seen >= window || seen > covered, nil
 		}
 	}
+}
+
+// extendLanes returns the ids of up to more waiting rows of the locked
+// lanes after (each lane's window's last id) past their windows, among the
+// first 2n waiting rows after the earliest of those windows, and records
+// their lanes in laneOf. An exactly-once worker's claim whose lanes held
+// less than its n rows in the windows reads on so: while replicas drain a
+// backlog, the oldest rows are half the other relays' (kept, see eoKeeper),
+// and a batch short of n neither fills its Kafka transaction nor grows the
+// next one. Every lane's rows stay a prefix of its waiting rows (Extend).
+func (r *Relay) extendLanes(ctx context.Context, tx pgx.Tx, more, n int, held []string, after map[int32]int64, laneOf map[int64]int32) ([]int64, error) {
+	lanes := make([]int32, 0, len(after))
+	afters := make([]int64, 0, len(after))
+	from := int64(math.MaxInt64)
+	for l, a := range after {
+		lanes = append(lanes, l)
+		afters = append(afters, a)
+		from = min(from, a)
+	}
+	sql, args := r.q.Extend, pgx.NamedArgs{"lanes": r.cfg.Lanes, "from": from, "scan": 2 * n, "locked": lanes, "after": afters, "more": more}
+	if len(held) > 0 {
+		sql, args["held"] = r.q.ExtendHeld, held
+	}
+	rows, err := tx.Query(ctx, sql, args)
+	if err != nil {
+		return nil, fmt.Errorf("relay: read on in the locked lanes of %s: %w", r.cfg.Table, err)
+	}
+	var ids []int64
+	var id int64
+	var lane int32
+	if _, err := pgx.ForEachRow(rows, []any{&id, &lane}, func() error {
+		ids = append(ids, id)
+		laneOf[id] = lane
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("relay: read on in the locked lanes of %s: %w", r.cfg.Table, err)
+	}
+	return ids, nil
 }
 
 // readRows runs a query of rows (pre in the same round trip, see query)

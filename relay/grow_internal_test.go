@@ -67,22 +67,25 @@ func claimReads(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, r *Relay, n 
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	// The backend's counts not yet flushed to the statistics: they do not
-	// change within a transaction except by its own statements.
-	count := func() int64 {
-		var c int64
-		if err := tx.QueryRow(ctx, "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables WHERE relid = $1::regclass",
-			sqlname.Ident(tbl)).Scan(&c); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	before := count()
+	before := rowsRead(t, tx, tbl)
 	ids, _, err = r.lockLanes(ctx, tx, n, nil, 0, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ids, count() - before
+	return ids, rowsRead(t, tx, tbl) - before
+}
+
+// rowsRead is how many of tbl's rows tx's statements have read so far (the
+// backend's counts not yet flushed to the statistics: they do not change
+// within a transaction except by its own statements).
+func rowsRead(t *testing.T, tx pgx.Tx, tbl outbox.Table) int64 {
+	t.Helper()
+	var c int64
+	if err := tx.QueryRow(context.Background(), "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables WHERE relid = $1::regclass",
+		sqlname.Ident(tbl)).Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func laneRange(from, to int32) []int32 {
