@@ -131,7 +131,12 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	progress := len(d.ids) > 0 || len(d.failed) > 0 || len(d.transient) > 0 || len(c.bad) > 0
 	switch {
 	case len(d.ids) == size:
-		next = min(2*size, r.cfg.MaxBatchSize)
+		grow := 2
+		if r.eo != nil {
+			// A Kafka transaction per batch: reach MaxBatchSize in fewer.
+			grow = 4
+		}
+		next = min(grow*size, r.cfg.MaxBatchSize)
 	case c.more && progress, len(d.failed) > 0 || d.heldBehind:
 		// Paced events and their keys are left out of the next claim, so it
 		// reaches further; events held behind one parked now, or not sent
