@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -313,8 +312,9 @@ func isUnreadable(err error) bool {
 // failed event's retry takes no room in the batch.
 //
 // With laneOf not nil (an exactly-once worker), lockLanes records the lane
-// of each id it returns, and tries the lanes in owned before the others of
-// each window.
+// of each id it returns, tries the lanes in owned before the others of
+// each window, and, when the lanes it locked in the first window hold less
+// than n rows of a backlog, reads on in them (readOn).
 func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, laneOf map[int64]int32, owned []int32) (ids []int64, more bool, err error) {
 	note := func(lane int32, ids []int64) {
 		if laneOf != nil {
@@ -325,9 +325,6 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 	}
 	covered := 0
 	tried := map[int32]bool{}
-	// after: each locked lane's window's last id (exactly-once, see
-	// extendLanes).
-	after := map[int32]int64{}
 	for window := 2 * n; ; window *= 4 {
 		type laneRows struct {
 			lane int32
@@ -336,10 +333,8 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 		var cands []laneRows
 		seen := 0
 		var (
-			lr     laneRows
-			got    *bool
-			last   int64   // the window's last id
-			locked []int32 // the lanes locked in this window
+			lr  laneRows
+			got *bool
 		)
 		// Only the first window locks in its statement: the lanes a larger
 		// one adds all come after those already tried.
@@ -366,9 +361,6 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
 					seen += cnt
-					if k := len(lr.ids); k > 0 {
-						last = max(last, lr.ids[k-1])
-					}
 					switch {
 					case tried[lr.lane]:
 					case got == nil:
@@ -377,7 +369,6 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 						tried[lr.lane] = true
 						ids = append(ids, lr.ids...)
 						note(lr.lane, lr.ids)
-						locked = append(locked, lr.lane)
 						covered += len(lr.ids)
 					default:
 						tried[lr.lane] = true
@@ -412,12 +403,8 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 			for _, l := range got {
 				ids = append(ids, want[l]...)
 				note(l, want[l])
-				locked = append(locked, l)
 				covered += len(want[l])
 			}
-		}
-		for _, l := range locked {
-			after[l] = last
 		}
 		// Done when the batch is covered, the window held every unpublished
 		// row, every lane has been tried (a larger window cannot show a lane
@@ -433,12 +420,10 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 				// PollInterval.
 				r.growAfter.Store(time.Now().Add(r.cfg.PollInterval).UnixNano())
 			}
-			if laneOf != nil && upto == 0 && covered < n && seen >= window && len(after) > 0 {
-				more, err := r.extendLanes(ctx, tx, n-covered, n, held, after, laneOf)
-				if err != nil {
+			if laneOf != nil && upto == 0 && covered < n && seen >= window && window == 2*n && len(ids) > 0 {
+				if ids, err = r.readOn(ctx, tx, n, held, laneOf); err != nil {
 					return nil, false, err
 				}
-				ids = append(ids, more...)
 			}
 			slices.Sort(ids)
 			return ids, seen >= window || seen > covered, nil
@@ -446,31 +431,36 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 	}
 }
 
-// extendLanes returns the ids of up to more waiting rows of the locked
-// lanes after (each lane's window's last id) past their windows, among the
-// first 2n waiting rows after the earliest of those windows, and records
-// their lanes in laneOf. An exactly-once worker's claim whose lanes held
-// less than its n rows in the windows reads on so: while replicas drain a
-// backlog, the oldest rows are half the other relays' (kept, see eoKeeper),
-// and a batch short of n neither fills its Kafka transaction nor grows the
-// next one. Every lane's rows stay a prefix of its waiting rows (Extend).
-func (r *Relay) extendLanes(ctx context.Context, tx pgx.Tx, more, n int, held []string, after map[int32]int64, laneOf map[int64]int32) ([]int64, error) {
-	lanes := make([]int32, 0, len(after))
-	afters := make([]int64, 0, len(after))
-	from := int64(math.MaxInt64)
-	for l, a := range after {
-		lanes = append(lanes, l)
-		afters = append(afters, a)
-		from = min(from, a)
+// readOn returns the ids of the first n waiting rows of the lanes locked
+// (those of laneOf), among the first 4n waiting rows, in id order, and
+// records their lanes in laneOf instead of the window's. An exactly-once
+// worker's claim whose locked lanes held less than its n rows in the window
+// reads on so: while replicas drain a backlog, about half the oldest rows
+// are the other relays' (kept, see eoKeeper), and a batch short of n
+// neither fills its Kafka transaction nor grows the next one. The rows are
+// read again from the start in one statement: rows of a lane that committed
+// after the window's snapshot with ids inside it (a key's earlier event
+// whose later one commits next) come in their place, and each lane's rows
+// are a prefix of its waiting rows in one snapshot, so its keys keep their
+// order.
+func (r *Relay) readOn(ctx context.Context, tx pgx.Tx, n int, held []string, laneOf map[int64]int32) ([]int64, error) {
+	in := map[int32]bool{}
+	for _, l := range laneOf {
+		in[l] = true
 	}
-	sql, args := r.q.Extend, pgx.NamedArgs{"lanes": r.cfg.Lanes, "from": from, "scan": 2 * n, "locked": lanes, "after": afters, "more": more}
+	lanes := make([]int32, 0, len(in))
+	for l := range in {
+		lanes = append(lanes, l)
+	}
+	sql, args := r.q.ReadOn, pgx.NamedArgs{"lanes": r.cfg.Lanes, "scan": 4 * n, "locked": lanes, "n": n}
 	if len(held) > 0 {
-		sql, args["held"] = r.q.ExtendHeld, held
+		sql, args["held"] = r.q.ReadOnHeld, held
 	}
 	rows, err := tx.Query(ctx, sql, args)
 	if err != nil {
 		return nil, fmt.Errorf("relay: read on in the locked lanes of %s: %w", r.cfg.Table, err)
 	}
+	clear(laneOf)
 	var ids []int64
 	var id int64
 	var lane int32

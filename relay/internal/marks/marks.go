@@ -48,14 +48,12 @@ type Queries struct {
 	// exactly-once worker: the lanes in @owned first (taking another's
 	// lane fences its producer).
 	WindowOwned, WindowOwnedHeld string
-	// Extend (and ExtendHeld, without the rows of the keys in @held) reads
-	// on past the windows for an exactly-once worker whose locked lanes
-	// held less than a batch in them: of the first @scan waiting rows
-	// after id @from, those of the lanes @locked that come after their
-	// lane's window (@after, the last id of the window each was locked
-	// in), at most @more, in id order (id, lane). Each lane's rows so stay
-	// a prefix of its waiting rows.
-	Extend, ExtendHeld string
+	// ReadOn (and ReadOnHeld, without the rows of the keys in @held) reads
+	// on past the window for an exactly-once worker whose locked lanes
+	// held less than a batch in it: of the first @scan waiting rows, those
+	// of the lanes @locked, at most @n, in id order (id, lane), in one
+	// snapshot: each lane's rows are a prefix of its waiting rows.
+	ReadOn, ReadOnHeld string
 	// ClaimIDs is ClaimHeld reading only the rows' ids (Unordered,
 	// isolating rows that cannot be read).
 	ClaimIDs string
@@ -130,10 +128,10 @@ func NewQueries(table outbox.Table, cols string) Queries {
 			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @window) w GROUP BY lane) c ORDER BY " + prefer + "first"
 	}
 	const owned = "lane = ANY(@owned::int[]) DESC, "
-	extend := func(held string) string {
+	readOn := func(held string) string {
 		return "SELECT w.id, w.lane FROM (SELECT id, " + lane + " AS lane FROM " + t +
-			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " AND id > @from ORDER BY id LIMIT @scan) w" +
-			" JOIN unnest(@locked::int[], @after::bigint[]) AS a(l, after) ON w.lane = a.l AND w.id > a.after ORDER BY w.id LIMIT @more"
+			" WHERE published_at IS NULL AND parked_at IS NULL" + held + " ORDER BY id LIMIT @scan) w" +
+			" WHERE w.lane = ANY(@locked::int[]) ORDER BY w.id LIMIT @n"
 	}
 	q := Queries{
 		Claim: "SELECT " + cols + " FROM " + t +
@@ -146,8 +144,8 @@ func NewQueries(table outbox.Table, cols string) Queries {
 		WindowHeld:      window(notHeld, ""),
 		WindowOwned:     window("", owned),
 		WindowOwnedHeld: window(notHeld, owned),
-		Extend:          extend(""),
-		ExtendHeld:      extend(notHeld),
+		ReadOn:          readOn(""),
+		ReadOnHeld:      readOn(notHeld),
 		Read: "SELECT " + cols + " FROM " + t +
 			" WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT @n",
 		FirstID: "SELECT id FROM " + t +
