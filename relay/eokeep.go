@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/relay/internal/lanelock"
 )
 
@@ -164,17 +165,26 @@ func (k *eoKeeper) own(ctx context.Context, tx pgx.Tx, lanes map[int32]bool) err
 	return nil
 }
 
-// finished takes the outcome of a batch of the keeper's producer: after a
-// failure, or once the producer must be initialised again (fenced, or a
-// transaction of unknown outcome: it owns no lane until it takes them
-// again), every lane is let go; otherwise the batch's lanes are used, and
-// once every eoKeepIdle the kept lanes no batch took since are let go.
+// finished takes the outcome of a batch of the worker (b.w nil: it failed
+// before it took the producer). Every lane is let go, by closing the
+// connection, after a failure while lanes are kept (other relays may
+// deliver them meanwhile) or one of the database or its connection, and
+// once the producer must be initialised again while lanes are
+// kept (fenced, or a transaction of unknown outcome: it owns no lane until
+// it takes them again). Otherwise the batch's lanes are used, and once
+// every eoKeepIdle the kept lanes no batch took since are let go. A worker
+// that keeps nothing keeps its connection through Kafka's failures and
+// through batches that found nothing to take.
 func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
 	if k.conn == nil {
 		return
 	}
-	if err != nil || !k.w.txn.Ready() {
+	kept := len(k.kept) > 0
+	if err != nil && (kept || dberr.Is(err) || k.conn.IsClosed()) || kept && k.w != nil && !k.w.txn.Ready() {
 		k.drop(ctx)
+		return
+	}
+	if err != nil {
 		return
 	}
 	for lane := range b.lanes {
@@ -197,6 +207,8 @@ func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
 		return
 	}
 	slices.Sort(free)
+	ctx, cancel := context.WithTimeout(ctx, k.r.cfg.BatchTimeout)
+	defer cancel()
 	if _, err := k.conn.Exec(ctx, lanelock.Release, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": free}); err != nil {
 		k.r.cfg.Logger.Warn("outbox relay: exactly-once: could not let idle lanes go; closing the worker's connection lets them all go", "lanes", free, "error", err)
 		k.drop(ctx)

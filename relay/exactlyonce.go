@@ -909,6 +909,9 @@ func (r *Relay) eoFenced(w *eoWorker, err error) {
 // worker is free for the next batch.
 func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 	if b.w == nil {
+		if b.keep != nil {
+			b.keep.finished(ctx, b, err)
+		}
 		return
 	}
 	txn := b.w.txn
