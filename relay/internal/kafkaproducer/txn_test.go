@@ -12,21 +12,29 @@ import (
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 )
 
-// A transaction's records are visible to read_committed readers after
-// Commit and never after Abort; a second Init of the same transactional id
-// fences the first producer, whose open transaction is aborted and whose
-// Commit fails with ErrFenced. LastCommitted sees exactly that.
-func TestTxnCommitAbortFence(t *testing.T) {
-	t.Parallel()
+// txnSetup returns a context of a minute, a client of the test broker and a
+// new topic of one partition.
+func txnSetup(t *testing.T) (context.Context, sarama.Client, string) {
+	t.Helper()
 	brokers := testenv.Brokers(t)
 	topic := testenv.Topic(t, brokers, 1)
 	client, err := sarama.NewClient(brokers, config())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.Close()
+	t.Cleanup(func() { _ = client.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
+	return ctx, client, topic
+}
+
+// A transaction's records are visible to read_committed readers after
+// Commit and never after Abort; a second Init of the same transactional id
+// fences the first producer, whose open transaction is aborted and whose
+// Commit fails with ErrFenced. LastCommitted sees exactly that.
+func TestTxnCommitAbortFence(t *testing.T) {
+	t.Parallel()
+	ctx, client, topic := txnSetup(t)
 	id := "kafkaproducer-test." + topic
 	lastOf := func() kafkaproducer.Last {
 		t.Helper()
@@ -119,15 +127,7 @@ func TestTxnCommitAbortFence(t *testing.T) {
 // transaction, and learns that the producer was fenced.
 func TestTxnAbortOutlivesItsContext(t *testing.T) {
 	t.Parallel()
-	brokers := testenv.Brokers(t)
-	topic := testenv.Topic(t, brokers, 1)
-	client, err := sarama.NewClient(brokers, config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx, client, topic := txnSetup(t)
 	id := "kafkaproducer-abort-test." + topic
 	a := kafkaproducer.NewTxn(client, config(), id, 10*time.Second)
 	if err := a.Init(ctx); err != nil {
