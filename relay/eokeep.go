@@ -50,13 +50,12 @@ type eoKeeper struct {
 	kept  map[int32]bool
 	used  map[int32]bool
 	freed time.Time
-	idle  time.Duration
 }
 
 // eoKeepIdle is how long an exactly-once worker keeps a lane that no batch
-// of its took: a lane whose events stopped is free for any relay soon
-// after.
-const eoKeepIdle = 500 * time.Millisecond
+// of its took, as long as cursor progress's workers keep theirs: a lane
+// whose events stopped is free for any relay soon after.
+const eoKeepIdle = keepSaveEvery
 
 // newEOKeeper returns an exactly-once worker's keeper, or nil where lanes
 // are not kept.
@@ -67,7 +66,7 @@ func (r *Relay) newEOKeeper() *eoKeeper {
 	if _, ok := r.db.(acquirer); !ok {
 		return nil
 	}
-	return &eoKeeper{r: r, kept: map[int32]bool{}, used: map[int32]bool{}, idle: eoKeepIdle}
+	return &eoKeeper{r: r, kept: map[int32]bool{}, used: map[int32]bool{}}
 }
 
 // usable reports whether k runs the worker's batches.
@@ -192,7 +191,7 @@ func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
 			k.used[lane] = true
 		}
 	}
-	if time.Since(k.freed) < k.idle {
+	if time.Since(k.freed) < eoKeepIdle {
 		return
 	}
 	k.freed = time.Now()

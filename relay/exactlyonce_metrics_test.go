@@ -109,9 +109,15 @@ func TestExactlyOnceReplicasKeepTheirLanes(t *testing.T) {
 	s.write(t, topic, n, keys)
 	readerA, mpA := newReader(t)
 	readerB, mpB := newReader(t)
-	cfg := relay.Config{Delivery: relay.ExactlyOnce, Lanes: 4, BatchSize: 500, PollInterval: 20 * time.Millisecond}
+	// BatchTimeout 2 minutes: a kept connection that outlived its relay
+	// would hold its lanes for its idle_session_timeout, over 2 minutes.
+	cfg := relay.Config{Delivery: relay.ExactlyOnce, Lanes: 4, BatchSize: 500, PollInterval: 20 * time.Millisecond, BatchTimeout: 2 * time.Minute}
 	cfgA, cfgB := cfg, cfg
 	cfgA.MeterProvider, cfgB.MeterProvider = mpA, mpB
+	// Relay a polls once a minute: once its lanes are drained it sleeps
+	// and runs no batch that would let its kept lanes go, so at Stop it
+	// still keeps the lanes of its last batches.
+	cfgA.PollInterval = time.Minute
 	a := s.relay(t, s.publisher(t), cfgA)
 	b := s.relay(t, s.publisher(t), cfgB)
 	defer func() { _ = a.Stop(s.ctx); _ = b.Stop(s.ctx) }()
@@ -140,9 +146,9 @@ func TestExactlyOnceReplicasKeepTheirLanes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.writeRange(t, topic, n, n+keys, keys) // one more event per key: every lane
-	// b takes a's lanes at once (well within the kept connection's
-	// idle_session_timeout, over 5 s).
-	waitUntil(t, 4*time.Second, "the events after a stopped published by b", func() bool { return s.unpublished(t) == 0 })
+	// b takes a's lanes as soon as a stopped, long before a kept
+	// connection left behind would time out.
+	waitUntil(t, 60*time.Second, "the events after a stopped published by b", func() bool { return s.unpublished(t) == 0 })
 	if err := b.Stop(s.ctx); err != nil {
 		t.Fatal(err)
 	}
