@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -408,6 +409,9 @@ type proc struct {
 	exited chan struct{}
 	stderr *lockedBuffer
 	state  *os.ProcessState
+	// dumped: the process was sent SIGQUIT for its goroutines' stacks
+	// (see next), and its whole stderr is worth printing.
+	dumped atomic.Bool
 }
 
 type lockedBuffer struct {
@@ -434,6 +438,10 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd, filter func(string) (st
 	t.Helper()
 	p := &proc{t: t, name: name, cmd: cmd, lines: make(chan string, 1000), exited: make(chan struct{}), stderr: &lockedBuffer{}}
 	cmd.Stderr = p.stderr
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "GOTRACEBACK=all") // a SIGQUIT prints every goroutine (see next)
 	dieWithParent(cmd)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -470,8 +478,12 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd, filter func(string) (st
 			<-p.exited
 		}
 		if t.Failed() {
+			keep := 4 << 10
+			if p.dumped.Load() {
+				keep = 256 << 10
+			}
 			if s := p.stderr.String(); s != "" {
-				t.Logf("%s (pid %d) stderr, last 4 KiB:\n%s", name, cmd.Process.Pid, s[max(0, len(s)-4096):])
+				t.Logf("%s (pid %d) stderr, last %d KiB:\n%s", name, cmd.Process.Pid, keep>>10, s[max(0, len(s)-keep):])
 			}
 		}
 	})
@@ -498,7 +510,15 @@ func (p *proc) next(prefix string, timeout time.Duration) string {
 			if exited == nil {
 				p.t.Fatalf("%s exited (%v) before reporting %q", p.name, p.state, prefix)
 			}
-			p.t.Fatalf("%s did not report %q within %v", p.name, prefix, timeout)
+			// Still running, and silent: its goroutines' stacks say where
+			// it waits (printed with its stderr by the cleanup).
+			p.dumped.Store(true)
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.exited:
+			case <-time.After(10 * time.Second):
+			}
+			p.t.Fatalf("%s did not report %q within %v (sent SIGQUIT: its goroutines are in its stderr below)", p.name, prefix, timeout)
 		}
 	}
 }
