@@ -644,6 +644,13 @@ func (in *instance) warnings() {
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	if cfg.Migrate {
+		if cfg.Relay.Progress == relay.ProgressAuto && cfg.Relay.Ordering == relay.PerKey {
+			// A table made now gets the cursor migration with it, and its
+			// relays (ProgressAuto) cursor progress; one that exists
+			// keeps its progress.
+			_, err := migrations.Install(ctx, pool, cfg.Table)
+			return err
+		}
 		if err := migrations.Outbox.Up(ctx, pool, cfg.Table); err != nil {
 			return err
 		}

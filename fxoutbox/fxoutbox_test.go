@@ -53,6 +53,17 @@ func TestModuleEndToEnd(t *testing.T) {
 	}
 	app.RequireStop()
 	cons.Close()
+	// Migrate made the table, with the cursor migration, and the relay
+	// (Progress auto) delivered with cursor progress: no row was marked.
+	var hasCursor bool
+	var marked int
+	if err := pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL, (SELECT count(*) FROM "+sqlname.Ident(tbl)+" WHERE published_at IS NOT NULL)",
+		sqlname.Ident(sqlname.Cursor(tbl))).Scan(&hasCursor, &marked); err != nil {
+		t.Fatal(err)
+	}
+	if !hasCursor || marked != 0 {
+		t.Errorf("a table Migrate made: cursor migration %v, %d rows marked published; want the cursor migration and none marked", hasCursor, marked)
+	}
 }
 
 func TestWriterModuleRunsNoRelay(t *testing.T) {

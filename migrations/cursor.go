@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -88,4 +89,46 @@ func (s Set) downUnrecorded(ctx context.Context, db DB, table outbox.Table, vers
 		}
 		return nil
 	})
+}
+
+// Install is what a new install gets by default: it applies [Outbox] to
+// table and, when that creates the table, [Cursor] with it, in one
+// transaction under the table's migration lock, and marks the positions
+// table with a comment as cursor from the start. Relays with
+// relay.ProgressAuto then record cursor progress on the new table from
+// their first batch, while a table that exists keeps the progress it has
+// (moving it to cursor is the online step of docs/progress.md). created
+// reports whether the table was made.
+// Pods starting at once serialize on the lock: none of them sees the table
+// without its cursor migration. fxoutbox's OUTBOX_MIGRATE runs it under
+// relay.ProgressAuto.
+func Install(ctx context.Context, db DB, table outbox.Table) (created bool, err error) {
+	table = table.WithDefaults()
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lock(ctx, tx, table); err != nil {
+			return err
+		}
+		switch err := Outbox.exists(ctx, tx, table); {
+		case errors.Is(err, ErrNoTable):
+			created = true
+		case err != nil:
+			return err
+		}
+		if err := Outbox.Up(ctx, tx, table); err != nil {
+			return err
+		}
+		if !created {
+			return nil
+		}
+		if err := Cursor.Up(ctx, tx, table); err != nil {
+			return err
+		}
+		// The mark relay.ProgressAuto chooses cursor by on a table no relay
+		// ran on yet (its table's relays check for it).
+		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+sqlname.Ident(sqlname.Cursor(table))+" IS '"+sqlname.CursorFromStart+"'"); err != nil {
+			return fmt.Errorf("migrations: mark %s as cursor from the start: %w", table, err)
+		}
+		return nil
+	})
+	return created && err == nil, err
 }

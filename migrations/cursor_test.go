@@ -104,3 +104,59 @@ func TestUpDownCursorParked(t *testing.T) {
 		t.Fatalf("after Cursor.Down: %v", err)
 	}
 }
+
+// Install gives a table it creates the cursor migration, in the same
+// transaction, and leaves a table that exists in its progress; pods
+// starting at once all find the table with its cursor migration.
+func TestInstallGivesNewTablesTheCursor(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	hasCursor := func(tbl outbox.Table) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+			sqlname.Ident(sqlname.Cursor(tbl)), sqlname.Ident(sqlname.Parked(tbl))).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	fresh := outbox.Table{Schema: testenv.Name("inst_")}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+fresh.Schema+" CASCADE") })
+	results := make(chan bool, 4)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			created, err := migrations.Install(ctx, pool, fresh)
+			results <- created
+			errs <- err
+		}()
+	}
+	made := 0
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		if <-results {
+			made++
+		}
+	}
+	if made != 1 {
+		t.Errorf("%d of 4 concurrent Installs reported creating the table, want 1", made)
+	}
+	if !hasCursor(fresh) {
+		t.Error("a table Install created has no cursor migration")
+	}
+	if err := migrations.Outbox.Check(ctx, pool, fresh); err != nil {
+		t.Errorf("Outbox.Check after Install: %v", err)
+	}
+
+	existing := testenv.Table(t, pool) // made by Outbox.Up: marks
+	if created, err := migrations.Install(ctx, pool, existing); err != nil || created {
+		t.Fatalf("Install on a table that exists: created %v, %v; want false, nil", created, err)
+	}
+	if hasCursor(existing) {
+		t.Error("Install gave a table that existed the cursor migration: its marks relays would refuse it")
+	}
+}

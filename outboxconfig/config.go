@@ -49,7 +49,10 @@ type Config struct {
 	Relay relay.Config `env:""`
 	// Migrate applies the migrations at start instead of only checking that
 	// the table exists; with Relay.Progress ProgressCursor the cursor
-	// migration too. Default false.
+	// migration too, and with ProgressAuto (the default, under Ordering
+	// PerKey) the cursor migration to a table it creates
+	// (migrations.Install), so a new install relays with cursor progress.
+	// Default false.
 	Migrate bool `env:"OUTBOX_MIGRATE"`
 	// Brokers are the Kafka bootstrap addresses, host:port (the variable is
 	// comma-separated). Required by the relay unless the application

@@ -105,7 +105,7 @@ var choices = map[reflect.Type][]choice{
 	reflect.TypeFor[relay.Mode]():             {{"poll", relay.Poll}, {"stream", relay.Stream}},
 	reflect.TypeFor[relay.Ordering]():         {{"per-key", relay.PerKey}, {"unordered", relay.Unordered}},
 	reflect.TypeFor[relay.Delivery]():         {{"at-least-once", relay.AtLeastOnce}, {"exactly-once", relay.ExactlyOnce}},
-	reflect.TypeFor[relay.Progress]():         {{"marks", relay.ProgressMarks}, {"cursor", relay.ProgressCursor}},
+	reflect.TypeFor[relay.Progress]():         {{"auto", relay.ProgressAuto}, {"marks", relay.ProgressMarks}, {"cursor", relay.ProgressCursor}},
 	reflect.TypeFor[relay.Partitioner]():      {{"murmur2", relay.Murmur2}, {"fnv1a", relay.FNV1a}, {"crc32", relay.CRC32}},
 	reflect.TypeFor[outbox.PoisonPolicy]():    {{"park", outbox.Park}, {"hold", outbox.Hold}},
 	reflect.TypeFor[outbox.CloudEventsMode](): {{"off", outbox.CloudEventsOff}, {"binary", outbox.CloudEventsBinary}},

@@ -100,6 +100,9 @@ func (r *Relay) clean(ctx context.Context) {
 // On a partitioned table (migrations.Partitioned) it deletes no row: it
 // runs MaintainPartitions, which drops whole partitions, and returns 0.
 func (r *Relay) Cleanup(ctx context.Context) (int, error) {
+	if err := r.settleProgress(ctx); err != nil {
+		return 0, err
+	}
 	if yes, err := r.isPartitioned(ctx); err != nil {
 		return 0, err
 	} else if yes {

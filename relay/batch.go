@@ -91,6 +91,12 @@ func (r *Relay) runOnce(ctx context.Context, size int, upto int64, info *batchIn
 // batch is one batch of the polling claim (see pipeline), taking no row
 // past id upto when upto is positive (a streaming relay's sweep).
 func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo) (n, next int, err error) {
+	if t := time.Now(); !r.settled.Load() {
+		if err := r.settleProgress(ctx); err != nil {
+			_, err = r.metrics.lap(ctx, StepClaim, t, err)
+			return 0, 0, err
+		}
+	}
 	held := r.heldKeys()
 	var eo *eoBatch
 	var keep *laneKeeper

@@ -73,7 +73,7 @@ func newQueries(t outbox.Table) queries {
 // their argument: the planner's settings (see below), the server-side bound (a relay that hangs
 // while holding locks loses them after BatchTimeout + 5s) and, unless
 // SynchronousCommit, an asynchronous commit.
-func txSettings(cfg Config) (tx, session, idleMillis string) {
+func txSettings(cfg Config, p Progress) (tx, session, idleMillis string) {
 	// No parallel plans and no JIT: a batch's statements read a few rows,
 	// and a Gather's start-up or a JIT compilation (seconds, where an
 	// estimate went wrong) costs more than they do.
@@ -95,7 +95,7 @@ func txSettings(cfg Config) (tx, session, idleMillis string) {
 	case !cfg.SynchronousCommit:
 		commit = marks.CommitAsync
 	}
-	cursor := cfg.Progress == ProgressCursor
+	cursor := p == ProgressCursor
 	return marks.TxSettings(cursor, commit), marks.SessionSettings(cursor, commit), strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 }
 

@@ -65,12 +65,14 @@ type Config struct {
 	// one transaction with the stream's record (see docs/streaming.md).
 	// Default at-least-once.
 	Delivery Delivery `env:"OUTBOX_DELIVERY"`
-	// Progress is ProgressMarks (default: published_at is set on each
-	// delivered row) or ProgressCursor (the lanes' positions are recorded
-	// once per batch, and nothing is written per event; it needs the cursor
+	// Progress is ProgressCursor (the lanes' positions are recorded once
+	// per batch, and nothing is written per event; it needs the cursor
 	// migration and Ordering PerKey; in Stream mode it is what lets the
-	// stream publish what it decodes, see docs/streaming.md).
-	// Default marks.
+	// stream publish what it decodes, see docs/streaming.md),
+	// ProgressMarks (published_at is set on each delivered row) or
+	// ProgressAuto (cursor where the table has the cursor migration, marks
+	// otherwise, decided when the relay first reads the table; see
+	// ProgressAuto). Default auto.
 	Progress Progress `env:"OUTBOX_PROGRESS"`
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
 	// a relay that dies mid-transaction holds read_committed consumers of
@@ -341,7 +343,7 @@ func (c Config) validateDelivery() error {
 		return nil
 	case c.Delivery != ExactlyOnce:
 		return bad("Delivery", c.Delivery, "use relay.AtLeastOnce or relay.ExactlyOnce")
-	case c.Mode == Stream && c.Progress != ProgressCursor:
+	case c.Mode == Stream && c.Progress == ProgressMarks:
 		return bad("Delivery", c.Delivery, "needs Progress cursor in Mode Stream: the exactly-once stream publishes what it decodes and keeps its progress in the progress topic; set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor, with the cursor migration), or use Mode Poll")
 	case c.Ordering != PerKey:
 		return bad("Delivery", c.Delivery, "needs Ordering PerKey: its transactions are bound to lanes")

@@ -507,7 +507,7 @@ func TestCursorNoticesAnotherCluster(t *testing.T) {
 	}
 	// A relay with marks progress refuses the table: it would send again
 	// what the cursor delivered.
-	marks := s.relay(t, s.publisher(t), relay.Config{})
+	marks := s.relay(t, s.publisher(t), relay.Config{Progress: relay.ProgressMarks})
 	if err := marks.Start(s.ctx); !errors.Is(err, relay.ErrCursorTable) {
 		t.Fatalf("Start with marks on a cursor table: %v, want ErrCursorTable", err)
 	}

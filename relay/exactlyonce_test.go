@@ -38,7 +38,7 @@ func TestExactlyOnceRefusesWhatItCannotKeep(t *testing.T) {
 		cfg  relay.Config
 		want string
 	}{
-		{"stream with marks", pub, relay.Config{Mode: relay.Stream}, "needs Progress cursor in Mode Stream"},
+		{"stream with marks", pub, relay.Config{Mode: relay.Stream, Progress: relay.ProgressMarks}, "needs Progress cursor in Mode Stream"},
 		{"unordered", pub, relay.Config{Ordering: relay.Unordered}, "needs Ordering PerKey"},
 		{"own publisher", own, relay.Config{}, "pass a *relay.SaramaPublisher"},
 		{"timeout", pub, relay.Config{TransactionTimeout: time.Minute}, "TransactionTimeout"},

@@ -254,7 +254,7 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	add(err)
 	observed := []metric.Observable{lastAge, backlog, age, parked}
 	var partsKept metric.Int64ObservableGauge
-	if r.cfg.Progress == ProgressCursor {
+	if r.cfg.Progress != ProgressMarks { // cursor, or auto
 		partsKept, err = meter.Int64ObservableGauge(MetricPartitionsKept, metric.WithUnit("{partition}"), metric.WithDescription("Partitions of a partitioned table past their upper bound that the relay's last upkeep kept, by outbox.partition.reason."))
 		add(err)
 		observed = append(observed, partsKept)
@@ -464,6 +464,14 @@ func (m *metrics) record(ctx context.Context, rows []row, errs []error, acked ti
 // locks.StatsReporter; lanes use keys 0 and up) reads them once per
 // StatsInterval.
 func newStatsReporter(r *Relay) *tablestats.Reporter {
+	// The batches' settings, their arguments alike; under ProgressAuto,
+	// before the table was read, the cursor's (they keep both kinds of
+	// read on their indexes).
+	p, ok := r.cfg.fixedProgress()
+	if !ok {
+		p = ProgressCursor
+	}
+	tx, session, idle := txSettings(r.cfg, p)
 	return tablestats.New(tablestats.Config{
 		DB:            r.db,
 		Table:         r.cfg.Table,
@@ -474,9 +482,8 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 		Failed: func(ctx context.Context, err error) {
 			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(failure.Type(&failure.DBStep{Err: err}))))
 		},
-		ErrorType: func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
-		// The batches' settings, their arguments alike.
-		TxSettings: r.txSettings, SessionSettings: r.sessionSettings, SettingsArgs: []any{r.idleMillis},
+		ErrorType:  func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
+		TxSettings: tx, SessionSettings: session, SettingsArgs: []any{idle},
 	})
 }
 

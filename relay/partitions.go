@@ -87,11 +87,14 @@ func (r *Relay) isPartitioned(ctx context.Context) (bool, error) {
 // the others skip the round. A table that is not partitioned gets nothing.
 func (r *Relay) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
 	var rep PartitionReport
+	if err := r.settleProgress(ctx); err != nil {
+		return rep, err
+	}
 	yes, err := r.isPartitioned(ctx)
 	if err != nil || !yes {
 		return rep, err
 	}
-	if r.cfg.Progress != ProgressCursor {
+	if r.progress != ProgressCursor {
 		return rep, r.partitionedMarks()
 	}
 	env := partition.Env{

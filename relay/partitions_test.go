@@ -194,7 +194,7 @@ func TestPartitionedRetentionAndRefusals(t *testing.T) {
 	}
 	part := s.partitionOf(t, old)
 
-	marks := s.relay(t, pub, relay.Config{})
+	marks := s.relay(t, pub, relay.Config{Progress: relay.ProgressMarks})
 	if err := marks.Start(s.ctx); !errors.Is(err, relay.ErrPartitionedTable) {
 		t.Fatalf("a marks relay: Start = %v, want ErrPartitionedTable", err)
 	}
@@ -230,6 +230,14 @@ func TestPartitionedRetentionAndRefusals(t *testing.T) {
 	}
 	if p := s.partitionOf(t, old); !strings.HasSuffix(p, "outbox_event_head") {
 		t.Fatalf("old id again went to %s, want the head", p)
+	}
+	// The default, auto, records cursor progress on a partitioned table.
+	auto := s.relay(t, pub, relay.Config{})
+	if err := auto.Start(s.ctx); err != nil {
+		t.Fatalf("a relay with the default Progress (auto) on a partitioned table: Start = %v, want it started with cursor progress", err)
+	}
+	if err := auto.Stop(s.ctx); err != nil {
+		t.Fatal(err)
 	}
 
 	err = s.uow.Do(s.ctx, func(ctx context.Context, tx unitofwork.Tx) error {

@@ -21,10 +21,21 @@ import (
 type Progress int
 
 const (
-	// ProgressMarks (the default) sets published_at on each delivered
+	// ProgressAuto (the default) follows the table: ProgressCursor where
+	// the cursor migration was applied (its positions table exists),
+	// ProgressMarks otherwise. The relay reads the table at Start, or at
+	// its first batch when the database could not be reached then, and
+	// logs what it chose. Without a database it is decided by the other
+	// settings: ProgressMarks under Ordering Unordered, ProgressCursor for
+	// ExactlyOnce in Mode Stream. New installs get cursor progress this
+	// way (fxoutbox's OUTBOX_MIGRATE applies the cursor migration to the
+	// tables it creates), and a marks table keeps marks until it is moved
+	// by the documented online step (docs/progress.md).
+	ProgressAuto Progress = iota
+	// ProgressMarks sets published_at on each delivered
 	// row: an UPDATE per event (a new tuple, an entry in every index, a
 	// dead tuple for vacuum), and Retention deletes the rows later.
-	ProgressMarks Progress = iota
+	ProgressMarks
 	// ProgressCursor records, per lane, the snapshot up to which the lane
 	// is delivered and its place in the window after it (see
 	// docs/progress.md): one small UPDATE of the lanes' rows per batch and
@@ -43,6 +54,8 @@ const (
 
 func (p Progress) String() string {
 	switch p {
+	case ProgressAuto:
+		return "auto"
 	case ProgressMarks:
 		return "marks"
 	case ProgressCursor:
@@ -57,10 +70,10 @@ func (c Config) validateProgress() error {
 		return &outbox.ConfigError{Field: "Progress", Reason: fmt.Sprintf("is %v: %s", c.Progress, why)}
 	}
 	switch {
-	case c.Progress == ProgressMarks:
+	case c.Progress == ProgressMarks || c.Progress == ProgressAuto:
 		return nil
 	case c.Progress != ProgressCursor:
-		return bad("use relay.ProgressMarks or relay.ProgressCursor")
+		return bad("use relay.ProgressAuto, relay.ProgressMarks or relay.ProgressCursor")
 	case c.Ordering != PerKey:
 		return bad("needs Ordering PerKey: the positions are kept per lane")
 	}

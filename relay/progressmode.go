@@ -7,7 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -222,4 +224,71 @@ func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[i
 		return nil, fmt.Errorf("relay: save the lanes' positions after %d events published, %d failed: %w", len(rec.ids), len(rec.failed), err)
 	}
 	return parked, nil
+}
+
+// fixedProgress is the progress the configuration decides without the
+// table: Progress when it is not ProgressAuto; marks under Ordering
+// Unordered (cursor needs PerKey); cursor for ExactlyOnce in Mode Stream
+// (it needs cursor). ok is false when the table decides.
+func (c Config) fixedProgress() (p Progress, ok bool) {
+	switch {
+	case c.Progress != ProgressAuto:
+		return c.Progress, true
+	case c.Ordering != PerKey:
+		return ProgressMarks, true
+	case c.Mode == Stream && c.Delivery == ExactlyOnce:
+		return ProgressCursor, true
+	}
+	return ProgressAuto, false
+}
+
+// useProgress sets what goes with the progress p: the cursor's state and
+// statements, the batch's finder and recorder, the transactions'
+// settings. It runs once, before settled is set.
+func (r *Relay) useProgress(p Progress) {
+	c := r.cfg
+	r.progress, r.prog = p, marksMode{r}
+	if p == ProgressCursor {
+		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), parkedTable(c.Table), cursorCols)}
+		r.q.Cleanup = r.cur.q.Cleanup // rows every lane delivered, not marked ones
+		r.prog = cursorMode{r}
+	}
+	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c, p)
+	r.settled.Store(true)
+}
+
+// settleProgress makes sure the relay's progress is known: under
+// ProgressAuto it reads the table (tablesql.ForCursor) and logs what it
+// chose. A database that cannot be reached leaves it undecided, for the
+// next call.
+func (r *Relay) settleProgress(ctx context.Context) error {
+	if r.settled.Load() {
+		return nil
+	}
+	r.settleMu.Lock()
+	defer r.settleMu.Unlock()
+	if r.settled.Load() {
+		return nil
+	}
+	var has, cur bool
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
+		if has, err = tablesql.HasCursor(ctx, tx, r.cfg.Table); err != nil || !has {
+			return err
+		}
+		cur, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("relay: Progress auto: read whether %s records cursor progress: %w", r.cfg.Table, err)
+	}
+	p, why := ProgressCursor, "it has the cursor migration ("+cursorTable(r.cfg.Table).String()+")"
+	switch {
+	case !has:
+		p, why = ProgressMarks, "it has no cursor migration; apply it to deliver without a write per event (docs/progress.md), or set Progress"
+	case !cur:
+		p, why = ProgressMarks, "it was given the cursor migration and no relay has recorded cursor progress on it yet: start the first with Progress cursor once the marks relays are stopped (docs/progress.md, Turning it on)"
+	}
+	r.useProgress(p)
+	r.cfg.Logger.Info("outbox relay: progress "+p.String()+" (Progress auto: "+why+")", "table", r.cfg.Table.String())
+	return nil
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
-	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pace"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
@@ -59,8 +58,15 @@ type Relay struct {
 	growAfter atomic.Int64
 	stream    streamInfo
 	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
-	cur       *cursorState // Progress ProgressCursor: the lanes' positions
-	prog      progressMode // how a polling batch claims and records, by Progress
+	// progress is the relay's progress mode, cur (ProgressCursor: the
+	// lanes' positions) and prog (how a polling batch claims and records)
+	// go with it; under ProgressAuto they are set when the table was read
+	// (settleProgress), and read only after settled.
+	progress Progress
+	cur      *cursorState
+	prog     progressMode
+	settled  atomic.Bool
+	settleMu sync.Mutex
 	// marksChecked: a check found the table not in cursor mode (see
 	// checkMarks).
 	marksChecked atomic.Bool
@@ -119,11 +125,8 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 			return nil, err
 		}
 	}
-	r.prog = marksMode{r}
-	if c.Progress == ProgressCursor {
-		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), parkedTable(c.Table), cursorCols)}
-		r.q.Cleanup = r.cur.q.Cleanup // rows every lane delivered, not marked ones
-		r.prog = cursorMode{r}
+	if p, ok := c.fixedProgress(); ok {
+		r.useProgress(p)
 	}
 	r.parkLog, r.failedLog = newParkLog(c.Logger), newFailedLog(c.Logger)
 	for i := range r.wakes {
@@ -131,7 +134,6 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		r.kicks[i] = make(chan struct{}, 1)
 	}
 	r.health.init(c.Workers)
-	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c)
 	m, err := newMetrics(r, c.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
@@ -159,12 +161,20 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	// A table that is not ready, or in the other progress mode, fails the
 	// start; a database that cannot be reached does not (the batches check
-	// again, as they wait for it).
-	check := r.checkMarks
-	if r.cur != nil {
-		check = r.cursorReady
+	// again, as they wait for it), unless a streaming relay could not read
+	// the table to choose its progress.
+	err := r.settleProgress(ctx)
+	if err != nil && r.cfg.Mode == Stream {
+		return err
 	}
-	if err := check(ctx); err != nil && !dberr.Is(err) {
+	if err == nil {
+		check := r.checkMarks
+		if r.cur != nil {
+			check = r.cursorReady
+		}
+		err = check(ctx)
+	}
+	if err != nil && !dberr.Is(err) {
 		return err
 	}
 	gauges, err := r.metrics.register()
@@ -261,11 +271,16 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	size := r.cfg.BatchSize
 	woken := false // the batch runs because of a wake-up
 	var quiet time.Time
-	keep := r.newKeeper() // cursor lanes kept across batches
-	defer keep.close(ctx)
+	// Cursor lanes kept across batches, once the progress is known (see
+	// settleProgress).
+	var keep *laneKeeper
+	defer func() { keep.close(ctx) }()
 	eoKeep := r.newEOKeeper() // exactly-once lanes kept across batches
 	defer eoKeep.close(ctx)
-	for {
+	for kept := false; ; {
+		if !kept && r.settled.Load() {
+			keep, kept = r.newKeeper(), true
+		}
 		info := batchInfo{keep: keep, eoKeep: eoKeep}
 		n, next, err := r.runOnce(ctx, size, 0, &info)
 		r.health.set(worker, err)

@@ -78,12 +78,11 @@ func TestOrdersServiceSIGTERMLosesNothing(t *testing.T) {
 		"CONSUMER_GROUP="+testenv.Name("faulttest-"),
 		"OUTBOX_DELIVERY="+testDelivery(t).String(),
 	)
-	// The service's relay: cursor progress under OUTBOX_TEST_PROGRESS=cursor
-	// (its OUTBOX_MIGRATE=true then applies the cursor migration too).
+	// The service's relay: the battery's progress, named (the service's
+	// default, auto, would record cursor progress on the table its
+	// OUTBOX_MIGRATE=true makes).
 	progress := progressFor(t, testDelivery(t), relay.Poll)
-	if progress == relay.ProgressCursor {
-		cmd.Env = append(cmd.Env, "OUTBOX_PROGRESS="+progress.String())
-	}
+	cmd.Env = append(cmd.Env, "OUTBOX_PROGRESS="+progress.String())
 	svc := startProc(t, "orders service", cmd, nil)
 	waitFor(t, 60*time.Second, "the orders service to listen", func() bool {
 		select {

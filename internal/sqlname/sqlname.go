@@ -47,6 +47,12 @@ func Inbox(t outbox.Table) outbox.Table {
 // in cursor mode: <name>_cursor, in the table's schema.
 func Cursor(t outbox.Table) outbox.Table { return sibling(t.WithDefaults(), "_cursor") }
 
+// CursorFromStart is the comment migrations.Install puts on the positions
+// table (Cursor) of a table it created with the cursor migration: no relay
+// ever marked its rows, so relay.ProgressAuto records cursor progress on it
+// from the first batch (tablesql.ForCursor).
+const CursorFromStart = "fxoutbox: cursor progress from the start (migrations.Install)"
+
 // Parked names the table that holds the parked events of an outbox table
 // in cursor mode (<name>_parked, in its schema), or the parked records of
 // an inbox table given with its name set (see Inbox). An outbox table in

@@ -1,0 +1,107 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay"
+	"github.com/fxoutbox/outbox/relay/internal/failure"
+)
+
+// switchDB is a relay.DB that begins on down until up is set, then on up:
+// a database that cannot be reached and then can.
+type switchDB struct {
+	down, up relay.DB
+	isUp     atomic.Bool
+}
+
+func (d *switchDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	if d.isUp.Load() {
+		return d.up.Begin(ctx)
+	}
+	return d.down.Begin(ctx)
+}
+
+// ProgressAuto, the default, follows the table. A table without the cursor
+// migration is delivered with marks, and so is one given the migration
+// later, until a relay recorded cursor progress on it (its marks relays may
+// still be delivering the events written before); from then on an auto
+// relay records cursor progress where a marks relay would refuse to start.
+// A table migrations.Install made records cursor progress from the first
+// batch; a relay started while the database cannot be reached starts, and
+// reads the table at its first batch that reaches it.
+func TestProgressAutoFollowsTheTable(t *testing.T) {
+	t.Parallel()
+	var sent atomic.Int64
+	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+		sent.Add(int64(len(msgs)))
+		return nil
+	})
+	runOnce := func(s *setup, cfg relay.Config, want int) {
+		t.Helper()
+		if n, err := s.relay(t, pub, cfg).RunOnce(s.ctx); err != nil || n != want {
+			t.Fatalf("RunOnce (Progress %v): %d, %v; want %d delivered", cfg.Progress, n, err, want)
+		}
+	}
+
+	s := newSetup(t)
+	s.write(t, "auto.marks", 6, 3)
+	runOnce(s, relay.Config{}, 6)
+	if n := s.unpublished(t); n != 0 {
+		t.Errorf("no cursor migration: %d rows left unmarked, want every row marked", n)
+	}
+	s.cursor(t)
+	s.write(t, "auto.marks", 2, 2)
+	runOnce(s, relay.Config{}, 2)
+	if n := s.unpublished(t); n != 0 {
+		t.Errorf("cursor migration, no cursor relay yet: %d rows left unmarked, want every row marked", n)
+	}
+	s.write(t, "auto.marks", 2, 2)
+	runOnce(s, relay.Config{Progress: relay.ProgressCursor}, 2) // the first cursor relay
+	s.write(t, "auto.marks", 3, 3)
+	if err := s.relay(t, pub, relay.Config{Progress: relay.ProgressMarks}).Start(s.ctx); !errors.Is(err, relay.ErrCursorTable) {
+		t.Fatalf("a marks relay's Start after a cursor relay: %v, want ErrCursorTable", err)
+	}
+	runOnce(s, relay.Config{}, 3)
+	if n := s.unpublished(t); n != 5 {
+		t.Errorf("after a cursor relay: %d rows unmarked, want the 5 delivered since (cursor progress marks none)", n)
+	}
+
+	made := newSetup(t)
+	if _, err := made.pool.Exec(made.ctx, "DROP SCHEMA "+made.table.Schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if created, err := migrations.Install(made.ctx, made.pool, made.table); err != nil || !created {
+		t.Fatalf("Install: %v, %v", created, err)
+	}
+	made.write(t, "auto.cursor", 6, 3)
+	dead, err := pgxpool.New(made.ctx, "postgres://postgres@"+closedAddr(t)+"/outbox?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	db := &switchDB{down: dead, up: made.pool}
+	rc, err := relay.New(db, pub, &relay.Config{Table: made.table, PollInterval: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Start(made.ctx); err != nil {
+		t.Fatalf("Start while the database cannot be reached: %v; want the relay started", err)
+	}
+	defer func() { _ = rc.Stop(context.Background()) }()
+	if _, err := rc.RunOnce(made.ctx); failure.Type(err) != "database.connection" {
+		t.Fatalf("a batch while the database cannot be reached: %v (error.type %q), want database.connection", err, failure.Type(err))
+	}
+	before := sent.Load()
+	db.isUp.Store(true)
+	waitUntil(t, 30*time.Second, "the relay to deliver the 6 events of the table Install made", func() bool { return sent.Load() >= before+6 })
+	waitUntil(t, 10*time.Second, "the lanes' positions to hold them", func() bool { return made.waiting(t) == 0 })
+	made.noRowUpdated(t)
+}
