@@ -78,6 +78,7 @@ func runChild() error {
 	}
 	switch s := os.Getenv("FXBENCH_PROGRESS"); s {
 	case "", relay.ProgressMarks.String():
+		rc.Progress = relay.ProgressMarks
 	case relay.ProgressCursor.String():
 		rc.Progress = relay.ProgressCursor
 	default:

@@ -30,7 +30,7 @@ func TestExactlyOnceFromEnv(t *testing.T) {
 	env := map[string]string{
 		"OUTBOX_SERVICE": "svc", "OUTBOX_SCHEMA": tbl.Schema, "KAFKA_BROKERS": strings.Join(brokers, ","), "OUTBOX_MIGRATE": "on",
 		"OUTBOX_DELIVERY": "exactly-once", "OUTBOX_TRANSACTION_TIMEOUT": "5s", "OUTBOX_PROGRESS_TOPIC": progress,
-		"OUTBOX_TRANSACTIONAL_ID": "fxoutbox.test." + tbl.Schema,
+		"OUTBOX_TRANSACTIONAL_ID": "fxoutbox.test." + tbl.Schema, "OUTBOX_PROGRESS": "auto",
 	}
 	for k, v := range env {
 		t.Setenv(k, v)
@@ -52,6 +52,11 @@ func TestExactlyOnceFromEnv(t *testing.T) {
 	if rc.Delivery != relay.ExactlyOnce || rc.TransactionTimeout != 5*time.Second || rc.ProgressTopic != progress ||
 		rc.TransactionalID != "fxoutbox.test."+tbl.Schema {
 		t.Fatalf("relay config: delivery %v, timeout %v, progress topic %q, transactional id %q", rc.Delivery, rc.TransactionTimeout, rc.ProgressTopic, rc.TransactionalID)
+	}
+	// OUTBOX_MIGRATE made the table, with the cursor migration: the relay
+	// (Progress auto) records cursor progress.
+	if rc.Progress != relay.ProgressAuto || r.Progress() != relay.ProgressCursor {
+		t.Errorf("Progress: configured %v, chosen %v; want auto, and cursor on the table OUTBOX_MIGRATE made", rc.Progress, r.Progress())
 	}
 	for i := range 10 {
 		err := uow.Do(context.Background(), func(ctx context.Context, tx unitofwork.Tx) error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/sqlname"
+	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
 )
@@ -148,6 +149,11 @@ func TestInstallGivesNewTablesTheCursor(t *testing.T) {
 	if !hasCursor(fresh) {
 		t.Error("a table Install created has no cursor migration")
 	}
+	// Marked as cursor from the start: relays on Progress auto record cursor
+	// progress on it before any relay has.
+	if on, err := tablesql.ForCursor(ctx, pool, fresh); err != nil || !on {
+		t.Errorf("ForCursor on a table Install created: %v, %v; want true", on, err)
+	}
 	if err := migrations.Outbox.Check(ctx, pool, fresh); err != nil {
 		t.Errorf("Outbox.Check after Install: %v", err)
 	}
@@ -158,5 +164,13 @@ func TestInstallGivesNewTablesTheCursor(t *testing.T) {
 	}
 	if hasCursor(existing) {
 		t.Error("Install gave a table that existed the cursor migration: its marks relays would refuse it")
+	}
+	// The cursor migration applied later: auto stays on marks until a
+	// cursor relay ran.
+	if err := migrations.Cursor.Up(ctx, pool, existing); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := tablesql.ForCursor(ctx, pool, existing); err != nil || on {
+		t.Errorf("ForCursor on a table given the cursor migration later: %v, %v; want false", on, err)
 	}
 }

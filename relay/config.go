@@ -70,9 +70,9 @@ type Config struct {
 	// migration and Ordering PerKey; in Stream mode it is what lets the
 	// stream publish what it decodes, see docs/streaming.md),
 	// ProgressMarks (published_at is set on each delivered row) or
-	// ProgressAuto (cursor where the table has the cursor migration, marks
-	// otherwise, decided when the relay first reads the table; see
-	// ProgressAuto). Default auto.
+	// ProgressAuto (cursor on a table made with the cursor migration or
+	// already in cursor progress, marks otherwise, decided when the relay
+	// first reads the table; see ProgressAuto). Default auto.
 	Progress Progress `env:"OUTBOX_PROGRESS"`
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
 	// a relay that dies mid-transaction holds read_committed consumers of

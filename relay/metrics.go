@@ -464,14 +464,9 @@ func (m *metrics) record(ctx context.Context, rows []row, errs []error, acked ti
 // locks.StatsReporter; lanes use keys 0 and up) reads them once per
 // StatsInterval.
 func newStatsReporter(r *Relay) *tablestats.Reporter {
-	// The batches' settings, their arguments alike; under ProgressAuto,
-	// before the table was read, the cursor's (they keep both kinds of
-	// read on their indexes).
-	p, ok := r.cfg.fixedProgress()
-	if !ok {
-		p = ProgressCursor
-	}
-	tx, session, idle := txSettings(r.cfg, p)
+	// Before the relay chose its progress (ProgressAuto, the database
+	// not reached yet), the settings of marks, as a marks relay's.
+	tx, session, idle := txSettings(r.cfg, ProgressMarks)
 	return tablestats.New(tablestats.Config{
 		DB:            r.db,
 		Table:         r.cfg.Table,
@@ -482,8 +477,14 @@ func newStatsReporter(r *Relay) *tablestats.Reporter {
 		Failed: func(ctx context.Context, err error) {
 			r.metrics.failures.Add(ctx, 1, metric.WithAttributes(r.metrics.table, AttrStep.String(StepStats), semconv.ErrorTypeKey.String(failure.Type(&failure.DBStep{Err: err}))))
 		},
-		ErrorType:  func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
-		TxSettings: tx, SessionSettings: session, SettingsArgs: []any{idle},
+		ErrorType: func(err error) string { return failure.Type(&failure.DBStep{Err: err}) },
+		// The batches' settings, their arguments alike.
+		Settings: func() (string, string, []any) {
+			if r.settled.Load() {
+				return r.txSettings, r.sessionSettings, []any{r.idleMillis}
+			}
+			return tx, session, []any{idle}
+		},
 	})
 }
 

@@ -22,15 +22,19 @@ type Progress int
 
 const (
 	// ProgressAuto (the default) follows the table: ProgressCursor where
-	// the cursor migration was applied (its positions table exists),
-	// ProgressMarks otherwise. The relay reads the table at Start, or at
-	// its first batch when the database could not be reached then, and
-	// logs what it chose. Without a database it is decided by the other
-	// settings: ProgressMarks under Ordering Unordered, ProgressCursor for
-	// ExactlyOnce in Mode Stream. New installs get cursor progress this
-	// way (fxoutbox's OUTBOX_MIGRATE applies the cursor migration to the
-	// tables it creates), and a marks table keeps marks until it is moved
-	// by the documented online step (docs/progress.md).
+	// the table has the cursor migration and either a relay already
+	// recorded cursor progress on it, or migrations.Install made it with
+	// the migration (fxoutbox's OUTBOX_MIGRATE on a new table), or it is
+	// partitioned; ProgressMarks otherwise, and always under Ordering
+	// Unordered. A table given the cursor migration later stays on marks
+	// until its first relay with ProgressCursor starts (its marks relays
+	// may still be delivering the events written before; see "Turning it
+	// on" in docs/progress.md). The relay reads the table at Start, or at
+	// its first batch when the database could not be reached then, logs
+	// what it chose, and reports it in Relay.Progress. When the table goes
+	// over to cursor progress under a relay that chose marks, its batches
+	// fail with ErrCursorTable within 10s instead of sending again what the
+	// cursor delivers; restarted, it records cursor progress.
 	ProgressAuto Progress = iota
 	// ProgressMarks sets published_at on each delivered
 	// row: an UPDATE per event (a new tuple, an entry in every index, a
@@ -274,16 +278,19 @@ var ErrCursorCluster = errors.New("relay: the lanes' positions come from another
 // event the cursor delivered (their published_at is NULL).
 var ErrCursorTable = errors.New("relay: the table's relays record cursor progress")
 
-// checkMarks refuses marks progress on a table in cursor mode: at Start,
-// and at each polling batch until one check went through (a relay started
-// while the database was down).
+// checkMarks refuses marks progress on a table whose relays record cursor
+// progress (tablesql.ForCursor): at Start, at each polling batch until one
+// check went through (a relay started while the database was down), and
+// again every cursorCheckEvery, so a marks relay that runs when the table
+// goes over to cursor progress (its first cursor relay started) stops
+// instead of sending again what the cursor delivers.
 func (r *Relay) checkMarks(ctx context.Context) error {
-	if r.marksChecked.Load() {
+	if at := r.marksChecked.Load(); at != 0 && time.Since(time.Unix(0, at)) < cursorCheckEvery {
 		return nil
 	}
 	var inUse bool
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
-		inUse, err = tablesql.InCursorMode(ctx, tx, r.cfg.Table)
+		inUse, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
 		return err
 	})
 	if err != nil {
@@ -295,9 +302,13 @@ func (r *Relay) checkMarks(ctx context.Context) error {
 		return r.partitionedMarks()
 	}
 	if inUse {
-		return fmt.Errorf("%w: %s has lanes' positions in %s, and a relay with marks progress would send again every event they delivered: set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says", ErrCursorTable, r.cfg.Table, cursorTable(r.cfg.Table))
+		do := "set Progress to relay.ProgressCursor (OUTBOX_PROGRESS=cursor), or go back to marks as the cursor migration's down file says"
+		if r.cfg.Progress == ProgressAuto {
+			do = "this relay chose marks when it started (Progress auto) and the table went over to cursor progress since: restart it, and it records cursor progress"
+		}
+		return fmt.Errorf("%w: %s records cursor progress (%s), and a relay with marks progress would send again every event the cursor delivered: %s", ErrCursorTable, r.cfg.Table, cursorTable(r.cfg.Table), do)
 	}
-	r.marksChecked.Store(true)
+	r.marksChecked.Store(time.Now().UnixNano())
 	return nil
 }
 

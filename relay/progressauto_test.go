@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,7 +54,16 @@ func TestProgressAutoFollowsTheTable(t *testing.T) {
 
 	s := newSetup(t)
 	s.write(t, "auto.marks", 6, 3)
-	runOnce(s, relay.Config{}, 6)
+	m := s.relay(t, pub, relay.Config{})
+	if p := m.Progress(); p != relay.ProgressAuto {
+		t.Errorf("Progress before the table was read: %v, want auto", p)
+	}
+	if n, err := m.RunOnce(s.ctx); err != nil || n != 6 {
+		t.Fatalf("RunOnce on a table without the cursor migration: %d, %v; want 6", n, err)
+	}
+	if p := m.Progress(); p != relay.ProgressMarks {
+		t.Errorf("Progress on a table without the cursor migration: %v, want marks", p)
+	}
 	if n := s.unpublished(t); n != 0 {
 		t.Errorf("no cursor migration: %d rows left unmarked, want every row marked", n)
 	}
@@ -69,6 +79,12 @@ func TestProgressAutoFollowsTheTable(t *testing.T) {
 	if err := s.relay(t, pub, relay.Config{Progress: relay.ProgressMarks}).Start(s.ctx); !errors.Is(err, relay.ErrCursorTable) {
 		t.Fatalf("a marks relay's Start after a cursor relay: %v, want ErrCursorTable", err)
 	}
+	// m chose marks, and its next check finds the table in cursor progress:
+	// it sends nothing, and says to restart it.
+	relay.ExpireMarksCheck(m)
+	if n, err := m.RunOnce(s.ctx); !errors.Is(err, relay.ErrCursorTable) || n != 0 || !strings.Contains(err.Error(), "restart it") {
+		t.Fatalf("the auto relay that chose marks, after a cursor relay: %d, %v; want nothing sent and ErrCursorTable saying to restart it", n, err)
+	}
 	runOnce(s, relay.Config{}, 3)
 	if n := s.unpublished(t); n != 5 {
 		t.Errorf("after a cursor relay: %d rows unmarked, want the 5 delivered since (cursor progress marks none)", n)
@@ -80,6 +96,9 @@ func TestProgressAutoFollowsTheTable(t *testing.T) {
 	}
 	if created, err := migrations.Install(made.ctx, made.pool, made.table); err != nil || !created {
 		t.Fatalf("Install: %v, %v", created, err)
+	}
+	if err := made.relay(t, pub, relay.Config{Progress: relay.ProgressMarks}).Start(made.ctx); !errors.Is(err, relay.ErrCursorTable) {
+		t.Fatalf("a marks relay's Start on a table Install made: %v, want ErrCursorTable", err)
 	}
 	made.write(t, "auto.cursor", 6, 3)
 	dead, err := pgxpool.New(made.ctx, "postgres://postgres@"+closedAddr(t)+"/outbox?sslmode=disable&connect_timeout=2")
@@ -104,4 +123,27 @@ func TestProgressAutoFollowsTheTable(t *testing.T) {
 	waitUntil(t, 30*time.Second, "the relay to deliver the 6 events of the table Install made", func() bool { return sent.Load() >= before+6 })
 	waitUntil(t, 10*time.Second, "the lanes' positions to hold them", func() bool { return made.waiting(t) == 0 })
 	made.noRowUpdated(t)
+	if p := rc.Progress(); p != relay.ProgressCursor {
+		t.Errorf("Progress on the table Install made: %v, want cursor", p)
+	}
+}
+
+// Exactly-once streaming needs cursor progress: with Progress auto on a
+// table that chose marks, Start refuses, saying what to do, before it
+// touches Kafka.
+func TestProgressAutoExactlyOnceStreamNeedsCursor(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	s.streaming(t)
+	pub, err := relay.NewSaramaPublisher([]string{"127.0.0.1:1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	r := s.relay(t, pub, relay.Config{Mode: relay.Stream, Delivery: relay.ExactlyOnce})
+	err = r.Start(s.ctx)
+	if !errors.Is(err, relay.ErrCursorNotReady) || !strings.Contains(err.Error(), "exactly-once streaming needs cursor progress") {
+		t.Fatalf("Start: %v, want ErrCursorNotReady saying exactly-once streaming needs cursor progress", err)
+	}
+	t.Log(err)
 }

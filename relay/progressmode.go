@@ -228,18 +228,25 @@ func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[i
 
 // fixedProgress is the progress the configuration decides without the
 // table: Progress when it is not ProgressAuto; marks under Ordering
-// Unordered (cursor needs PerKey); cursor for ExactlyOnce in Mode Stream
-// (it needs cursor). ok is false when the table decides.
+// Unordered (cursor needs PerKey). ok is false when the table decides.
 func (c Config) fixedProgress() (p Progress, ok bool) {
 	switch {
 	case c.Progress != ProgressAuto:
 		return c.Progress, true
 	case c.Ordering != PerKey:
 		return ProgressMarks, true
-	case c.Mode == Stream && c.Delivery == ExactlyOnce:
-		return ProgressCursor, true
 	}
 	return ProgressAuto, false
+}
+
+// Progress returns how the relay records what it delivered: Config's
+// Progress, or under ProgressAuto what the relay chose when it read the
+// table (ProgressAuto until then).
+func (r *Relay) Progress() Progress {
+	if !r.settled.Load() {
+		return ProgressAuto
+	}
+	return r.progress
 }
 
 // useProgress sets what goes with the progress p: the cursor's state and

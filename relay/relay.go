@@ -67,9 +67,9 @@ type Relay struct {
 	prog     progressMode
 	settled  atomic.Bool
 	settleMu sync.Mutex
-	// marksChecked: a check found the table not in cursor mode (see
-	// checkMarks).
-	marksChecked atomic.Bool
+	// marksChecked: when a check last found the table not in cursor mode
+	// (unix nanoseconds; see checkMarks).
+	marksChecked atomic.Int64
 	// parts: whether the table is partitioned, and the last upkeep's word
 	// (partitions.go).
 	parts partitions
@@ -166,6 +166,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	err := r.settleProgress(ctx)
 	if err != nil && r.cfg.Mode == Stream {
 		return err
+	}
+	if err == nil && r.cfg.Mode == Stream && r.eo != nil && r.progress != ProgressCursor {
+		return fmt.Errorf("%w: %s: exactly-once streaming needs cursor progress, and Progress auto chose marks for this table: give a new table the cursor migration (migrations.Install), move an existing one as docs/progress.md says (Turning it on) and set Progress to relay.ProgressCursor, or use Mode Poll", ErrCursorNotReady, r.cfg.Table)
 	}
 	if err == nil {
 		check := r.checkMarks

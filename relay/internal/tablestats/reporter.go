@@ -50,15 +50,15 @@ type Config struct {
 	Failed func(ctx context.Context, err error)
 	// ErrorType names an error's cause for the log (error.type).
 	ErrorType func(error) string
-	// TxSettings and SessionSettings set a read's settings for its
-	// transaction or for the session of the connection holding the lock,
-	// with SettingsArgs: the relay's batch settings (no JIT, no parallel
-	// plans, under cursor progress no sequential scans). The counts probe
-	// the rows of running transactions through the (txid, id) index, and
-	// after a bulk load the planner would scan the table for each probe,
-	// or compile the plan at every read.
-	TxSettings, SessionSettings string
-	SettingsArgs                []any
+	// Settings returns the statements that set a read's settings for its
+	// transaction (tx) or for the session of the connection holding the
+	// lock (session), with their arguments: the relay's batch settings (no
+	// JIT, no parallel plans, under cursor progress no sequential scans),
+	// as they stand at the read. The counts probe the rows of running
+	// transactions through the (txid, id) index, and after a bulk load the
+	// planner would scan the table for each probe, or compile the plan at
+	// every read.
+	Settings func() (tx, session string, args []any)
 }
 
 // Stats are the table-wide statistics.
@@ -171,7 +171,8 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, r.cfg.TxSettings, r.cfg.SettingsArgs...); err != nil {
+		set, _, args := r.cfg.Settings()
+		if _, err := tx.Exec(ctx, set, args...); err != nil {
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}
 		st, err := r.query(ctx, tx)
@@ -192,7 +193,8 @@ func (r *Reporter) read(ctx context.Context, conn *pgx.Conn) (*Stats, *pgx.Conn,
 			return nil, nil, nil
 		}
 		conn = pc.Hijack() // the lock lives as long as this connection
-		if _, err := conn.Exec(ctx, r.cfg.SessionSettings, r.cfg.SettingsArgs...); err != nil {
+		_, set, args := r.cfg.Settings()
+		if _, err := conn.Exec(ctx, set, args...); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, fmt.Errorf("relay: table statistics: %w", err)
 		}

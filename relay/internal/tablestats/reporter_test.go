@@ -103,8 +103,10 @@ func TestOneReporterPerTableAndTakeover(t *testing.T) {
 	newReporter := func() *Reporter {
 		return New(Config{DB: pool, Table: tbl, LockNamespace: locks.Namespace(tbl.String()), LockKey: -1, Interval: 20 * time.Millisecond,
 			Logger: slog.New(slog.DiscardHandler), Failed: func(_ context.Context, err error) { t.Errorf("read failed: %v", err) },
-			ErrorType:  func(error) string { return "test" },
-			TxSettings: marks.TxSettings(true, marks.CommitDefault), SessionSettings: marks.SessionSettings(true, marks.CommitDefault), SettingsArgs: []any{"10000"}})
+			ErrorType: func(error) string { return "test" },
+			Settings: func() (string, string, []any) {
+				return marks.TxSettings(true, marks.CommitDefault), marks.SessionSettings(true, marks.CommitDefault), []any{"10000"}
+			}})
 	}
 	a, b := newReporter(), newReporter()
 	actx, stopA := context.WithCancel(ctx)
