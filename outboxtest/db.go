@@ -194,7 +194,9 @@ type DB interface {
 }
 
 // Table creates a schema of its own (named outboxtest_ and random
-// characters) holding an outbox table with every migration applied, and
+// characters) holding an outbox table made as a new install's
+// (migrations.Install: every migration, the cursor's too, so a relay with
+// the default Progress records cursor progress on it), and
 // drops the schema when the test ends, through db: db must stay open until
 // then, so close a pool with t.Cleanup(pool.Close) registered before Table
 // (cleanups run last registered first), not with defer, which runs before
@@ -215,7 +217,7 @@ func Table(t TB, db DB) outbox.Table {
 			t.Errorf("outboxtest: drop the test schema %s: %v%s", table.Schema, err, hint)
 		}
 	})
-	if err := migrations.Outbox.Up(ctx, db, table); err != nil {
+	if _, err := migrations.Install(ctx, db, table); err != nil {
 		t.Fatalf("outboxtest: migrate a test outbox table: %v", err)
 		return outbox.Table{}
 	}
