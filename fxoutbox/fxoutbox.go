@@ -644,7 +644,7 @@ func (in *instance) warnings() {
 
 func ensureSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 	if cfg.Migrate {
-		if cfg.Relay.Progress == relay.ProgressAuto && cfg.Relay.Ordering == relay.PerKey {
+		if cfg.Relay.ProgressFollowsTable() {
 			// A table made now gets the cursor migration with it, and its
 			// relays (ProgressAuto) cursor progress; one that exists
 			// keeps its progress.

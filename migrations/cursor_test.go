@@ -151,8 +151,8 @@ func TestInstallGivesNewTablesTheCursor(t *testing.T) {
 	}
 	// Marked as cursor from the start: relays on Progress auto record cursor
 	// progress on it before any relay has.
-	if on, err := tablesql.ForCursor(ctx, pool, fresh); err != nil || !on {
-		t.Errorf("ForCursor on a table Install created: %v, %v; want true", on, err)
+	if migrated, on, err := tablesql.ForCursor(ctx, pool, fresh); err != nil || !migrated || !on {
+		t.Errorf("ForCursor on a table Install created: %v, %v, %v; want true, true", migrated, on, err)
 	}
 	if err := migrations.Outbox.Check(ctx, pool, fresh); err != nil {
 		t.Errorf("Outbox.Check after Install: %v", err)
@@ -170,7 +170,7 @@ func TestInstallGivesNewTablesTheCursor(t *testing.T) {
 	if err := migrations.Cursor.Up(ctx, pool, existing); err != nil {
 		t.Fatal(err)
 	}
-	if on, err := tablesql.ForCursor(ctx, pool, existing); err != nil || on {
-		t.Errorf("ForCursor on a table given the cursor migration later: %v, %v; want false", on, err)
+	if migrated, on, err := tablesql.ForCursor(ctx, pool, existing); err != nil || !migrated || on {
+		t.Errorf("ForCursor on a table given the cursor migration later: %v, %v, %v; want true, false", migrated, on, err)
 	}
 }

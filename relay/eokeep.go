@@ -179,11 +179,11 @@ func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
 		return
 	}
 	kept := len(k.kept) > 0
-	if err != nil && (kept || dberr.Is(err) || k.conn.IsClosed()) || kept && k.w != nil && !k.w.txn.Ready() {
+	switch {
+	case err != nil && (kept || dberr.Is(err) || k.conn.IsClosed()), kept && k.w != nil && !k.w.txn.Ready():
 		k.drop(ctx)
 		return
-	}
-	if err != nil {
+	case err != nil:
 		return
 	}
 	for lane := range b.lanes {

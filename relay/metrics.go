@@ -254,7 +254,7 @@ func newMetrics(r *Relay, mp metric.MeterProvider) (*metrics, error) {
 	add(err)
 	observed := []metric.Observable{lastAge, backlog, age, parked}
 	var partsKept metric.Int64ObservableGauge
-	if r.cfg.Progress != ProgressMarks { // cursor, or auto
+	if p, fixed := r.cfg.fixedProgress(); !fixed || p == ProgressCursor {
 		partsKept, err = meter.Int64ObservableGauge(MetricPartitionsKept, metric.WithUnit("{partition}"), metric.WithDescription("Partitions of a partitioned table past their upper bound that the relay's last upkeep kept, by outbox.partition.reason."))
 		add(err)
 		observed = append(observed, partsKept)

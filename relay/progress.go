@@ -290,7 +290,7 @@ func (r *Relay) checkMarks(ctx context.Context) error {
 	}
 	var inUse bool
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
-		inUse, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
+		_, inUse, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
 		return err
 	})
 	if err != nil {

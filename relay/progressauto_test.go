@@ -147,3 +147,21 @@ func TestProgressAutoExactlyOnceStreamNeedsCursor(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// Only ProgressAuto under PerKey leaves the choice to the table: cursor
+// progress needs lanes, so auto is marks under Unordered.
+func TestProgressFollowsTable(t *testing.T) {
+	for _, c := range []struct {
+		cfg  relay.Config
+		want bool
+	}{
+		{relay.Config{}, true},
+		{relay.Config{Ordering: relay.Unordered}, false},
+		{relay.Config{Progress: relay.ProgressMarks}, false},
+		{relay.Config{Progress: relay.ProgressCursor}, false},
+	} {
+		if got := c.cfg.ProgressFollowsTable(); got != c.want {
+			t.Errorf("Progress %v, Ordering %v: ProgressFollowsTable = %v, want %v", c.cfg.Progress, c.cfg.Ordering, got, c.want)
+		}
+	}
+}

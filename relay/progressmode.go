@@ -239,6 +239,14 @@ func (c Config) fixedProgress() (p Progress, ok bool) {
 	return ProgressAuto, false
 }
 
+// ProgressFollowsTable reports whether a relay with c chooses its progress
+// by reading the table (ProgressAuto under Ordering PerKey): fxoutbox's
+// Migrate then gives a table it creates the cursor migration.
+func (c Config) ProgressFollowsTable() bool {
+	_, fixed := c.fixedProgress()
+	return !fixed
+}
+
 // Progress returns how the relay records what it delivered: Config's
 // Progress, or under ProgressAuto what the relay chose when it read the
 // table (ProgressAuto until then).
@@ -279,10 +287,7 @@ func (r *Relay) settleProgress(ctx context.Context) error {
 	}
 	var has, cur bool
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
-		if has, err = tablesql.HasCursor(ctx, tx, r.cfg.Table); err != nil || !has {
-			return err
-		}
-		cur, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
+		has, cur, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
 		return err
 	})
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // rows. Its rows are then never marked published, and what was delivered is
 // read from the positions.
 func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, error) {
-	exists, err := HasCursor(ctx, db, table)
+	exists, err := hasCursor(ctx, db, table)
 	if err != nil || !exists {
 		return false, err
 	}
@@ -26,9 +26,9 @@ func InCursorMode(ctx context.Context, db Querier, table outbox.Table) (bool, er
 	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
 }
 
-// HasCursor reports whether table has the cursor migration: its
+// hasCursor reports whether table has the cursor migration: its
 // positions table exists.
-func HasCursor(ctx context.Context, db Querier, table outbox.Table) (bool, error) {
+func hasCursor(ctx context.Context, db Querier, table outbox.Table) (bool, error) {
 	if err := table.Validate(); err != nil {
 		return false, err
 	}
@@ -39,24 +39,26 @@ func HasCursor(ctx context.Context, db Querier, table outbox.Table) (bool, error
 	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
 }
 
-// ForCursor reports whether relay.ProgressAuto records cursor progress on
-// table: it has the cursor migration and either a relay recorded cursor
-// progress on it (InCursorMode), or migrations.Install made it with the
-// migration (sqlname.CursorFromStart), or it is partitioned (its relays record
+// ForCursor reports whether table has the cursor migration (migrated)
+// and whether relay.ProgressAuto records cursor progress on it (cursor):
+// migrated, and either a relay recorded cursor progress on it
+// (InCursorMode), or migrations.Install made it with the migration
+// (sqlname.CursorFromStart), or it is partitioned (its relays record
 // cursor progress only). A table that was given the cursor migration
 // later, and has had no cursor relay yet, is left to marks: its marks
 // relays may still be delivering the events written before it.
-func ForCursor(ctx context.Context, db Querier, table outbox.Table) (bool, error) {
-	if has, err := HasCursor(ctx, db, table); err != nil || !has {
-		return false, err
+func ForCursor(ctx context.Context, db Querier, table outbox.Table) (migrated, cursor bool, err error) {
+	if migrated, err = hasCursor(ctx, db, table); err != nil || !migrated {
+		return migrated, false, err
 	}
 	c := sqlname.Ident(sqlname.Cursor(table))
 	rows, err := db.Query(ctx, "SELECT EXISTS (SELECT FROM "+c+") OR coalesce(obj_description($1::regclass, 'pg_class') = $2, false)"+
 		" OR (SELECT relkind = 'p' FROM pg_class WHERE oid = $3::regclass)", c, sqlname.CursorFromStart, sqlname.Ident(table))
 	if err != nil {
-		return false, err
+		return true, false, err
 	}
-	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	cursor, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	return true, cursor, err
 }
 
 // ParkedRows says where a table's parked events are, for the statements
