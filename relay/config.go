@@ -12,6 +12,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/defaults"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 )
 
 // Config configures a Relay. The zero value means every default.
@@ -253,8 +254,8 @@ func (c Config) withDefaults() Config {
 	defaults.Set(&c.StatsInterval, defaultStatsInterval)
 	defaults.Set(&c.TransactionTimeout, min(defaultTxnTimeout, c.BatchTimeout))
 	if c.Delivery == ExactlyOnce {
-		defaults.Set(&c.ProgressTopic, defaultTopicName("fxoutbox.progress.", c.Table))
-		defaults.Set(&c.TransactionalID, defaultTopicName("fxoutbox.", c.Table))
+		defaults.Set(&c.ProgressTopic, eo.TopicName("fxoutbox.progress.", c.Table.String()))
+		defaults.Set(&c.TransactionalID, eo.TopicName("fxoutbox.", c.Table.String()))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/lanelock"
 )
 
@@ -44,7 +45,7 @@ type eoKeeper struct {
 	off bool
 	// w is the worker's producer, taken at its first batch and kept until
 	// the worker stops: the lanes conn keeps are w's.
-	w *eoWorker
+	w *eo.Worker
 	// kept are the lanes whose session locks conn holds; used the kept
 	// lanes a batch took since freed, when the unused ones were let go.
 	kept  map[int32]bool
@@ -130,9 +131,9 @@ func (k *eoKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // worker returns the worker's producer, taking one on first use.
-func (k *eoKeeper) worker(client sarama.Client) *eoWorker {
+func (k *eoKeeper) worker(client sarama.Client) *eo.Worker {
 	if k.w == nil {
-		k.w = k.r.eo.take(client)
+		k.w = k.r.eo.Take(client)
 	}
 	return k.w
 }
@@ -180,7 +181,7 @@ func (k *eoKeeper) finished(ctx context.Context, b *eoBatch, err error) {
 	}
 	kept := len(k.kept) > 0
 	switch {
-	case err != nil && (kept || dberr.Is(err) || k.conn.IsClosed()), kept && k.w != nil && !k.w.txn.Ready():
+	case err != nil && (kept || dberr.Is(err) || k.conn.IsClosed()), kept && k.w != nil && !k.w.Txn.Ready():
 		k.drop(ctx)
 		return
 	case err != nil:
@@ -236,7 +237,7 @@ func (k *eoKeeper) close(ctx context.Context) {
 	}
 	k.drop(ctx)
 	if k.w != nil {
-		k.r.eo.release(k.w)
+		k.r.eo.Release(k.w)
 		k.w = nil
 	}
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -15,22 +14,13 @@ import (
 // Exactly once under cursor progress: the claim that takes lanes over and
 // writes their recorded positions (see eoAcquire, txnPublisher, eoSettle).
 
-// positionKey is a position's JSON, to compare two.
-func positionKey(l *cursor.Lane) string {
-	if l == nil {
-		return ""
-	}
-	b, _ := json.Marshal(l)
-	return string(b)
-}
-
 // eoCursorClaim is the ExactlyOnce finder under ProgressCursor: the cursor
 // claim's lanes, taken over by the batch's worker (see eoAcquire, which
 // writes the position of each lane's last committed progress record to the
 // positions table) before their positions are read. The idle lanes' sweep
 // (cursorSweep) publishes nothing, so it takes no lane over.
 func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
-	client, err := r.eo.connect(ctx)
+	client, err := r.eo.Connect(ctx)
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
@@ -41,8 +31,8 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	if err := r.cursorSweep(ctx); err != nil {
 		return claimed{}, err
 	}
-	owned := make([]int32, 0, len(b.w.owned))
-	for lane := range b.w.owned {
+	owned := make([]int32, 0, len(b.w.Owned))
+	for lane := range b.w.Owned {
 		owned = append(owned, lane)
 	}
 	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned, nil)

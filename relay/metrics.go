@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
@@ -513,29 +514,20 @@ func spanOutcome(pub Publisher, m Message, err error) []attribute.KeyValue {
 	return attrs
 }
 
-// The outcomes of outbox.transactions and the sides of outbox.fences.
-const (
-	txnCommitted = "committed"
-	txnAborted   = "aborted"
-	txnUnknown   = "unknown"
-	fenceFencing = "fencing"
-	fenceFenced  = "fenced"
-)
-
 // The ways a stream's slot is lost (outbox.stream.slots_lost).
 const (
 	slotInvalidated = "invalidated"
 	slotMissing     = "missing"
 )
 
-// txnEnded counts a Kafka transaction that ended with outcome (err when
+// TxnEnded counts a Kafka transaction that ended with outcome (err when
 // not committed), and, when started is not zero, its duration.
-func (ms *metrics) txnEnded(ctx context.Context, outcome string, started time.Time, err error) {
+func (ms *metrics) TxnEnded(ctx context.Context, outcome string, started time.Time, err error) {
 	if ms.txns == nil {
 		return
 	}
 	attrs := []attribute.KeyValue{ms.table, AttrTxnOutcome.String(outcome)}
-	if outcome != txnCommitted && err != nil {
+	if outcome != eo.TxnCommitted && err != nil {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(failure.Type(err)))
 	}
 	set := metric.WithAttributes(attrs...)
@@ -545,9 +537,9 @@ func (ms *metrics) txnEnded(ctx context.Context, outcome string, started time.Ti
 	}
 }
 
-// fenced counts lanes changing owner: side fencing (n lanes taken over) or
+// Fenced counts lanes changing owner: side fencing (n lanes taken over) or
 // fenced (a worker that found it was fenced, n = 1).
-func (ms *metrics) fenced(ctx context.Context, side string, n int) {
+func (ms *metrics) Fenced(ctx context.Context, side string, n int) {
 	if ms.fences == nil || n == 0 {
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pace"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
@@ -57,7 +58,7 @@ type Relay struct {
 	// window (see lockLanes).
 	growAfter atomic.Int64
 	stream    streamInfo
-	eo        *exactlyOnce // Delivery ExactlyOnce: the lanes' transactional producers
+	eo        *eo.Pool // Delivery ExactlyOnce: the lanes' transactional producers
 	// progress is the relay's progress mode, cur (ProgressCursor: the
 	// lanes' positions) and prog (how a polling batch claims and records)
 	// go with it; under ProgressAuto they are set when the table was read
@@ -120,11 +121,6 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		wakes:  make([]chan struct{}, c.Workers),
 		kicks:  make([]chan struct{}, c.Workers),
 	}
-	if c.Delivery == ExactlyOnce {
-		if r.eo, err = newExactlyOnce(pub, c); err != nil {
-			return nil, err
-		}
-	}
 	if p, ok := c.fixedProgress(); ok {
 		r.useProgress(p)
 	}
@@ -139,6 +135,11 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
 	}
 	r.metrics = m
+	if c.Delivery == ExactlyOnce {
+		if r.eo, err = newExactlyOnce(pub, c, m); err != nil {
+			return nil, err
+		}
+	}
 	r.stats = newStatsReporter(r)
 	return r, nil
 }
@@ -456,5 +457,5 @@ func (r *Relay) closeKafka() error {
 	if r.eo == nil {
 		return nil
 	}
-	return r.eo.close()
+	return r.eo.Close()
 }

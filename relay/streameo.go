@@ -15,6 +15,7 @@ import (
 
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
@@ -130,11 +131,11 @@ var errStreamRestart = errors.New("relay: exactly-once stream: start over from t
 // previous streamer, deciding its open transaction) and reads the stream's
 // last committed record (nil when there is none).
 func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamProgress, error) {
-	client, err := r.eo.connect(ctx)
+	client, err := r.eo.Connect(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	txn := r.eo.streamProducer()
+	txn := r.eo.StreamProducer()
 	if err := txn.Init(ctx); err != nil {
 		return nil, nil, fmt.Errorf("relay: exactly-once stream: initialise %q: %w", txn.ID(), err)
 	}
@@ -142,8 +143,8 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 		return nil, nil, err
 	}
 	bo := backoff.Backoff{Initial: time.Millisecond, Max: 100 * time.Millisecond}
-	for deadline := time.Now().Add(r.eo.timeout); ; {
-		vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, []string{streamKey})
+	for deadline := time.Now().Add(r.eo.Timeout()); ; {
+		vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.Topic(), 0, []string{streamKey})
 		if err != nil {
 			return nil, nil, fmt.Errorf("relay: exactly-once stream: read the stream's record: %w", err)
 		}
@@ -154,14 +155,14 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 			}
 			var p streamProgress
 			if err := json.Unmarshal(l.Value, &p); err != nil || (p.Mode != streamModeStream && p.Mode != streamModeTable) {
-				return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record in %q is not the relay's (%s)", r.eo.topic, l.Value)
+				return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record in %q is not the relay's (%s)", r.eo.Topic(), l.Value)
 			}
 			return txn, &p, nil
 		}
 		// The id's last transaction is decided (Init), its marker not
 		// written yet.
 		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record is still undecided %v after %q was initialised", r.eo.timeout, txn.ID())
+			return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record is still undecided %v after %q was initialised", r.eo.Timeout(), txn.ID())
 		}
 		if !backoff.Sleep(ctx, bo.Fail(), nil, nil) {
 			return nil, nil, ctx.Err()
@@ -175,12 +176,12 @@ func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamPr
 // there would decide them): the progress topic and the topics the stream's
 // records name, the last committed one's and any still undecided.
 func (r *Relay) eoStreamSettle(ctx context.Context, client sarama.Client, txn *kafkaproducer.Txn) error {
-	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.topic, 0, []string{streamKey})
+	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.Topic(), 0, []string{streamKey})
 	if err != nil {
 		return fmt.Errorf("relay: exactly-once stream: read the stream's record: %w", err)
 	}
 	l := vals[streamKey]
-	topics := map[string]bool{r.eo.topic: true}
+	topics := map[string]bool{r.eo.Topic(): true}
 	for _, v := range append(l.Pending, l.Value) {
 		var p streamProgress
 		if len(v) > 0 && json.Unmarshal(v, &p) == nil {
@@ -423,9 +424,9 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 				err = errors.Join(aerr, err)
 			}
 		}
-		r.metrics.txnEnded(ctx, txnAborted, started, err)
+		r.metrics.TxnEnded(ctx, eo.TxnAborted, started, err)
 		if errors.Is(err, kafkaproducer.ErrFenced) {
-			r.metrics.fenced(ctx, fenceFenced, 1)
+			r.metrics.Fenced(ctx, eo.FenceFenced, 1)
 			r.cfg.Logger.Info("outbox relay: exactly-once stream: this relay was fenced (another relay took the slot over); its transaction is aborted",
 				"table", r.cfg.Table.String(), "transactional_id", txn.ID(), "error", err)
 			return fmt.Errorf("%w: %w", errStreamRestart, err)
@@ -442,7 +443,7 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 	rec.IDs = idRanges(append(ids, acked...))
 	val, err := json.Marshal(rec)
 	if err == nil {
-		err = firstResult(txn.Produce(ctx, []kafkaproducer.Record{{Topic: r.eo.topic, Key: []byte(streamKey), Value: val}}))
+		err = eo.FirstResult(txn.Produce(ctx, []kafkaproducer.Record{{Topic: r.eo.Topic(), Key: []byte(streamKey), Value: val}}))
 	}
 	if err != nil {
 		fail(err)
@@ -450,18 +451,18 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 	}
 	if err := txn.Commit(ctx); err != nil {
 		fail(err)
-		outcome := txnUnknown
+		outcome := eo.TxnUnknown
 		if errors.Is(err, kafkaproducer.ErrTxnAborted) {
-			outcome = txnAborted
+			outcome = eo.TxnAborted
 		}
 		txn.Invalidate()
-		r.metrics.txnEnded(ctx, outcome, started, err)
+		r.metrics.TxnEnded(ctx, outcome, started, err)
 		if errors.Is(err, kafkaproducer.ErrFenced) {
-			r.metrics.fenced(ctx, fenceFenced, 1)
+			r.metrics.Fenced(ctx, eo.FenceFenced, 1)
 		}
 		return fmt.Errorf("%w: commit: %w", errStreamRestart, err)
 	}
-	r.metrics.txnEnded(ctx, txnCommitted, started, nil)
+	r.metrics.TxnEnded(ctx, eo.TxnCommitted, started, nil)
 	return nil
 }
 
@@ -540,7 +541,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	}
 	if p != nil {
 		// The previous streamer's id is this one's: fenced by the Init.
-		r.metrics.fenced(ctx, fenceFencing, 1)
+		r.metrics.Fenced(ctx, eo.FenceFencing, 1)
 	}
 	if created || p == nil || p.Mode != streamModeStream {
 		f.eo = &eoStream{txn: txn, ids: map[int64]uint64{}}
@@ -628,7 +629,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	}
 	recs := make([]kafkaproducer.Record, 0, len(pos)+1)
 	for i := range pos {
-		rec, err := r.progressRecord(pos[i].Lane, "", nil, &pos[i], nil)
+		rec, err := r.eo.Record(pos[i].Lane, "", nil, &pos[i], nil)
 		if err != nil {
 			return err
 		}
@@ -638,21 +639,21 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	recs = append(recs, kafkaproducer.Record{Topic: r.eo.topic, Key: []byte(streamKey), Value: val})
+	recs = append(recs, kafkaproducer.Record{Topic: r.eo.Topic(), Key: []byte(streamKey), Value: val})
 	started := time.Now()
-	if err := firstResult(txn.Produce(ctx, recs)); err != nil {
+	if err := eo.FirstResult(txn.Produce(ctx, recs)); err != nil {
 		_ = txn.Abort(ctx)
-		r.metrics.txnEnded(ctx, txnAborted, started, err)
+		r.metrics.TxnEnded(ctx, eo.TxnAborted, started, err)
 		return fmt.Errorf("relay: exactly-once stream: write the lanes' positions to the progress topic: %w", err)
 	}
 	if err := txn.Commit(ctx); err != nil {
 		txn.Invalidate()
-		r.metrics.txnEnded(ctx, txnUnknown, started, err)
+		r.metrics.TxnEnded(ctx, eo.TxnUnknown, started, err)
 		return fmt.Errorf("relay: exactly-once stream: write the lanes' positions to the progress topic: %w", err)
 	}
-	r.metrics.txnEnded(ctx, txnCommitted, started, nil)
+	r.metrics.TxnEnded(ctx, eo.TxnCommitted, started, nil)
 	// The workers read every lane back before they publish it again.
-	r.eo.disown()
+	r.eo.Disown()
 	r.cur.forget()
 	b := &pgx.Batch{}
 	b.Queue(r.q.Durable)
@@ -717,25 +718,4 @@ func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.La
 		return nil, fmt.Errorf("%d lanes' positions opened, want %d", len(out), len(kept))
 	}
 	return out, nil
-}
-
-// streamProducer returns the stream's transactional producer, made on
-// first use.
-func (e *exactlyOnce) streamProducer() *kafkaproducer.Txn {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.stream == nil {
-		e.stream = kafkaproducer.NewTxn(e.client, e.conf, e.prefix+".stream", e.timeout)
-	}
-	return e.stream
-}
-
-// disown makes every free worker read its lanes back before it publishes
-// them again.
-func (e *exactlyOnce) disown() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, w := range e.free {
-		clear(w.owned)
-	}
 }
