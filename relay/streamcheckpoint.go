@@ -2,16 +2,13 @@ package relay
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/snapshot"
 )
 
 // checkpoint writes the stream's progress into the lanes' positions, at
@@ -31,14 +28,14 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 	// Exactly once: not before the stream's first record, which says the
 	// stream (not the lanes' positions and their records) holds its
 	// progress.
-	write := f.cand != nil && f.resolved > f.written && f.passed(f.cand) && (f.eo == nil || f.eo.committed)
+	write := f.cand != nil && f.resolved > f.written && f.passed(f.cand) && (f.eo == nil || f.eo.Committed)
 	take := !final && (f.cand == nil || f.passed(f.cand))
 	if !write && !take {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.BatchTimeout, 5*time.Second))
 	defer cancel()
-	var next *checkpointCand
+	var next *snapshot.Candidate
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		if write {
@@ -57,21 +54,21 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 				write = false
 			} else {
 				f.cpWarned = false
-				b.Queue(r.cur.q.Checkpoint, pgx.NamedArgs{"done": f.cand.snap, "base": f.cand.base})
+				b.Queue(r.cur.q.Checkpoint, pgx.NamedArgs{"done": f.cand.Snap, "base": f.cand.Base})
 			}
 		}
 		if take {
 			b.Queue(r.q.stream.Candidate).QueryRow(func(row pgx.Row) error {
-				var c checkpointCand
+				var c snapshot.Candidate
 				var lsn string
-				if err := row.Scan(&c.snap, &c.base, &lsn); err != nil {
+				if err := row.Scan(&c.Snap, &c.Base, &lsn); err != nil {
 					return err
 				}
 				l, err := pglogrepl.ParseLSN(lsn)
 				if err != nil {
 					return err
 				}
-				c.lsn, c.seq, next = l, f.resolved, &c
+				c.LSN, c.Seq, next = l, f.resolved, &c
 				return nil
 			})
 		}
@@ -87,7 +84,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 	}
 	if write {
 		r.cur.forget() // the positions changed outside a batch: read them again
-		f.written = f.cand.seq
+		f.written = f.cand.Seq
 		r.stream.checkpointAt.Store(time.Now().UnixNano())
 	}
 	if next != nil {
@@ -99,11 +96,11 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 // position is resolved: the confirmed position is past it, or a later
 // transaction arrived (the stream sends them in commit order) and none
 // that ended before it waits.
-func (f *feed) passed(c *checkpointCand) bool {
-	if f.r.stream.progress.Confirmed() >= c.lsn {
+func (f *feed) passed(c *snapshot.Candidate) bool {
+	if f.r.stream.progress.Confirmed() >= c.LSN {
 		return true
 	}
-	return f.lastEnd > c.lsn && (len(f.txs) == 0 || f.txs[0].end > c.lsn)
+	return f.lastEnd > c.LSN && (len(f.txs) == 0 || f.txs[0].end > c.LSN)
 }
 
 // stopDrain bounds how long a stopping relay goes on publishing the
@@ -141,7 +138,7 @@ func (f *feed) finish(ctx context.Context) {
 			switch {
 			case !ok:
 				txs = nil
-			case tx.End > c.lsn:
+			case tx.End > c.LSN:
 				f.lastEnd, txs = tx.End, nil // it stays in the slot
 			default:
 				if f.take(ctx, tx) != nil {
@@ -166,75 +163,4 @@ func (f *feed) finish(ctx context.Context) {
 		}
 	}
 	f.checkpoint(ctx, true)
-}
-
-// snapshot is a pg_snapshot: a transaction id below xmin is finished,
-// one from xmax on is not seen, and those in xip (sorted) were running.
-type snapshot struct {
-	xmin, xmax uint64
-	xip        []uint64
-}
-
-// parseSnapshot parses pg_snapshot's text form, xmin:xmax:xip,xip,...
-func parseSnapshot(s string) (snapshot, error) {
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return snapshot{}, fmt.Errorf("relay: snapshot %q: want xmin:xmax:xip", s)
-	}
-	var sn snapshot
-	var err error
-	if sn.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
-		return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
-	}
-	if sn.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
-		return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
-	}
-	if parts[2] != "" {
-		for _, x := range strings.Split(parts[2], ",") {
-			v, err := strconv.ParseUint(x, 10, 64)
-			if err != nil {
-				return snapshot{}, fmt.Errorf("relay: snapshot %q: %w", s, err)
-			}
-			sn.xip = append(sn.xip, v)
-		}
-	}
-	slices.Sort(sn.xip)
-	return sn, nil
-}
-
-// visible reports whether a committed transaction x is seen by s (as
-// pg_visible_in_snapshot). The zero snapshot sees nothing.
-func (s snapshot) visible(x uint64) bool {
-	if x < s.xmin {
-		return true
-	}
-	if x >= s.xmax {
-		return false
-	}
-	_, running := slices.BinarySearch(s.xip, x)
-	return !running
-}
-
-// intersect returns the snapshot that sees what all of snaps see: the
-// lowest xmin and xmax, and every transaction any of them saw running below
-// that xmax.
-func intersect(snaps []snapshot) snapshot {
-	if len(snaps) == 0 {
-		return snapshot{}
-	}
-	out := snapshot{xmin: snaps[0].xmin, xmax: snaps[0].xmax}
-	for _, s := range snaps[1:] {
-		out.xmin, out.xmax = min(out.xmin, s.xmin), min(out.xmax, s.xmax)
-	}
-	for _, s := range snaps {
-		for _, x := range s.xip {
-			if x < out.xmax {
-				out.xip = append(out.xip, x)
-			}
-		}
-	}
-	slices.Sort(out.xip)
-	out.xip = slices.Compact(out.xip)
-	out.xmin = min(out.xmin, out.xmax)
-	return out
 }

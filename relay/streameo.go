@@ -2,118 +2,29 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
-	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
+	"github.com/fxoutbox/outbox/relay/internal/snapshot"
 )
 
-// Exactly once in Stream mode (cursor progress). One relay at a time holds
-// the table's slot, so the stream has one transactional producer, whose id
-// is fixed per table ("<TransactionalID>.stream"): a relay that takes the
-// slot initialises that id, which fences the previous streamer and decides
-// its open transaction. Each batch is one Kafka transaction holding its
-// events and the stream's record in the progress topic (key "stream"): what
-// the stream resolved so far, as
-//
-//   - lsn: every decoded transaction that ended at or before it is resolved;
-//   - done and base: a snapshot whose transactions are all resolved (every
-//     transaction it sees ended before a position the stream passed), or,
-//     just after a handover from polling, each lane's done snapshot and base;
-//   - ids: the rows resolved (published in a committed transaction, or
-//     parked) that done (their lane's) does not see, as ranges of ids.
-//
-// The slot's position is confirmed only after the Kafka commit. A streamer
-// that starts on a slot that existed reads the record back (after the
-// fence, read_committed) and skips the decoded rows it holds, instead of
-// polling the table. Before the relay polls the table for want of a slot
-// (created, invalidated, dropped), it turns the record into the lanes'
-// positions (done, a window opened now, the record's ids of the lane as
-// skip): in one Kafka transaction, a lane record per lane (the position,
-// no owner) and a stream record saying the table holds the stream's
-// progress; then the same positions in the table. The polling claim
-// (exactlyonce.go) reads the lane records back before it publishes a lane.
-
-// The stream record's key and modes.
-const (
-	streamKey        = "stream"
-	streamModeStream = "stream" // resume from the slot, skipping what the record holds
-	streamModeTable  = "table"  // the lanes' positions hold the stream's progress: hand over by polling
-)
+// Exactly once in Stream mode (cursor progress): the feed's side of the
+// stream's record (relay/internal/eo: eo.Stream), its batches' Kafka
+// transactions, and the handover of the record to the lanes' positions
+// before the relay polls.
 
 // eoCandEvery is how often the exactly-once stream takes a snapshot that,
 // once its transactions are resolved, replaces its record's done (and
 // drops the ids it sees): the record's ids hold about that much.
 const eoCandEvery = 100 * time.Millisecond
-
-// eoMaxIDs bounds the ids a stream record holds: beyond it (a key that
-// fails holds done back while the others flow) only the held keys' retries
-// are sent, until done moves on.
-const eoMaxIDs = 20000
-
-// streamLane is a lane's done snapshot and base in a stream record.
-type streamLane struct {
-	Done string `json:"done"`
-	Base int64  `json:"base"`
-}
-
-// streamProgress is the value of the stream's record.
-type streamProgress struct {
-	Table string       `json:"table"`
-	Mode  string       `json:"mode"`
-	LSN   uint64       `json:"lsn,omitempty"`
-	Done  string       `json:"done,omitempty"`
-	Base  int64        `json:"base,omitempty"`
-	Lanes []streamLane `json:"lanes,omitempty"`
-	IDs   [][2]int64   `json:"ids,omitempty"`
-	// Topics are the topics the stream published to (at most
-	// eoMaxTopics): a relay that takes the stream over settles what the
-	// previous streamer's last transaction may have left there without a
-	// marker (kafkaproducer.Txn.SettleTopics).
-	Topics []string `json:"topics,omitempty"`
-}
-
-// eoMaxTopics bounds the topics a stream record names.
-const eoMaxTopics = 256
-
-// eoStream is a feed's exactly-once state: what its record says.
-type eoStream struct {
-	txn   *kafkaproducer.Txn
-	lsn   pglogrepl.LSN
-	done  snapshot
-	dtext string
-	base  int64
-	// lanes, when not nil: each lane's done snapshot and base (after a
-	// handover from polling); inter sees what all of them see.
-	lanes  []streamLane
-	snaps  []snapshot
-	inter  snapshot
-	laneOf map[string]int32
-	// ids: the rows resolved that done does not see, with their txid (0
-	// when not known: read from the record at start; a snapshot taken
-	// later sees them).
-	ids map[int64]uint64
-	// cand is the next done, taken at candSeq resolved rows.
-	cand      *checkpointCand
-	candAt    time.Time
-	candSeq   int64
-	committed bool // a stream record was committed by this feed
-	// topics: what the stream published to, sorted, for its records'
-	// Topics (a new slice when one is added: records share it).
-	topics []string
-}
 
 // streamTxnPublisher publishes in the stream's transaction.
 type streamTxnPublisher struct{ txn *kafkaproducer.Txn }
@@ -127,223 +38,21 @@ func (p streamTxnPublisher) Publish(ctx context.Context, msgs []Message) error {
 // is not known.
 var errStreamRestart = errors.New("relay: exactly-once stream: start over from the stream's record")
 
-// eoStreamInit initialises the stream's transactional id (fencing the
-// previous streamer, deciding its open transaction) and reads the stream's
-// last committed record (nil when there is none).
-func (r *Relay) eoStreamInit(ctx context.Context) (*kafkaproducer.Txn, *streamProgress, error) {
-	client, err := r.eo.Connect(ctx)
+// lanesOf reads the lanes of keys.
+func (r *Relay) lanesOf(ctx context.Context, keys []string) (map[string]int32, error) {
+	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	txn := r.eo.StreamProducer()
-	if err := txn.Init(ctx); err != nil {
-		return nil, nil, fmt.Errorf("relay: exactly-once stream: initialise %q: %w", txn.ID(), err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	out := map[string]int32{}
+	rs, err := tx.Query(ctx, r.cur.q.KeyLanes, keys, r.cfg.Lanes)
+	if err == nil {
+		var k string
+		var lane int32
+		_, err = pgx.ForEachRow(rs, []any{&k, &lane}, func() error { out[k] = lane; return nil })
 	}
-	if err := r.eoStreamSettle(ctx, client, txn); err != nil {
-		return nil, nil, err
-	}
-	bo := backoff.Backoff{Initial: time.Millisecond, Max: 100 * time.Millisecond}
-	for deadline := time.Now().Add(r.eo.Timeout()); ; {
-		vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.Topic(), 0, []string{streamKey})
-		if err != nil {
-			return nil, nil, fmt.Errorf("relay: exactly-once stream: read the stream's record: %w", err)
-		}
-		l := vals[streamKey]
-		if len(l.Pending) == 0 {
-			if !l.Found {
-				return txn, nil, nil
-			}
-			var p streamProgress
-			if err := json.Unmarshal(l.Value, &p); err != nil || (p.Mode != streamModeStream && p.Mode != streamModeTable) {
-				return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record in %q is not the relay's (%s)", r.eo.Topic(), l.Value)
-			}
-			return txn, &p, nil
-		}
-		// The id's last transaction is decided (Init), its marker not
-		// written yet.
-		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("relay: exactly-once stream: the stream's record is still undecided %v after %q was initialised", r.eo.Timeout(), txn.ID())
-		}
-		if !backoff.Sleep(ctx, bo.Fail(), nil, nil) {
-			return nil, nil, ctx.Err()
-		}
-	}
-}
-
-// eoStreamSettle settles what the previous streamer's last transaction may
-// have left without a marker (a broker that restarted skipped the markers
-// of partitions it found without a leader, and this relay's first commit
-// there would decide them): the progress topic and the topics the stream's
-// records name, the last committed one's and any still undecided.
-func (r *Relay) eoStreamSettle(ctx context.Context, client sarama.Client, txn *kafkaproducer.Txn) error {
-	vals, err := kafkaproducer.LastCommitted(ctx, client, r.eo.Topic(), 0, []string{streamKey})
-	if err != nil {
-		return fmt.Errorf("relay: exactly-once stream: read the stream's record: %w", err)
-	}
-	l := vals[streamKey]
-	topics := map[string]bool{r.eo.Topic(): true}
-	for _, v := range append(l.Pending, l.Value) {
-		var p streamProgress
-		if len(v) > 0 && json.Unmarshal(v, &p) == nil {
-			for _, t := range p.Topics {
-				topics[t] = true
-			}
-		}
-	}
-	if err := txn.SettleTopics(ctx, slices.Sorted(maps.Keys(topics))); err != nil {
-		return fmt.Errorf("relay: exactly-once stream: %w", err)
-	}
-	return nil
-}
-
-// newEOStream is the state a record describes (nil: nothing streamed yet).
-func newEOStream(txn *kafkaproducer.Txn, p *streamProgress, lanes int) (*eoStream, error) {
-	e := &eoStream{txn: txn, ids: map[int64]uint64{}}
-	if p == nil {
-		return e, nil
-	}
-	e.keepTopics(p)
-	e.lsn = pglogrepl.LSN(p.LSN)
-	for _, rg := range p.IDs {
-		for id := rg[0]; id <= rg[1]; id++ {
-			e.ids[id] = 0
-		}
-	}
-	if len(p.Lanes) > 0 {
-		if len(p.Lanes) != lanes {
-			return nil, fmt.Errorf("relay: exactly-once stream: the stream's record has %d lanes, the relay %d: every relay of a table must use the same Lanes", len(p.Lanes), lanes)
-		}
-		return e, e.setLanes(p.Lanes)
-	}
-	s, err := parseSnapshot(p.Done)
-	e.done, e.dtext, e.base = s, p.Done, p.Base
-	return e, err
-}
-
-// setDone makes a snapshot taken after the stream's start, whose
-// transactions are all resolved, its done: it drops the ids it sees, and
-// those read from the record at start (it sees them all).
-func (e *eoStream) setDone(text string, base int64) error {
-	s, err := parseSnapshot(text)
-	if err != nil {
-		return err
-	}
-	e.done, e.dtext, e.base, e.lanes, e.snaps, e.laneOf = s, text, base, nil, nil, nil
-	for id, x := range e.ids {
-		if x == 0 || s.visible(x) {
-			delete(e.ids, id)
-		}
-	}
-	return nil
-}
-
-func (e *eoStream) setLanes(lanes []streamLane) error {
-	e.lanes, e.snaps, e.laneOf = lanes, make([]snapshot, len(lanes)), map[string]int32{}
-	for i, l := range lanes {
-		s, err := parseSnapshot(l.Done)
-		if err != nil {
-			return err
-		}
-		e.snaps[i] = s
-	}
-	e.inter = intersect(e.snaps)
-	return nil
-}
-
-// skip returns which rows of a decoded transaction the record holds
-// resolved. Rows that only some lanes' done snapshots see have their lane
-// read from the server.
-func (e *eoStream) skip(ctx context.Context, r *Relay, x pgoutput.Tx) ([]bool, error) {
-	out := make([]bool, len(x.Rows))
-	var ask []string
-	for i, d := range x.Rows {
-		if _, ok := e.ids[d.ID]; ok {
-			e.ids[d.ID] = d.Txid
-			out[i] = true
-			continue
-		}
-		switch {
-		case x.End <= e.lsn:
-			out[i] = true
-		case d.Txid == 0:
-		case e.lanes == nil:
-			out[i] = e.done.visible(d.Txid)
-		case e.inter.visible(d.Txid):
-			out[i] = true
-		default:
-			if _, ok := e.laneOf[d.Key]; !ok && slices.ContainsFunc(e.snaps, func(s snapshot) bool { return s.visible(d.Txid) }) {
-				ask = append(ask, d.Key)
-			}
-		}
-	}
-	if len(ask) > 0 {
-		rows, err := r.db.Begin(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("relay: exactly-once stream: read the lanes of keys: %w", err)
-		}
-		defer func() { _ = rows.Rollback(context.WithoutCancel(ctx)) }()
-		rs, err := rows.Query(ctx, r.cur.q.KeyLanes, ask, r.cfg.Lanes)
-		if err == nil {
-			var k string
-			var lane int32
-			_, err = pgx.ForEachRow(rs, []any{&k, &lane}, func() error { e.laneOf[k] = lane; return nil })
-		}
-		if err != nil {
-			return nil, fmt.Errorf("relay: exactly-once stream: read the lanes of keys: %w", err)
-		}
-	}
-	if e.lanes != nil {
-		for i, d := range x.Rows {
-			if lane, ok := e.laneOf[d.Key]; ok && !out[i] && d.Txid != 0 && int(lane) < len(e.snaps) {
-				out[i] = e.snaps[lane].visible(d.Txid)
-			}
-		}
-	}
-	return out, nil
-}
-
-// keepTopics adds the topics p names to the stream's.
-func (e *eoStream) keepTopics(p *streamProgress) {
-	if p == nil {
-		return
-	}
-	for _, t := range p.Topics {
-		e.addTopic(t)
-	}
-}
-
-// addTopic adds a topic the stream publishes to, up to eoMaxTopics.
-func (e *eoStream) addTopic(t string) {
-	i, found := slices.BinarySearch(e.topics, t)
-	if !found && len(e.topics) < eoMaxTopics {
-		e.topics = slices.Insert(slices.Clone(e.topics), i, t)
-	}
-}
-
-// record is the stream's record before a batch, its ids sorted.
-func (e *eoStream) record(table string) (streamProgress, []int64) {
-	p := streamProgress{Table: table, Mode: streamModeStream, LSN: uint64(e.lsn), Done: e.dtext, Base: e.base, Lanes: e.lanes,
-		Topics: e.topics}
-	ids := make([]int64, 0, len(e.ids))
-	for id := range e.ids {
-		ids = append(ids, id)
-	}
-	return p, ids
-}
-
-// idRanges merges ids into sorted ranges of consecutive ids.
-func idRanges(ids []int64) [][2]int64 {
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	var out [][2]int64
-	for _, id := range ids {
-		if n := len(out); n > 0 && out[n-1][1]+1 == id {
-			out[n-1][1] = id
-			continue
-		}
-		out = append(out, [2]int64{id, id})
-	}
-	return out
+	return out, err
 }
 
 // dispatch sends a batch, as the feed's batch in flight.
@@ -355,28 +64,28 @@ func (f *feed) dispatch(ctx context.Context, batch []*feedRow) {
 	}
 	for _, x := range batch {
 		if x.bad == nil {
-			f.eo.addTopic(x.topic)
+			f.eo.AddTopic(x.topic)
 		}
 	}
-	rec, ids := f.eo.record(f.r.cfg.Table.String())
+	rec, ids := f.eo.Record(f.r.cfg.Table.String())
 	go f.eoPublish(ctx, batch, rec, ids)
 }
 
 // eoPublish sends a batch in one Kafka transaction with the stream's
 // record (the feed's goroutine of the batch in flight).
-func (f *feed) eoPublish(ctx context.Context, batch []*feedRow, rec streamProgress, ids []int64) {
+func (f *feed) eoPublish(ctx context.Context, batch []*feedRow, rec eo.StreamRecord, ids []int64) {
 	r := f.r
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	res, rows, at := splitBatch(batch)
-	if len(rows) > 0 && !f.eo.txn.Ready() {
+	if len(rows) > 0 && !f.eo.Txn.Ready() {
 		// Fenced or unsure of a transaction: only a new start (with
 		// the slot held) may initialise the id again.
 		res.restart = fmt.Errorf("%w: the producer needs initialising", errStreamRestart)
 	} else if len(rows) > 0 {
 		t := time.Now()
 		msgs, spans, encErrs := r.messages(ctx, rows)
-		errs, alone := r.publish(ctx, streamTxnPublisher{f.eo.txn}, rows, msgs, encErrs)
+		errs, alone := r.publish(ctx, streamTxnPublisher{f.eo.Txn}, rows, msgs, encErrs)
 		res.restart = f.eoCommit(ctx, rows, errs, rec, ids, t)
 		acked := r.metrics.publishLap(ctx, t, rows, errs)
 		r.endSpans(spans, msgs, errs)
@@ -396,8 +105,8 @@ func (f *feed) eoPublish(ctx context.Context, batch []*feedRow, rec streamProgre
 // acknowledged, aborted otherwise. When it does not commit, the
 // acknowledged rows fail (errs). It returns errStreamRestart when the
 // producer was fenced or the commit's outcome is unknown.
-func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec streamProgress, ids []int64, started time.Time) error {
-	r, txn := f.r, f.eo.txn
+func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec eo.StreamRecord, ids []int64, started time.Time) error {
+	r, txn := f.r, f.eo.Txn
 	var acked []int64
 	var first error
 	for i, err := range errs {
@@ -440,10 +149,10 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 	if len(acked) == 0 {
 		return abort(first)
 	}
-	rec.IDs = idRanges(append(ids, acked...))
-	val, err := json.Marshal(rec)
+	rec.IDs = eo.IDRanges(append(ids, acked...))
+	out, err := r.eo.StreamRecord(rec)
 	if err == nil {
-		err = eo.FirstResult(txn.Produce(ctx, []kafkaproducer.Record{{Topic: r.eo.Topic(), Key: []byte(streamKey), Value: val}}))
+		err = eo.FirstResult(txn.Produce(ctx, []kafkaproducer.Record{out}))
 	}
 	if err != nil {
 		fail(err)
@@ -469,7 +178,7 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec strea
 // eoResolved adds a resolved row to the stream's ids.
 func (f *feed) eoResolved(x *feedRow) {
 	if f.eo != nil {
-		f.eo.ids[x.id] = x.txid
+		f.eo.IDs[x.id] = x.txid
 	}
 }
 
@@ -480,47 +189,47 @@ func (f *feed) eoSettled(res feedResult) {
 	}
 	for _, err := range res.errs {
 		if err == nil {
-			f.eo.committed = true
+			f.eo.Committed = true
 			break
 		}
 	}
-	f.eo.lsn = max(f.eo.lsn, f.r.stream.progress.Confirmed())
+	f.eo.LSN = max(f.eo.LSN, f.r.stream.progress.Confirmed())
 }
 
 // eoFull says the record holds as many ids as it may: only held keys go.
-func (f *feed) eoFull() bool { return f.eo != nil && len(f.eo.ids) >= eoMaxIDs }
+func (f *feed) eoFull() bool { return f.eo != nil && len(f.eo.IDs) >= eo.MaxIDs }
 
 // eoAdvance moves the record's done on, every eoCandEvery: to the snapshot
 // taken last time once every transaction it sees is resolved; then it takes
 // the next one (when rows were resolved since).
 func (f *feed) eoAdvance(ctx context.Context) {
 	e := f.eo
-	if e == nil || time.Since(e.candAt) < eoCandEvery {
+	if e == nil || time.Since(e.CandAt) < eoCandEvery {
 		return
 	}
-	e.candAt = time.Now()
-	if e.cand != nil && f.passed(e.cand) {
-		if err := e.setDone(e.cand.snap, e.cand.base); err != nil {
+	e.CandAt = time.Now()
+	if e.Cand != nil && f.passed(e.Cand) {
+		if err := e.SetDone(e.Cand.Snap, e.Cand.Base); err != nil {
 			f.r.cfg.Logger.Warn("outbox relay: exactly-once stream: a snapshot could not be read", "table", f.r.cfg.Table.String(), "error", err)
 		}
-		e.cand = nil
+		e.Cand = nil
 	}
-	if e.cand != nil || (e.candSeq == f.resolved && e.lanes == nil) {
+	if e.Cand != nil || (e.CandSeq == f.resolved && !e.ByLanes()) {
 		return
 	}
-	var c checkpointCand
+	var c snapshot.Candidate
 	var lsn string
 	err := f.query(ctx, f.r.q.stream.Candidate, nil, func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&c.snap, &c.base, &lsn}, func() error { return nil })
+		_, err := pgx.ForEachRow(rows, []any{&c.Snap, &c.Base, &lsn}, func() error { return nil })
 		return err
 	})
 	if err == nil {
-		c.lsn, err = pglogrepl.ParseLSN(lsn)
+		c.LSN, err = pglogrepl.ParseLSN(lsn)
 	}
 	if err != nil {
 		return // taken again at the next period
 	}
-	e.cand, e.candSeq = &c, f.resolved
+	e.Cand, e.CandSeq = &c, f.resolved
 }
 
 // eoStart readies the exactly-once stream on a slot this relay holds: it
@@ -534,7 +243,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	// came back, the relay neither failing (health, backoff, reconnect)
 	// nor stopping until Stop's deadline.
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
-	txn, p, err := r.eoStreamInit(ictx)
+	txn, p, err := r.eo.StreamInit(ictx)
 	cancel()
 	if err != nil {
 		return false, err
@@ -543,12 +252,11 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 		// The previous streamer's id is this one's: fenced by the Init.
 		r.metrics.Fenced(ctx, eo.FenceFencing, 1)
 	}
-	if created || p == nil || p.Mode != streamModeStream {
-		f.eo = &eoStream{txn: txn, ids: map[int64]uint64{}}
-		f.eo.keepTopics(p)
+	if created || p == nil || p.Mode != eo.StreamModeStream {
+		f.eo = eo.NewStream(txn, p)
 		return false, nil
 	}
-	if f.eo, err = newEOStream(txn, p, r.cfg.Lanes); err != nil {
+	if f.eo, err = eo.ResumeStream(txn, p, r.cfg.Lanes); err != nil {
 		return false, err
 	}
 	if err := r.cursorReady(ctx); err != nil {
@@ -557,16 +265,16 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	r.stream.state.Store(int32(Streaming))
 	r.health.set(0, nil)
 	r.cfg.Logger.Info("outbox relay: exactly-once stream: resuming from the stream's record in the progress topic",
-		"table", r.cfg.Table.String(), "slot", f.conn.Slot(), "lsn", f.eo.lsn, "transactional_id", txn.ID())
+		"table", r.cfg.Table.String(), "slot", f.conn.Slot(), "lsn", f.eo.LSN, "transactional_id", txn.ID())
 	return true, nil
 }
 
 // eoHandedOver sets the stream's state after a handover from polling:
 // each lane's done snapshot and base hold what polling delivered.
 func (f *feed) eoHandedOver(ctx context.Context) error {
-	var lanes []streamLane
+	var lanes []eo.StreamLane
 	err := f.query(ctx, f.r.cur.q.Dones, nil, func(rows pgx.Rows) error {
-		var l streamLane
+		var l eo.StreamLane
 		_, err := pgx.ForEachRow(rows, []any{&l.Done, &l.Base}, func() error { lanes = append(lanes, l); return nil })
 		return err
 	})
@@ -574,12 +282,12 @@ func (f *feed) eoHandedOver(ctx context.Context) error {
 		err = fmt.Errorf("%d lanes' positions, want %d", len(lanes), f.r.cfg.Lanes)
 	}
 	if err == nil {
-		err = f.eo.setLanes(lanes)
+		err = f.eo.SetLanes(lanes)
 	}
 	if err != nil {
 		return fmt.Errorf("relay: exactly-once stream handover of %s: %w", f.r.cfg.Table, err)
 	}
-	f.eo.lsn = 0
+	f.eo.LSN = 0
 	return nil
 }
 
@@ -594,11 +302,11 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
-	txn, p, err := r.eoStreamInit(ctx)
-	if err != nil || p == nil || p.Mode != streamModeStream {
+	txn, p, err := r.eo.StreamInit(ctx)
+	if err != nil || p == nil || p.Mode != eo.StreamModeStream {
 		return err
 	}
-	e, err := newEOStream(txn, p, r.cfg.Lanes)
+	e, err := eo.ResumeStream(txn, p, r.cfg.Lanes)
 	if err != nil {
 		return err
 	}
@@ -614,8 +322,8 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 			kept[i].Done, kept[i].Base = p.Lanes[i].Done, p.Lanes[i].Base
 		}
 	}
-	ids := make([]int64, 0, len(e.ids))
-	for id := range e.ids {
+	ids := make([]int64, 0, len(e.IDs))
+	for id := range e.IDs {
 		ids = append(ids, id)
 	}
 	tx, err := r.db.Begin(ctx)
@@ -635,11 +343,11 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 		}
 		recs = append(recs, rec)
 	}
-	val, err := json.Marshal(streamProgress{Table: r.cfg.Table.String(), Mode: streamModeTable, Topics: p.Topics})
+	rec, err := r.eo.StreamRecord(eo.StreamRecord{Table: r.cfg.Table.String(), Mode: eo.StreamModeTable, Topics: p.Topics})
 	if err != nil {
 		return err
 	}
-	recs = append(recs, kafkaproducer.Record{Topic: r.eo.Topic(), Key: []byte(streamKey), Value: val})
+	recs = append(recs, rec)
 	started := time.Now()
 	if err := eo.FirstResult(txn.Produce(ctx, recs)); err != nil {
 		_ = txn.Abort(ctx)

@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
+	"github.com/fxoutbox/outbox/relay/internal/snapshot"
 )
 
 // The stream under cursor progress publishes what it decodes: a decoded
@@ -104,7 +106,7 @@ type feedResult struct {
 type feed struct {
 	r    *Relay
 	conn *pgoutput.Conn
-	skip snapshot // rows whose transaction it sees were delivered by polling
+	skip snapshot.Snapshot // rows whose transaction it sees were delivered by polling
 
 	txs     []*feedTx // in commit order, oldest first
 	queue   []*feedRow
@@ -119,29 +121,19 @@ type feed struct {
 	// have not had a row resolved since (their retries' pacing).
 	lastFails map[string]int
 
-	cand     *checkpointCand // the next checkpoint, once the position passed it
-	cpAt     time.Time       // when the last checkpoint was attempted
-	resolved int64           // rows resolved so far
-	written  int64           // resolved when the last checkpoint written was taken
+	cand     *snapshot.Candidate // the next checkpoint, once the position passed it
+	cpAt     time.Time           // when the last checkpoint was attempted
+	resolved int64               // rows resolved so far
+	written  int64               // resolved when the last checkpoint written was taken
 	cpWarned bool
 	lastEnd  pglogrepl.LSN // the end of the last transaction received
 
-	eo *eoStream // Delivery ExactlyOnce: the stream's record (streameo.go)
+	eo *eo.Stream // Delivery ExactlyOnce: the stream's record (streameo.go)
 }
 
 // backoffState counts the feed's consecutive failed batches (nothing
 // acknowledged, the broker failing), for the health and the log.
 type backoffState struct{ failures int }
-
-// checkpointCand is a snapshot with the table's highest id it sees and the
-// WAL insert position after it: every transaction it sees ends at or
-// before lsn.
-type checkpointCand struct {
-	snap string
-	base int64
-	lsn  pglogrepl.LSN
-	seq  int64 // the feed's resolved rows when it was taken
-}
 
 // runFeed publishes from conn (replication started, the reader not yet)
 // until Stop or an error; created says this relay made the slot.
@@ -228,15 +220,15 @@ func (f *feed) handover(ctx context.Context) error {
 // snapshot sees were delivered by polling.
 func (f *feed) handedOver(ctx context.Context, dones []string, began time.Time) error {
 	r := f.r
-	snaps := make([]snapshot, 0, len(dones))
+	snaps := make([]snapshot.Snapshot, 0, len(dones))
 	for _, d := range dones {
-		s, err := parseSnapshot(d)
+		s, err := snapshot.Parse(d)
 		if err != nil {
 			return fmt.Errorf("relay: stream handover of %s: %w", r.cfg.Table, err)
 		}
 		snaps = append(snaps, s)
 	}
-	f.skip = intersect(snaps)
+	f.skip = snapshot.Intersect(snaps)
 	if f.eo != nil {
 		if err := f.eoHandedOver(ctx); err != nil {
 			return err
@@ -382,7 +374,7 @@ func (f *feed) follow(ctx context.Context) error {
 func (f *feed) wait(now time.Time) time.Duration {
 	d := time.Until(f.cpAt.Add(checkpointEvery))
 	if f.eo != nil {
-		d = min(d, time.Until(f.eo.candAt.Add(eoCandEvery)))
+		d = min(d, time.Until(f.eo.CandAt.Add(eoCandEvery)))
 	}
 	if !f.busy {
 		if len(f.queue) > 0 {
@@ -402,7 +394,7 @@ func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
 	var skip []bool
 	if f.eo != nil {
 		var err error
-		if skip, err = f.eo.skip(ctx, f.r, x); err != nil {
+		if skip, err = f.eo.Skip(ctx, x, f.r.lanesOf); err != nil {
 			return err
 		}
 	}
@@ -413,7 +405,7 @@ func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
 		f.r.stream.oldest.Store(x.Commit.UnixNano())
 	}
 	for i, d := range x.Rows {
-		if skip != nil && skip[i] || skip == nil && d.Txid != 0 && f.skip.visible(d.Txid) {
+		if skip != nil && skip[i] || skip == nil && d.Txid != 0 && f.skip.Visible(d.Txid) {
 			continue
 		}
 		if d.Err != nil && d.ID == 0 {

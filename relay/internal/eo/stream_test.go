@@ -1,4 +1,4 @@
-package relay
+package eo
 
 import (
 	"fmt"
@@ -10,18 +10,18 @@ import (
 // The exactly-once stream's record: ids as ranges, and which decoded rows
 // a record holds resolved (by position, by its done snapshot, by its ids).
 func TestStreamRecordHoldsWhatItSays(t *testing.T) {
-	if got := fmt.Sprint(idRanges([]int64{7, 3, 4, 5, 9, 10, 4})); got != "[[3 5] [7 7] [9 10]]" {
+	if got := fmt.Sprint(IDRanges([]int64{7, 3, 4, 5, 9, 10, 4})); got != "[[3 5] [7 7] [9 10]]" {
 		t.Errorf("idRanges = %s", got)
 	}
-	if idRanges(nil) != nil {
-		t.Errorf("idRanges(nil) is not empty")
+	if IDRanges(nil) != nil {
+		t.Errorf("IDRanges(nil) is not empty")
 	}
-	e, err := newEOStream(nil, &streamProgress{Mode: streamModeStream, LSN: 100, Done: "50:60:55", Base: 9, IDs: [][2]int64{{20, 21}}}, 4)
+	e, err := ResumeStream(nil, &StreamRecord{Mode: StreamModeStream, LSN: 100, Done: "50:60:55", Base: 9, IDs: [][2]int64{{20, 21}}}, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(e.ids) != 2 {
-		t.Fatalf("the record's ids were dropped at start: %v", e.ids)
+	if len(e.IDs) != 2 {
+		t.Fatalf("the record's ids were dropped at start: %v", e.IDs)
 	}
 	x := pgoutput.Tx{End: 200, Rows: []pgoutput.Row{
 		{ID: 10, Txid: 49}, // seen by done
@@ -29,7 +29,7 @@ func TestStreamRecordHoldsWhatItSays(t *testing.T) {
 		{ID: 20, Txid: 70}, // in ids
 		{ID: 22, Txid: 70}, // past done, not in ids
 	}}
-	skip, err := e.skip(t.Context(), nil, x)
+	skip, err := e.Skip(t.Context(), x, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,19 +37,19 @@ func TestStreamRecordHoldsWhatItSays(t *testing.T) {
 		t.Errorf("skip = %s, want [true false true false]", got)
 	}
 	old := pgoutput.Tx{End: 100, Rows: []pgoutput.Row{{ID: 30, Txid: 80}}}
-	if skip, _ := e.skip(t.Context(), nil, old); !skip[0] {
+	if skip, _ := e.Skip(t.Context(), old, nil); !skip[0] {
 		t.Errorf("a transaction that ended at the record's position is not skipped")
 	}
 	// A later done drops the ids it sees, and those read at start whose
 	// transaction is not known.
-	e.ids[40] = 90
-	if err := e.setDone("95:95:", 40); err != nil {
+	e.IDs[40] = 90
+	if err := e.SetDone("95:95:", 40); err != nil {
 		t.Fatal(err)
 	}
-	if len(e.ids) != 0 {
-		t.Errorf("ids after a done that sees them all: %v", e.ids)
+	if len(e.IDs) != 0 {
+		t.Errorf("ids after a done that sees them all: %v", e.IDs)
 	}
-	if _, err := newEOStream(nil, &streamProgress{Mode: streamModeStream, Lanes: []streamLane{{Done: "1:1:"}}}, 4); err == nil {
+	if _, err := ResumeStream(nil, &StreamRecord{Mode: StreamModeStream, Lanes: []StreamLane{{Done: "1:1:"}}}, 4); err == nil {
 		t.Errorf("a record with 1 lane for a relay with 4: no error")
 	}
 }
