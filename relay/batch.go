@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -21,31 +20,9 @@ import (
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
-
-// row is a claimed outbox row.
-type row struct {
-	id        int64
-	eventID   uuid.UUID
-	eventType string
-	topic     string
-	key       string
-	payload   []byte
-	headers   []byte
-	attempts  int
-	createdAt time.Time
-	// requeued: the row was requeued and has not failed since (attempts 0
-	// with a last error): it is sent whatever the relay remembers of its
-	// topic.
-	requeued bool
-}
-
-// scan returns the destinations of a row's columns as the claims read
-// them (the relay's columns, see queries), followed by more.
-func (x *row) scan(more ...any) []any {
-	return append([]any{&x.id, &x.eventID, &x.eventType, &x.topic, &x.key, &x.payload, &x.headers, &x.attempts, &x.createdAt, &x.requeued}, more...)
-}
 
 // RunOnce claims one batch, publishes it, marks what was acknowledged and
 // records failures, in one transaction bounded by BatchTimeout. It returns
@@ -195,19 +172,19 @@ const (
 // ErrHeld: not sent when the failure was known before sending, not marked
 // when it was not, so a key is not published around a gap that is filled
 // later.
-func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []Message, encErrs []error) (errs []error, alone []int) {
+func (r *Relay) publish(ctx context.Context, pub Publisher, rows []claim.Row, msgs []Message, encErrs []error) (errs []error, alone []int) {
 	errs = make([]error, len(rows))
 	blocked := map[string]bool{}
 	inBulk := map[string]bool{} // keys with an earlier row in bulk
 	var bulk []int
 	now := time.Now()
 	for i, m := range msgs {
-		k := rows[i].key
+		k := rows[i].Key
 		err := encErrs[i]
 		if err == nil {
 			err = r.precheck(m)
 		}
-		if err == nil && !rows[i].requeued {
+		if err == nil && !rows[i].Requeued {
 			// A requeued event is sent: the operator says its cause is
 			// fixed (a topic created since), whatever the relay remembers.
 			err = r.missing.Get(m.Topic, now)
@@ -218,12 +195,12 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []M
 		case err != nil:
 			errs[i] = err
 			blocked[k] = true
-		case rows[i].attempts > 0 && len(alone) < isolateMax && !inBulk[k]:
+		case rows[i].Attempts > 0 && len(alone) < isolateMax && !inBulk[k]:
 			// Sent before the bulk: only when no earlier row of its key
 			// is in it.
 			alone = append(alone, i)
 			blocked[k] = true
-		case rows[i].attempts > 0:
+		case rows[i].Attempts > 0:
 			errs[i] = ErrHeld
 			blocked[k] = true
 		default:
@@ -245,11 +222,11 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []M
 	r.resolve(ctx, pub, rows, msgs, bulk, errs, map[string]bool{}, &sends, &alone)
 	blocked = map[string]bool{}
 	for i := range rows {
-		if blocked[rows[i].key] && errs[i] == nil {
+		if blocked[rows[i].Key] && errs[i] == nil {
 			errs[i] = ErrHeld
 		}
 		if errs[i] != nil {
-			blocked[rows[i].key] = true
+			blocked[rows[i].Key] = true
 		}
 	}
 	return errs, alone
@@ -260,10 +237,10 @@ func (r *Relay) publish(ctx context.Context, pub Publisher, rows []row, msgs []M
 // those in two halves and resolves each, so that every row ends published,
 // failed on its own (added to alone), failed with its topic or transiently,
 // or ErrHeld behind its key's failure or for want of sends.
-func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []Message, g []int, errs []error, blocked map[string]bool, sends *int, alone *[]int) {
+func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []claim.Row, msgs []Message, g []int, errs []error, blocked map[string]bool, sends *int, alone *[]int) {
 	h := g[:0:0]
 	for _, i := range g {
-		if blocked[rows[i].key] {
+		if blocked[rows[i].Key] {
 			errs[i] = ErrHeld
 		} else {
 			h = append(h, i)
@@ -283,7 +260,7 @@ func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []M
 	var failed []int
 	split := map[string]int{} // keys with a row in failed: 1, and then ErrHeld (the rest of the key waits): 2
 	for _, i := range h {
-		k := rows[i].key
+		k := rows[i].Key
 		switch err := errs[i]; {
 		case err == nil:
 		case blocked[k] || split[k] == 2:
@@ -306,7 +283,7 @@ func (r *Relay) resolve(ctx context.Context, pub Publisher, rows []row, msgs []M
 	case len(failed) == 1:
 		// The only one of its send to fail: it failed on its own.
 		*alone = append(*alone, failed[0])
-		blocked[rows[failed[0]].key] = true
+		blocked[rows[failed[0]].Key] = true
 	default:
 		half := len(failed) / 2
 		r.resolve(ctx, pub, rows, msgs, failed[:half], errs, blocked, sends, alone)
@@ -348,26 +325,26 @@ func (r *Relay) send(ctx context.Context, pub Publisher, msgs []Message, idx []i
 // headers are not a JSON object of strings gets a permanent error in
 // encErrs instead of a message: it is parked (or held), never sent with its
 // headers changed.
-func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans []trace.Span, encErrs []error) {
+func (r *Relay) messages(ctx context.Context, rows []claim.Row) (msgs []Message, spans []trace.Span, encErrs []error) {
 	msgs = make([]Message, len(rows))
 	spans = make([]trace.Span, len(rows))
 	encErrs = make([]error, len(rows))
 	for i, x := range rows {
-		stored, err := storedHeaders(x.headers)
+		stored, err := storedHeaders(x.Headers)
 		if err != nil {
 			encErrs[i] = outbox.Permanent(fmt.Errorf("%w: %w", failure.ErrCannotSend, failure.BadHeaders{Err: err}))
 		}
 		parent := r.cfg.Propagator.Extract(ctx, propagation.MapCarrier(stored))
-		eventID := x.eventID.String()
-		_, span := r.tracer.Start(parent, "publish "+x.topic,
+		eventID := x.EventID.String()
+		_, span := r.tracer.Start(parent, "publish "+x.Topic,
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
 				semconv.MessagingSystemKafka,
 				semconv.MessagingOperationName("publish"),
 				semconv.MessagingOperationTypeSend,
-				semconv.MessagingDestinationName(x.topic),
+				semconv.MessagingDestinationName(x.Topic),
 				semconv.MessagingMessageID(eventID),
-				semconv.MessagingKafkaMessageKey(x.key),
+				semconv.MessagingKafkaMessageKey(x.Key),
 			))
 		spans[i] = span
 		ce := r.cfg.CloudEvents.Mode == outbox.CloudEventsBinary
@@ -379,8 +356,8 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		}
 		hs = append(hs,
 			Header{Key: outbox.HeaderEventID, Value: []byte(eventID)},
-			Header{Key: outbox.HeaderEventType, Value: []byte(x.eventType)})
-		for k, v := range record.CloudEventsHeaders(r.cfg.CloudEvents, eventID, x.eventType, record.CloudEventsTime(x.createdAt)) {
+			Header{Key: outbox.HeaderEventType, Value: []byte(x.EventType)})
+		for k, v := range record.CloudEventsHeaders(r.cfg.CloudEvents, eventID, x.EventType, record.CloudEventsTime(x.CreatedAt)) {
 			hs = append(hs, Header{Key: k, Value: []byte(v)})
 		}
 		tc := propagation.MapCarrier{}
@@ -388,7 +365,7 @@ func (r *Relay) messages(ctx context.Context, rows []row) (msgs []Message, spans
 		for k, v := range tc {
 			hs = append(hs, Header{Key: k, Value: []byte(v)})
 		}
-		msgs[i] = Message{EventID: x.eventID, Topic: x.topic, Key: []byte(x.key), Value: x.payload, Headers: hs}
+		msgs[i] = Message{EventID: x.EventID, Topic: x.Topic, Key: []byte(x.Key), Value: x.Payload, Headers: hs}
 	}
 	return msgs, spans, encErrs
 }

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/marks"
 	"github.com/fxoutbox/outbox/relay/internal/streamsql"
 )
@@ -48,6 +47,13 @@ func (o Ordering) String() string {
 	return "Ordering(" + strconv.Itoa(int(o)) + ")"
 }
 
+// readGuarded reads up to n of the rows ids, setting aside those that
+// cannot be read (claim.Guarded).
+func (r *Relay) readGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int) (c claimed, err error) {
+	c.rows, c.bad, c.more, err = claim.Guarded{Table: r.cfg.Table.String(), Savepoint: r.q.Savepoint, RollbackTo: r.q.RollbackTo, Read: r.q.Read, FirstID: r.q.FirstID}.ReadGuarded(ctx, tx, ids, n)
+	return c, err
+}
+
 // queries are the marks progress's statements, with the batch statements
 // both progress modes share (relay/internal/marks), the stream's statements
 // on its slot and the table's snapshot (relay/internal/streamsql), and the
@@ -58,13 +64,9 @@ type queries struct {
 	ns     int32 // advisory lock namespace of the table
 }
 
-// rowCols are the columns of a row that a marks claim reads, in the order
-// readRows scans them (cursorCols are the same for alias e).
-const rowCols = "id, event_id, event_type, topic, partition_key, payload, headers, attempts, created_at, attempts = 0 AND last_error IS NOT NULL"
-
 // newQueries returns table t's statements and lock namespace.
 func newQueries(t outbox.Table) queries {
-	q := queries{Queries: marks.NewQueries(t, rowCols), stream: streamsql.NewQueries(t), ns: locks.Namespace(t.String())}
+	q := queries{Queries: marks.NewQueries(t, claim.Cols), stream: streamsql.NewQueries(t), ns: locks.Namespace(t.String())}
 	return q
 }
 
@@ -109,34 +111,12 @@ func (r *Relay) settings(tx pgx.Tx, k *laneKeeper) (string, []any) {
 	return r.txSettings, []any{r.idleMillis}
 }
 
-// query runs sql and hands its rows to scan. A statement pre (the
-// transaction's settings before the claim's first statement, a savepoint
-// before the read of rows) goes in the same round trip.
-func (r *Relay) query(ctx context.Context, tx pgx.Tx, pre string, preArgs []any, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
-	if pre == "" {
-		rows, err := tx.Query(ctx, sql, args)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		if err := scan(rows); err != nil {
-			return err
-		}
-		rows.Close()
-		return rows.Err()
-	}
-	b := &pgx.Batch{}
-	b.Queue(pre, preArgs...)
-	b.Queue(sql, args).Query(scan)
-	return tx.SendBatch(ctx, b).Close()
-}
-
 // claimed is what a finder (see pipeline) claimed in a batch's
 // transaction.
 type claimed struct {
-	rows []row        // readable rows, in order
-	bad  []unreadable // rows that cannot be read, in order
-	more bool         // more unpublished rows are likely waiting
+	rows []claim.Row        // readable rows, in order
+	bad  []claim.Unreadable // rows that cannot be read, in order
+	more bool               // more unpublished rows are likely waiting
 	// heldElsewhere: no rows, because the lanes of the unpublished rows the
 	// claim saw are all held by other relays (PerKey only).
 	heldElsewhere bool
@@ -153,13 +133,6 @@ type claimed struct {
 	// retry: nothing was claimed, and the next batch should run at once
 	// (an exactly-once worker was fenced while taking lanes).
 	retry bool
-}
-
-// unreadable is a claimed row that PostgreSQL cannot print (or pgx cannot
-// decode): it is charged, and parked, without being read.
-type unreadable struct {
-	id  int64
-	err error
 }
 
 // errIsolate says an Unordered claim met a row it cannot read: the
@@ -186,9 +159,9 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto
 		if len(held) > 0 {
 			sql, args["held"] = r.q.ClaimHeld, held
 		}
-		c.rows, err = r.readRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, bounded(r.q, sql, args, upto), args)
+		c.rows, err = claim.ReadRows(ctx, tx, r.txSettings, []any{r.idleMillis}, n, bounded(r.q, sql, args, upto), args)
 		if err != nil {
-			if isUnreadable(err) {
+			if claim.IsUnreadable(err) {
 				return claimed{}, errIsolate
 			}
 			return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
@@ -215,7 +188,7 @@ func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []str
 	}
 	var ids []int64
 	args := pgx.NamedArgs{"n": n, "held": held}
-	err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, bounded(r.q, r.q.ClaimIDs, args, upto), args, func(rows pgx.Rows) error {
+	err := claim.Query(ctx, tx, r.txSettings, []any{r.idleMillis}, bounded(r.q, r.q.ClaimIDs, args, upto), args, func(rows pgx.Rows) error {
 		var err error
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
@@ -229,63 +202,6 @@ func (r *Relay) claimIsolating(ctx context.Context, tx pgx.Tx, n int, held []str
 	c, err := r.readGuarded(ctx, tx, ids, n)
 	c.more = c.more || len(ids) == n
 	return c, err
-}
-
-// readGuarded reads up to n of the rows ids (sorted, locked by this
-// transaction) in id order, under a savepoint. PostgreSQL sends rows as it
-// prints them, so when one cannot be printed the rows before it have
-// arrived: the unreadable one is the first claimable id after them, which a
-// query reading only ids names. It is set aside and the read goes on after
-// it, back at the savepoint. Each unreadable row costs one failed read and
-// one id query; the happy path is the read alone, its savepoint in the same
-// round trip.
-func (r *Relay) readGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int) (c claimed, err error) {
-	pre := r.q.Savepoint
-	for len(ids) > 0 && len(c.rows) < n {
-		got, err := r.readRows(ctx, tx, pre, nil, n-len(c.rows), r.q.Read, pgx.NamedArgs{"ids": ids, "n": n - len(c.rows)})
-		c.rows = append(c.rows, got...)
-		if err == nil {
-			return c, nil
-		}
-		if !isUnreadable(err) {
-			return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-		}
-		pre = "" // the savepoint stays: ROLLBACK TO keeps it
-		if len(got) > 0 {
-			last := got[len(got)-1].id
-			i, _ := slices.BinarySearch(ids, last)
-			ids = ids[min(i+1, len(ids)):]
-		}
-		if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
-			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
-		}
-		var first int64
-		if e := tx.QueryRow(ctx, r.q.FirstID, pgx.NamedArgs{"ids": ids}).Scan(&first); e != nil {
-			if errors.Is(e, pgx.ErrNoRows) {
-				// Nothing left to blame: not a row's fault after all.
-				return claimed{}, fmt.Errorf("relay: claim from %s: %w", r.cfg.Table, err)
-			}
-			return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
-		}
-		c.bad = append(c.bad, unreadable{id: first, err: err})
-		i, _ := slices.BinarySearch(ids, first)
-		ids = ids[min(i+1, len(ids)):]
-	}
-	c.more = c.more || len(ids) > 0
-	return c, nil
-}
-
-// isUnreadable reports an error that a row's stored data causes when it is
-// read: a data exception (class 22), a program limit (class 54, e.g. a
-// jsonb value too large to print), data corruption (XX001), or a value pgx
-// cannot decode. Connection errors, timeouts and every other error are not.
-func isUnreadable(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "54") || pe.Code == "XX001"
-	}
-	var se pgx.ScanArgError
-	return errors.As(err, &se)
 }
 
 // lockLanes locks lanes that hold about n of the oldest unpublished events,
@@ -356,7 +272,7 @@ func (r *Relay) lockLanes(ctx context.Context, tx pgx.Tx, n int, held []string, 
 		if window == 2*n {
 			pre, preArgs = r.txSettings, []any{r.idleMillis}
 		}
-		err = r.query(ctx, tx, pre, preArgs, bounded(r.q, sql, args, upto), args,
+		err = claim.Query(ctx, tx, pre, preArgs, bounded(r.q, sql, args, upto), args,
 			func(rows pgx.Rows) error {
 				var cnt int
 				_, err := pgx.ForEachRow(rows, []any{&lr.lane, &cnt, &lr.ids, &got}, func() error {
@@ -472,22 +388,6 @@ func (r *Relay) readOn(ctx context.Context, tx pgx.Tx, n int, held []string, lan
 		return nil, fmt.Errorf("relay: read on in the locked lanes of %s: %w", r.cfg.Table, err)
 	}
 	return ids, nil
-}
-
-// readRows runs a query of rows (pre in the same round trip, see query)
-// and returns the rows it read, also those that arrived before an error.
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, pre string, preArgs []any, n int, sql string, args pgx.NamedArgs) ([]row, error) {
-	out := make([]row, 0, n)
-	var x row
-	err := r.query(ctx, tx, pre, preArgs, sql, args, func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, x.scan(), func() error {
-			out = append(out, x)
-			x = row{}
-			return nil
-		})
-		return err
-	})
-	return out, err
 }
 
 // bounded returns the claim statement sql, or, when upto is positive (the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
@@ -138,7 +139,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	c.more = c.more || more || len(c.rows) == n
 	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
 	for _, x := range c.rows {
-		b.laneOf[x.eventID] = laneOf[x.id]
+		b.laneOf[x.EventID] = laneOf[x.ID]
 	}
 	return c, err
 }
@@ -291,7 +292,7 @@ func (p txnPublisher) Publish(ctx context.Context, msgs []Message) error {
 // visible to read_committed consumers, and they are sent again. Events not
 // sent because the worker was fenced are held (ErrHeld): the next batch
 // sends them at once, after the worker took its lanes again.
-func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []error) {
+func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []claim.Row, errs []error) {
 	txn := b.w.Txn
 	// held marks an error of a fenced worker: its events wait for the next
 	// batch, which sends them at once (not after a backoff), once the
@@ -312,8 +313,8 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 	acked := map[int32][]uuid.UUID{}
 	for i, err := range errs {
 		if err == nil {
-			lane := b.laneOf[rows[i].eventID]
-			acked[lane] = append(acked[lane], rows[i].eventID)
+			lane := b.laneOf[rows[i].EventID]
+			acked[lane] = append(acked[lane], rows[i].EventID)
 		}
 	}
 	if len(acked) == 0 {
@@ -354,7 +355,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []row, errs []err
 		ok := map[int64]bool{}
 		for i, err := range errs {
 			if err == nil {
-				ok[rows[i].id] = true
+				ok[rows[i].ID] = true
 			}
 		}
 		for _, l := range b.cur.advance(func(id int64) bool { return ok[id] }) {

@@ -54,7 +54,7 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 	b.cur = c.cur
 	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
 	for _, x := range c.rows {
-		b.laneOf[x.eventID] = c.cur.laneOf[x.id]
+		b.laneOf[x.EventID] = c.cur.laneOf[x.ID]
 	}
 	b.predicted = map[int32]cursor.Lane{}
 	for _, l := range c.cur.advance(func(id int64) bool { return !c.cur.held[id] }) {

@@ -18,6 +18,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
@@ -386,7 +387,7 @@ func (m *metrics) step(ctx context.Context, step string, d time.Duration, err er
 
 // publishLap records the publish step of a batch (its sends, from start)
 // and counts the events that failed; it returns the time it ended.
-func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []row, errs []error) time.Time {
+func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []claim.Row, errs []error) time.Time {
 	now := time.Now()
 	type key struct{ topic, typ, kind string }
 	failed := map[key]int64{}
@@ -402,7 +403,7 @@ func (m *metrics) publishLap(ctx context.Context, start time.Time, rows []row, e
 		if outbox.IsPermanent(err) {
 			kind = "permanent"
 		}
-		failed[key{rows[i].topic, failure.Type(err), kind}]++
+		failed[key{rows[i].Topic, failure.Type(err), kind}]++
 	}
 	for k, n := range failed {
 		m.errors.Add(ctx, n, metric.WithAttributes(m.table, semconv.MessagingDestinationName(k.topic), semconv.ErrorTypeKey.String(k.typ), AttrErrorKind.String(k.kind)))
@@ -442,14 +443,14 @@ func (m *metrics) sendDone(ctx context.Context, msgs []Message, idx []int, errs 
 }
 
 // record updates the per-batch instruments after a commit.
-func (m *metrics) record(ctx context.Context, rows []row, errs []error, acked time.Time) {
+func (m *metrics) record(ctx context.Context, rows []claim.Row, errs []error, acked time.Time) {
 	table := metric.WithAttributes(m.table)
 	m.batch.Record(ctx, int64(len(rows)), table)
 	perTopic := map[string]int64{}
 	for i, err := range errs {
 		if err == nil {
-			perTopic[rows[i].topic]++
-			m.latency.Record(ctx, max(0, acked.Sub(rows[i].createdAt).Seconds()), table)
+			perTopic[rows[i].Topic]++
+			m.latency.Record(ctx, max(0, acked.Sub(rows[i].CreatedAt).Seconds()), table)
 		}
 	}
 	for topic, n := range perTopic {

@@ -14,6 +14,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -81,7 +82,7 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 	rows := c.rows
 	var badParked []int64
 	if err == nil && len(c.bad) > 0 {
-		var kept []row
+		var kept []claim.Row
 		kept, badParked, err = r.chargeUnreadable(ctx, tx, c.bad, rows)
 		if c.cur != nil {
 			c.cur.parked = badParked
@@ -150,7 +151,7 @@ type delivery struct {
 // the others unmarked. It returns an error when the database failed, or
 // when nothing went through because of transient failures (the broker, or
 // the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch, cur *cursorBatch) (d delivery, err error) {
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []claim.Row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch, cur *cursorBatch) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	pub := r.pub
 	if eo != nil {
@@ -168,7 +169,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	for i, err := range errs {
 		switch {
 		case err == nil:
-			d.ids = append(d.ids, rows[i].id)
+			d.ids = append(d.ids, rows[i].ID)
 		case outbox.IsPermanent(err):
 			d.failed = append(d.failed, i)
 		case errors.Is(err, ErrHeld):
@@ -181,7 +182,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	if len(d.ids) > 0 || len(d.failed) > 0 || commit {
 		reasons := make([]string, len(d.failed)) // the stored reason of each failed row, also logged
 		for j, i := range d.failed {
-			reasons[j] = failure.Reason(errs[i], rows[i].topic)
+			reasons[j] = failure.Reason(errs[i], rows[i].Topic)
 		}
 		d.parked, err = r.record(ctx, tx, d.ids, rows, errs, d.failed, reasons, alone, marked, cur)
 		if t, err = r.metrics.lap(ctx, StepMark, acked, err); err != nil {
@@ -202,16 +203,16 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 	// rest flows; forget those that were published or parked.
 	now := time.Now()
 	for _, i := range d.failed {
-		r.missing.Report(rows[i].topic, errs[i], now)
+		r.missing.Report(rows[i].Topic, errs[i], now)
 	}
-	r.missing.Forget(publishedTopics(errs, func(i int) string { return rows[i].topic }))
+	r.missing.Forget(publishedTopics(errs, func(i int) string { return rows[i].Topic }))
 	r.pacer.Done(d.ids...)
 	r.pacer.Done(done...)
 	for _, i := range d.failed {
-		if d.parked[rows[i].id] {
-			r.pacer.Done(rows[i].id)
+		if d.parked[rows[i].ID] {
+			r.pacer.Done(rows[i].ID)
 		} else {
-			r.pacer.Failed(rows[i].id, rows[i].key, now, r.backoff)
+			r.pacer.Failed(rows[i].ID, rows[i].Key, now, r.backoff)
 		}
 	}
 	if len(d.transient) > 0 {
@@ -223,9 +224,9 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 		}
 		for _, i := range d.transient {
 			x := rows[i]
-			if r.pacer.Failed(x.id, x.key, now, r.backoff) == 1 {
+			if r.pacer.Failed(x.ID, x.Key, now, r.backoff) == 1 {
 				r.cfg.Logger.Warn("outbox relay: event failed while others were published; it and its key are retried with backoff",
-					"event_id", x.eventID, "event_type", textcut.Cut(x.eventType, logFieldMax), "topic", textcut.Cut(x.topic, logFieldMax), "error", errs[i], "error.type", failure.Type(errs[i]))
+					"event_id", x.EventID, "event_type", textcut.Cut(x.EventType, logFieldMax), "topic", textcut.Cut(x.Topic, logFieldMax), "error", errs[i], "error.type", failure.Type(errs[i]))
 			}
 		}
 	}
@@ -236,12 +237,12 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []row, t time.Time,
 // them: parked at once with what PostgreSQL said and what to do, or, under
 // Hold, charged and paced with their keys, whose later rows leave the batch.
 // It returns the rows left to publish and the ids parked.
-func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadable, rows []row) ([]row, []int64, error) {
+func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []claim.Unreadable, rows []claim.Row) ([]claim.Row, []int64, error) {
 	ids := make([]int64, len(bad))
 	msgs := make([]string, len(bad))
 	for i, b := range bad {
-		ids[i] = b.id
-		msgs[i] = textcut.Cut("["+failure.Type(&failure.DBStep{Err: b.err})+"] "+failure.UnreadableReason(b.err), failure.ReasonMax)
+		ids[i] = b.ID
+		msgs[i] = textcut.Cut("["+failure.Type(&failure.DBStep{Err: b.Err})+"] "+failure.UnreadableReason(b.Err), failure.ReasonMax)
 	}
 	park := r.cfg.Poison != outbox.Hold
 	type charged struct {
@@ -266,14 +267,14 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	}
 	at := make(map[int64]int, len(bad)) // id -> its place in bad and msgs
 	for i, b := range bad {
-		at[b.id] = i
+		at[b.ID] = i
 	}
 	var parked []int64
 	heldFrom := map[string]int64{} // Hold: key -> its unreadable row
 	now := time.Now()
 	for _, c := range res {
 		i := at[c.id]
-		reason, detail := msgs[i], failure.UnreadableDetail(bad[i].err)
+		reason, detail := msgs[i], failure.UnreadableDetail(bad[i].Err)
 		if c.parked {
 			parked = append(parked, c.id)
 			if r.parkLog.Parked(parklog.Cause{Topic: textcut.Cut(c.topic, logFieldMax), Reason: reason}) {
@@ -292,7 +293,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 	if len(heldFrom) > 0 {
 		kept := rows[:0:0]
 		for _, x := range rows {
-			if first, ok := heldFrom[x.key]; ok && x.id > first {
+			if first, ok := heldFrom[x.Key]; ok && x.ID > first {
 				continue
 			}
 			kept = append(kept, x)
@@ -317,12 +318,12 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []unreadabl
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pace.Pacer), so a cause fixed within
 // seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []claim.Row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
 	rec := recording{ids: ids, rows: rows, errs: errs, failed: failed, reasons: reasons, marked: marked, cur: cur}
 	if len(failed) > 0 {
 		rec.fids, rec.limits = make([]int64, len(failed)), make([]int32, len(failed))
 		for j, i := range failed {
-			rec.fids[j] = rows[i].id
+			rec.fids[j] = rows[i].ID
 			rec.limits[j] = r.parkLimit(errs[i], slices.Contains(alone, i))
 		}
 	}
@@ -359,24 +360,24 @@ func refusedForGood(err error) bool {
 		errors.Is(err, sarama.ErrInvalidMessage) || errors.As(err, &cerr)
 }
 
-func (r *Relay) logFailures(rows []row, errs []error, failed []int, reasons []string, parked map[int64]bool) {
+func (r *Relay) logFailures(rows []claim.Row, errs []error, failed []int, reasons []string, parked map[int64]bool) {
 	for j, i := range failed {
 		x, reason := rows[i], reasons[j]
 		// Stored fields are cut: a row written by hand may hold anything.
-		eventType, topic := textcut.Cut(x.eventType, logFieldMax), textcut.Cut(x.topic, logFieldMax)
-		if parked[x.id] {
+		eventType, topic := textcut.Cut(x.EventType, logFieldMax), textcut.Cut(x.Topic, logFieldMax)
+		if parked[x.ID] {
 			if !r.parkLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary (see newParkLog)
 			}
 			r.cfg.Logger.Error("outbox relay: event parked: it cannot be published and no longer blocks its key; see it with outboxctl parked show "+
-				x.eventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
+				x.EventID.String()+", fix the cause, then outboxctl parked requeue (or delete) it",
+				"event_id", x.EventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
 		} else {
 			if !r.failedLog.Parked(parklog.Cause{Topic: topic, Reason: reason}) {
 				continue // counted in the cause's summary
 			}
 			r.cfg.Logger.Warn("outbox relay: event failed permanently; retrying until MaxAttempts, then parking it",
-				"event_id", x.eventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
+				"event_id", x.EventID, "event_type", eventType, "topic", topic, "reason", reason, "error", errs[i], "error.type", failure.Type(errs[i]))
 		}
 	}
 }

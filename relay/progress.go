@@ -13,6 +13,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/lazytx"
 )
@@ -459,7 +460,7 @@ func (r *Relay) cursorFind(ctx context.Context, tx pgx.Tx, n int, owned []int32,
 			return nil, 0, false, err
 		}
 		args["window"], args["lanes"], args["n"], args["ns"], args["owned"] = window, r.cfg.Lanes, n, r.q.ns, owned
-		err = r.query(ctx, tx, pre, preArgs, r.cur.q.Find, pgx.NamedArgs(args), func(rows pgx.Rows) error {
+		err = claim.Query(ctx, tx, pre, preArgs, r.cur.q.Find, pgx.NamedArgs(args), func(rows pgx.Rows) error {
 			var lane int32
 			var cnt int
 			var got *bool
@@ -526,7 +527,7 @@ func (r *Relay) cursorSweep(ctx context.Context) error {
 	var saved []cursor.Lane
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		var idle []int32
-		err := r.query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Idle, pgx.NamedArgs{"locked": []int32{}, "ns": r.q.ns}, func(rows pgx.Rows) error {
+		err := claim.Query(ctx, tx, r.txSettings, []any{r.idleMillis}, r.cur.q.Idle, pgx.NamedArgs{"locked": []int32{}, "ns": r.q.ns}, func(rows pgx.Rows) error {
 			var err error
 			idle, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 			return err
@@ -590,7 +591,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	}
 	var l cursor.Lane
 	var floor *int64
-	err := r.query(ctx, tx, pre, preArgs, q.Load, pgx.NamedArgs(loadArgs), func(rows pgx.Rows) error {
+	err := claim.Query(ctx, tx, pre, preArgs, q.Load, pgx.NamedArgs(loadArgs), func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &floor, &l.Skip, &l.Top}, func() error {
 			l.Floor = l.Base + 1
 			if floor != nil {
@@ -626,14 +627,14 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 		}
 	}
 	dones, uptos, starts := cursor.ReadArrays(r.cfg.Lanes, read)
-	var out []row
-	var x row
+	var out []claim.Row
+	var x claim.Row
 	var lane int32
-	var bad []unreadable
+	var bad []claim.Unreadable
 	readArgs := pgx.NamedArgs{"dones": dones, "uptos": uptos, "starts": starts, "skip": skip, "from": from, "n": n, "lanes": r.cfg.Lanes}
 	if publish != nil && len(publish) == 0 {
 		// Nothing to publish (the idle lanes' sweep): the ids are enough.
-		err = r.query(ctx, tx, "", nil, q.ReadIDs, readArgs, func(rs pgx.Rows) error {
+		err = claim.Query(ctx, tx, "", nil, q.ReadIDs, readArgs, func(rs pgx.Rows) error {
 			var id int64
 			_, err := pgx.ForEachRow(rs, []any{&id, &lane}, func() error {
 				cb.laneOf[id] = lane
@@ -654,17 +655,17 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 	}
 	// Under a savepoint: a row that cannot be read (see isUnreadable) does
 	// not abort the transaction.
-	err = r.query(ctx, tx, r.q.Savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, x.scan(&lane), func() error {
-			cb.laneOf[x.id] = lane
-			cb.ids = append(cb.ids, x.id)
+	err = claim.Query(ctx, tx, r.q.Savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
+		_, err := pgx.ForEachRow(rs, x.Scan(&lane), func() error {
+			cb.laneOf[x.ID] = lane
+			cb.ids = append(cb.ids, x.ID)
 			out = append(out, x)
-			x = row{}
+			x = claim.Row{}
 			return nil
 		})
 		return err
 	})
-	if err != nil && isUnreadable(err) {
+	if err != nil && claim.IsUnreadable(err) {
 		// Read the ids alone, then the rows by id, setting aside those that
 		// cannot be read (readGuarded); they are charged (parked) in the
 		// pipeline, and their lanes go on past them.
@@ -697,7 +698,7 @@ func (r *Relay) cursorRead(ctx context.Context, tx pgx.Tx, locked []int32, n int
 // finish is the end of a cursor claim that read out (and bad) of at most n
 // rows: rows whose key waits for a retry, or whose lane stopped, are read
 // but not returned.
-func (cb *cursorBatch) finish(out []row, bad []unreadable, n int, held []string, seen int, publish map[int32]bool) claimed {
+func (cb *cursorBatch) finish(out []claim.Row, bad []claim.Unreadable, n int, held []string, seen int, publish map[int32]bool) claimed {
 	cb.full = len(cb.ids) == n
 	if len(cb.ids) > 0 {
 		cb.last = cb.ids[len(cb.ids)-1]
@@ -711,9 +712,9 @@ func (cb *cursorBatch) finish(out []row, bad []unreadable, n int, held []string,
 	stopped := map[int32]bool{}
 	kept := out[:0:0]
 	for _, x := range out {
-		lane := cb.laneOf[x.id]
-		if waits[x.key] || stopped[lane] || publish != nil && !publish[lane] {
-			cb.held[x.id] = true
+		lane := cb.laneOf[x.ID]
+		if waits[x.Key] || stopped[lane] || publish != nil && !publish[lane] {
+			cb.held[x.ID] = true
 			if len(cb.lanes[lane].Skip) >= cursor.SkipCap {
 				stopped[lane] = true
 			}
@@ -739,8 +740,8 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 	cb := newCursorBatch(k)
 	args := cursor.KeptReadArgs(r.cfg.Lanes, given)
 	args["n"], args["lanes"] = n, r.cfg.Lanes
-	var out []row
-	var x row
+	var out []claim.Row
+	var x claim.Row
 	var lane int32
 	var now string
 	var top int64
@@ -759,11 +760,11 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		b.Queue(r.q.Savepoint)
 	}
 	b.Queue(r.cur.q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
-		_, err := pgx.ForEachRow(rs, x.scan(&lane, &now, &top, &lateLanes, &lateIDs), func() error {
-			cb.laneOf[x.id] = lane
-			cb.ids = append(cb.ids, x.id)
+		_, err := pgx.ForEachRow(rs, x.Scan(&lane, &now, &top, &lateLanes, &lateIDs), func() error {
+			cb.laneOf[x.ID] = lane
+			cb.ids = append(cb.ids, x.ID)
 			out = append(out, x)
-			x = row{}
+			x = claim.Row{}
 			return nil
 		})
 		return err
@@ -775,7 +776,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 		send = conn
 	}
 	err := send.SendBatch(ctx, b).Close()
-	if err != nil && isUnreadable(err) {
+	if err != nil && claim.IsUnreadable(err) {
 		if !alone {
 			if _, e := tx.Exec(ctx, r.q.RollbackTo); e != nil {
 				return claimed{}, fmt.Errorf("relay: claim from %s: isolate an unreadable row: %w", r.cfg.Table, e)
@@ -815,7 +816,7 @@ func (r *Relay) cursorReadKept(ctx context.Context, tx pgx.Tx, locked []int32, n
 // moved to the parked table in this transaction. (If the transaction does
 // not commit, the row stays, unparked, and the recorded position stops
 // before it.)
-func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []row, errs []error, parked map[int64]bool) {
+func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, sent []claim.Row, errs []error, parked map[int64]bool) {
 	resolved := make(map[int64]bool, len(sent))
 	if r.eo == nil {
 		for _, id := range cb.parked {
@@ -823,8 +824,8 @@ func (r *Relay) cursorSave(ctx context.Context, b *pgx.Batch, cb *cursorBatch, s
 		}
 	}
 	for i, x := range sent {
-		if errs[i] == nil || r.eo == nil && parked[x.id] {
-			resolved[x.id] = true
+		if errs[i] == nil || r.eo == nil && parked[x.ID] {
+			resolved[x.ID] = true
 		}
 	}
 	// A lane whose position did not change is not written.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fxoutbox/outbox/internal/tablesql"
 	"github.com/fxoutbox/outbox/internal/textcut"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
@@ -39,7 +40,7 @@ type progressMode interface {
 // unreadableCharge is the charge of the rows that cannot be read (bad,
 // their ids), with their stored reasons (msgs), parked at once with park.
 type unreadableCharge struct {
-	bad  []unreadable
+	bad  []claim.Unreadable
 	ids  []int64
 	msgs []string
 	park bool
@@ -53,7 +54,7 @@ type unreadableCharge struct {
 // records has one: its claim read the rows).
 type recording struct {
 	ids     []int64
-	rows    []row
+	rows    []claim.Row
 	errs    []error
 	failed  []int
 	fids    []int64
@@ -122,7 +123,7 @@ func (m marksMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[in
 		var back []int64
 		for i, err := range rec.errs {
 			if err != nil {
-				back = append(back, rec.rows[i].id)
+				back = append(back, rec.rows[i].ID)
 			}
 		}
 		if len(back) > 0 {
@@ -181,7 +182,7 @@ func (c cursorMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string
 func (c cursorMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadableCharge, scan func(pgx.Rows) error) error {
 	details := make([]string, len(u.bad))
 	for i, b := range u.bad {
-		details[i] = textcut.Cut(strings.TrimSpace(b.err.Error()+" "+failure.UnreadableDetail(b.err)), lastErrorMax)
+		details[i] = textcut.Cut(strings.TrimSpace(b.Err.Error()+" "+failure.UnreadableDetail(b.Err)), lastErrorMax)
 	}
 	b := &pgx.Batch{}
 	b.Queue(c.r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "details": details, "park": u.park}).Query(scan)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 )
 
 // publish handles the ready rows as one batch and confirms their end.
@@ -129,13 +131,13 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 	ids := make([]int64, 0, len(rows))
 	for _, x := range rows {
 		switch {
-		case x.id == 0:
+		case x.ID == 0:
 		case x.bad != nil:
-			c.bad = append(c.bad, unreadable{id: x.id, err: x.bad})
-		case held[x.key]:
+			c.bad = append(c.bad, claim.Unreadable{ID: x.ID, Err: x.bad})
+		case held[x.Key]:
 			c.deferred = true
 		default:
-			ids = append(ids, x.id)
+			ids = append(ids, x.ID)
 		}
 	}
 	if len(ids) == 0 {
@@ -207,8 +209,8 @@ func (s *streamer) claim(ctx context.Context, tx pgx.Tx, rows []streamRow, attem
 		}
 	}
 	for _, x := range rows {
-		if took[x.id] {
-			c.rows = append(c.rows, x.row)
+		if took[x.ID] {
+			c.rows = append(c.rows, x.Row)
 		}
 	}
 	return c, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/kafkaproducer"
@@ -64,7 +65,7 @@ func (f *feed) dispatch(ctx context.Context, batch []*feedRow) {
 	}
 	for _, x := range batch {
 		if x.bad == nil {
-			f.eo.AddTopic(x.topic)
+			f.eo.AddTopic(x.Topic)
 		}
 	}
 	rec, ids := f.eo.Record(f.r.cfg.Table.String())
@@ -105,13 +106,13 @@ func (f *feed) eoPublish(ctx context.Context, batch []*feedRow, rec eo.StreamRec
 // acknowledged, aborted otherwise. When it does not commit, the
 // acknowledged rows fail (errs). It returns errStreamRestart when the
 // producer was fenced or the commit's outcome is unknown.
-func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec eo.StreamRecord, ids []int64, started time.Time) error {
+func (f *feed) eoCommit(ctx context.Context, rows []claim.Row, errs []error, rec eo.StreamRecord, ids []int64, started time.Time) error {
 	r, txn := f.r, f.eo.Txn
 	var acked []int64
 	var first error
 	for i, err := range errs {
 		if err == nil {
-			acked = append(acked, rows[i].id)
+			acked = append(acked, rows[i].ID)
 		} else if first == nil || errors.Is(err, kafkaproducer.ErrFenced) {
 			first = err
 		}
@@ -178,7 +179,7 @@ func (f *feed) eoCommit(ctx context.Context, rows []row, errs []error, rec eo.St
 // eoResolved adds a resolved row to the stream's ids.
 func (f *feed) eoResolved(x *feedRow) {
 	if f.eo != nil {
-		f.eo.IDs[x.id] = x.txid
+		f.eo.IDs[x.ID] = x.txid
 	}
 }
 

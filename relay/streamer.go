@@ -12,13 +12,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
 // streamRow is a row from the stream.
 type streamRow struct {
-	row
+	claim.Row
 	bad error // the row could not be decoded: it is parked by id
 	// visibleBy is when (the relay's clock) the row must be visible (see
 	// take).
@@ -495,8 +496,8 @@ func (s *streamer) take(tx pgoutput.Tx) {
 	}
 	visibleBy := tx.Received.Add(visibleWait - tx.Age)
 	for _, x := range tx.Rows {
-		s.ready = append(s.ready, streamRow{row: row{id: x.ID, eventID: x.EventID, eventType: x.EventType, topic: x.Topic, key: x.Key,
-			payload: x.Payload, headers: x.Headers, attempts: x.Attempts, createdAt: x.CreatedAt}, bad: x.Err, visibleBy: visibleBy})
+		s.ready = append(s.ready, streamRow{Row: claim.Row{ID: x.ID, EventID: x.EventID, EventType: x.EventType, Topic: x.Topic, Key: x.Key,
+			Payload: x.Payload, Headers: x.Headers, Attempts: x.Attempts, CreatedAt: x.CreatedAt}, bad: x.Err, visibleBy: visibleBy})
 		s.maxSeen = max(s.maxSeen, x.ID)
 	}
 	s.readyTo = max(s.readyTo, tx.End)

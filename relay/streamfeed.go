@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
@@ -78,7 +79,7 @@ type feedTx struct {
 
 // feedRow is a decoded row waiting to be published.
 type feedRow struct {
-	row
+	claim.Row
 	tx   *feedTx
 	bad  error  // could not be decoded: parked by id
 	txid uint64 // its transaction's id (exactly-once: the stream's record)
@@ -412,12 +413,12 @@ func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
 			f.r.cfg.Logger.Error("outbox relay: a streamed row could not be decoded, not even its id; skipped", "table", f.r.cfg.Table.String(), "error", d.Err)
 			continue
 		}
-		r := &feedRow{row: row{id: d.ID, eventID: d.EventID, eventType: d.EventType, topic: d.Topic, key: d.Key, payload: d.Payload,
-			headers: d.Headers, attempts: d.Attempts, createdAt: d.CreatedAt, requeued: d.Attempts == 0 && d.LastError != ""}, tx: tx, bad: d.Err, txid: d.Txid}
+		r := &feedRow{Row: claim.Row{ID: d.ID, EventID: d.EventID, EventType: d.EventType, Topic: d.Topic, Key: d.Key, Payload: d.Payload,
+			Headers: d.Headers, Attempts: d.Attempts, CreatedAt: d.CreatedAt, Requeued: d.Attempts == 0 && d.LastError != ""}, tx: tx, bad: d.Err, txid: d.Txid}
 		tx.left++
 		f.rows++
-		f.bytes += len(r.payload) + len(r.headers)
-		if h := f.held[r.key]; h != nil {
+		f.bytes += len(r.Payload) + len(r.Headers)
+		if h := f.held[r.Key]; h != nil {
 			h.rows = append(h.rows, r)
 			continue
 		}
@@ -497,7 +498,7 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 	now := time.Now()
 	var (
 		failed  []int // permanent failures to charge
-		bad     []unreadable
+		bad     []claim.Unreadable
 		badAt   = map[int64]int{}
 		acked   int
 		trans   error
@@ -507,27 +508,27 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 	// ErrHeld (see publish).
 	for i, x := range res.rows {
 		err := res.errs[i]
-		if _, ok := stopped[x.key]; ok {
+		if _, ok := stopped[x.Key]; ok {
 			continue
 		}
 		switch {
 		case err == nil:
 			acked++
 		case x.bad != nil:
-			badAt[x.id] = i
-			bad = append(bad, unreadable{id: x.id, err: x.bad})
+			badAt[x.ID] = i
+			bad = append(bad, claim.Unreadable{ID: x.ID, Err: x.bad})
 		case outbox.IsPermanent(err):
 			failed = append(failed, i)
 		default:
 			if !errors.Is(err, ErrHeld) && trans == nil {
 				trans = err
 			}
-			stopped[x.key] = i
+			stopped[x.Key] = i
 		}
 	}
 	stop := func(i int) { // the key of row i stops at it, or before
-		if j, ok := stopped[res.rows[i].key]; !ok || i < j {
-			stopped[res.rows[i].key] = i
+		if j, ok := stopped[res.rows[i].Key]; !ok || i < j {
+			stopped[res.rows[i].Key] = i
 		}
 	}
 	if len(failed) > 0 || len(bad) > 0 {
@@ -536,12 +537,12 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 			if !parked[i] {
 				stop(i)
 				if err == nil {
-					res.rows[i].attempts++ // sent alone first next time
+					res.rows[i].Attempts++ // sent alone first next time
 				}
 			}
 		}
 		for _, b := range bad {
-			if i := badAt[b.id]; !parked[i] {
+			if i := badAt[b.ID]; !parked[i] {
 				stop(i)
 			}
 		}
@@ -556,11 +557,11 @@ func (f *feed) settle(ctx context.Context, res feedResult) error {
 	// Unknown topics are remembered (their events park at once for a
 	// while), as the pipeline does.
 	for i, x := range res.rows {
-		r.missing.Report(x.topic, res.errs[i], now)
+		r.missing.Report(x.Topic, res.errs[i], now)
 	}
-	r.missing.Forget(publishedTopics(res.errs, func(i int) string { return res.rows[i].topic }))
+	r.missing.Forget(publishedTopics(res.errs, func(i int) string { return res.rows[i].Topic }))
 	for i, x := range res.rows {
-		if j, ok := stopped[x.key]; ok && i >= j {
+		if j, ok := stopped[x.Key]; ok && i >= j {
 			continue
 		}
 		f.resolve(x)
@@ -592,7 +593,7 @@ func (f *feed) requeue(res feedResult, stopped map[string]int, now time.Time) {
 	for k, j := range stopped {
 		var rows []*feedRow
 		for i := j; i < len(res.rows); i++ {
-			if res.rows[i].key == k {
+			if res.rows[i].Key == k {
 				rows = append(rows, res.rows[i])
 			}
 		}
@@ -603,7 +604,7 @@ func (f *feed) requeue(res feedResult, stopped map[string]int, now time.Time) {
 		}
 		kept := f.queue[:0]
 		for _, x := range f.queue {
-			if x.key == k {
+			if x.Key == k {
 				rows = append(rows, x)
 			} else {
 				kept = append(kept, x)
@@ -626,9 +627,9 @@ func (f *feed) requeue(res feedResult, stopped map[string]int, now time.Time) {
 func (f *feed) resolve(x *feedRow) {
 	x.tx.left--
 	f.rows--
-	f.bytes -= len(x.payload) + len(x.headers)
+	f.bytes -= len(x.Payload) + len(x.Headers)
 	f.resolved++
-	delete(f.lastFails, x.key)
+	delete(f.lastFails, x.Key)
 	f.eoResolved(x)
 }
 
@@ -655,14 +656,14 @@ func (f *feed) confirm() {
 // charge counts a try on the failed rows and the unreadable ones, in one
 // transaction: a row out of attempts (or that no retry can help) moves to
 // the parked table. It returns the batch indexes parked.
-func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []unreadable, badAt map[int64]int) (map[int]bool, error) {
+func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []claim.Unreadable, badAt map[int64]int) (map[int]bool, error) {
 	r := f.r
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	parked := map[int]bool{}
-	rows := make([]row, len(res.rows))
+	rows := make([]claim.Row, len(res.rows))
 	for i, x := range res.rows {
-		rows[i] = x.row
+		rows[i] = x.Row
 	}
 	reasons := make([]string, len(failed))
 	var logged map[int64]bool
@@ -679,7 +680,7 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 				// Not parked now: the row is gone (parked, or deleted,
 				// already), nothing is left to do.
 				for _, b := range bad {
-					parked[badAt[b.id]] = true
+					parked[badAt[b.ID]] = true
 				}
 			}
 		}
@@ -691,8 +692,8 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 		errs := make([]error, len(failed))
 		at := map[int64]int{}
 		for j, i := range failed {
-			ids[j], errs[j], at[rows[i].id] = rows[i].id, res.errs[i], i
-			reasons[j] = failure.Reason(res.errs[i], rows[i].topic)
+			ids[j], errs[j], at[rows[i].ID] = rows[i].ID, res.errs[i], i
+			reasons[j] = failure.Reason(res.errs[i], rows[i].Topic)
 			limits[j] = r.parkLimit(res.errs[i], slices.Contains(res.alone, i))
 		}
 		logged = map[int64]bool{}
@@ -707,7 +708,7 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 			return err
 		}
 		for _, i := range failed {
-			if _, ok := logged[rows[i].id]; !ok {
+			if _, ok := logged[rows[i].ID]; !ok {
 				// Not in the table any more (parked, or deleted, by an
 				// operator or another relay): nothing is left to do.
 				parked[i] = true
@@ -732,14 +733,14 @@ func (f *feed) charge(ctx context.Context, res feedResult, failed []int, bad []u
 
 // splitBatch is a batch's result to fill, its readable rows and their
 // places in the batch; the rows that could not be read have their errors.
-func splitBatch(batch []*feedRow) (res feedResult, rows []row, at []int) {
+func splitBatch(batch []*feedRow) (res feedResult, rows []claim.Row, at []int) {
 	res = feedResult{rows: batch, errs: make([]error, len(batch))}
 	for i, x := range batch {
 		if x.bad != nil {
 			res.errs[i] = x.bad
 			continue
 		}
-		rows = append(rows, x.row)
+		rows = append(rows, x.Row)
 		at = append(at, i)
 	}
 	return res, rows, at
