@@ -20,8 +20,11 @@ import (
 var mayImport = map[string][]string{
 	".":                                    {"internal/textcut"},
 	"unitofwork":                           {".", "internal/record", "internal/sqlname", "internal/defaults"},
-	"relay":                                {".", "relay/internal/cursor", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lanelock", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/pace", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
-	"relay/internal/cursor":                {".", "relay/internal/lanelock", "internal/sqlname", "internal/tablesql"},
+	"relay":                                {".", "relay/internal/claim", "relay/internal/cursor", "relay/internal/eo", "relay/internal/snapshot", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lanelock", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/pace", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
+	"relay/internal/cursor":                {".", "relay/internal/claim", "relay/internal/lanelock", "relay/internal/lazytx", "internal/sqlname", "internal/tablesql"},
+	"relay/internal/claim":                 {},
+	"relay/internal/eo":                    {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/snapshot", "internal/backoff"},
+	"relay/internal/snapshot":              {},
 	"relay/internal/lanelock":              {},
 	"relay/internal/marks":                 {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},

@@ -21,6 +21,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/record"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/claim"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -46,7 +47,7 @@ type batchInfo struct {
 	// unpublished events it saw were all held by other relays (or workers).
 	heldElsewhere bool
 	// keep: the worker's cursor lanes kept across batches (nil: none).
-	keep *laneKeeper
+	keep *cursor.Keeper
 	// eoKeep: the worker's exactly-once lanes kept across batches (nil:
 	// none).
 	eoKeep *eoKeeper
@@ -76,9 +77,9 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	}
 	held := r.heldKeys()
 	var eo *eoBatch
-	var keep *laneKeeper
+	var keep *cursor.Keeper
 	var db DB = r.db
-	if info != nil && info.keep.usable() {
+	if info != nil && info.keep.Usable() {
 		keep, db = info.keep, info.keep
 	}
 	find := func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error) {

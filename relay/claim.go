@@ -13,6 +13,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/relay/internal/claim"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/marks"
 	"github.com/fxoutbox/outbox/relay/internal/streamsql"
 )
@@ -101,16 +102,6 @@ func txSettings(cfg Config, p Progress) (tx, session, idleMillis string) {
 	return marks.TxSettings(cursor, commit), marks.SessionSettings(cursor, commit), strconv.FormatInt((cfg.BatchTimeout + 5*time.Second).Milliseconds(), 10)
 }
 
-// settings returns the statement that sets tx's settings and its
-// arguments, for a claim to send before its first statement; none when tx
-// runs on the connection k keeps, whose session has them.
-func (r *Relay) settings(tx pgx.Tx, k *laneKeeper) (string, []any) {
-	if k.settled(tx) {
-		return "", nil
-	}
-	return r.txSettings, []any{r.idleMillis}
-}
-
 // claimed is what a finder (see pipeline) claimed in a batch's
 // transaction.
 type claimed struct {
@@ -129,7 +120,7 @@ type claimed struct {
 	// eo: the ExactlyOnce batch (its worker's transaction), nil otherwise.
 	eo *eoBatch
 	// cur: the ProgressCursor batch (its lanes' positions), nil otherwise.
-	cur *cursorBatch
+	cur *cursor.Batch
 	// retry: nothing was claimed, and the next batch should run at once
 	// (an exactly-once worker was fenced while taking lanes).
 	retry bool

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,9 +9,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fxoutbox/outbox/internal/dberr"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/lanelock"
 )
@@ -56,7 +55,7 @@ type eoKeeper struct {
 // eoKeepIdle is how long an exactly-once worker keeps a lane that no batch
 // of its took, as long as cursor progress's workers keep theirs: a lane
 // whose events stopped is free for any relay soon after.
-const eoKeepIdle = keepSaveEvery
+const eoKeepIdle = cursor.KeepSaveEvery
 
 // newEOKeeper returns an exactly-once worker's keeper, or nil where lanes
 // are not kept.
@@ -80,30 +79,6 @@ func keptIdleMillis(cfg Config) string {
 	return strconv.FormatInt(d.Milliseconds(), 10)
 }
 
-// keptConn takes a connection out of the pool for a worker that keeps lanes
-// (it holds its locks and settings for good, and the pool keeps its size
-// for the rest of the relay), its idle session bounded by keptIdleMillis.
-// When the server cannot bound an idle session (PostgreSQL 13: a frozen
-// relay would keep its lanes for ever), it sets off, warns that instead
-// (what the worker does without), and returns no connection and no error.
-func (r *Relay) keptConn(ctx context.Context, off *bool, instead string) (*pgx.Conn, error) {
-	pc, err := r.db.(acquirer).Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	conn := pc.Hijack()
-	if _, err := conn.Exec(ctx, lanelock.KeepSession, keptIdleMillis(r.cfg)); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		if pe := new(pgconn.PgError); errors.As(err, &pe) && pe.Code == "42704" { // unrecognized configuration parameter
-			*off = true
-			r.cfg.Logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); "+instead, "error", err)
-			return nil, nil
-		}
-		return nil, err
-	}
-	return conn, nil
-}
-
 // Begin begins a batch's transaction on the worker's connection, which it
 // acquires first when it has none.
 func (k *eoKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -111,7 +86,7 @@ func (k *eoKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
 		return k.r.db.Begin(ctx)
 	}
 	if k.conn == nil {
-		conn, err := k.r.keptConn(ctx, &k.off, "exactly-once workers keep no lanes between batches, so replicas fence each other more often")
+		conn, err := lanelock.Keep(ctx, k.r.db.(acquirer), keptIdleMillis(k.r.cfg), k.r.cfg.Logger, &k.off, "exactly-once workers keep no lanes between batches, so replicas fence each other more often")
 		if err != nil {
 			return nil, err
 		}

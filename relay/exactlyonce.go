@@ -92,7 +92,7 @@ type eoBatch struct {
 	// Under ProgressCursor: the cursor batch, each lane's position if
 	// every row sent is acknowledged (sent with the events), and the
 	// position in the last progress record written.
-	cur        *cursorBatch
+	cur        *cursor.Batch
 	predicted  map[int32]cursor.Lane
 	writtenPos map[int32]string
 	// topics are, per lane, the topics of the events the transaction sent
@@ -358,7 +358,7 @@ func (r *Relay) eoSettle(ctx context.Context, b *eoBatch, rows []claim.Row, errs
 				ok[rows[i].ID] = true
 			}
 		}
-		for _, l := range b.cur.advance(func(id int64) bool { return ok[id] }) {
+		for _, l := range b.cur.Advance(func(id int64) bool { return ok[id] }) {
 			actual[l.Lane] = &l
 		}
 	}

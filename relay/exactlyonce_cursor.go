@@ -18,24 +18,24 @@ import (
 // claim's lanes, taken over by the batch's worker (see eoAcquire, which
 // writes the position of each lane's last committed progress record to the
 // positions table) before their positions are read. The idle lanes' sweep
-// (cursorSweep) publishes nothing, so it takes no lane over.
+// (cursor.Engine.Sweep) publishes nothing, so it takes no lane over.
 func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
 	client, err := r.eo.Connect(ctx)
 	if err != nil {
 		return claimed{}, &kafkaStepError{err}
 	}
 	b.w, b.started = r.eoTake(client, b), time.Now()
-	if err := r.cursorReady(ctx); err != nil {
+	if err := r.cur.Ready(ctx); err != nil {
 		return claimed{}, err
 	}
-	if err := r.cursorSweep(ctx); err != nil {
+	if err := r.cur.Sweep(ctx); err != nil {
 		return claimed{}, err
 	}
 	owned := make([]int32, 0, len(b.w.Owned))
 	for lane := range b.w.Owned {
 		owned = append(owned, lane)
 	}
-	found, seen, heldElsewhere, err := r.cursorFind(ctx, tx, n, owned, nil)
+	found, seen, heldElsewhere, err := r.cur.Find(ctx, tx, n, owned, nil)
 	if err != nil || len(found) == 0 {
 		return claimed{heldElsewhere: err == nil && heldElsewhere && seen > 0}, err
 	}
@@ -47,17 +47,18 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 		return c, err
 	}
 	// A new statement: its snapshot sees the positions eoAcquire wrote.
-	c, err := r.cursorRead(ctx, tx, found, n, held, seen, b.lanes, nil, false)
+	cc, err := r.cur.Read(ctx, tx, found, n, held, seen, b.lanes, nil, false)
+	c := claimedOf(cc)
 	if err != nil {
 		return c, err
 	}
 	b.cur = c.cur
 	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
 	for _, x := range c.rows {
-		b.laneOf[x.EventID] = c.cur.laneOf[x.ID]
+		b.laneOf[x.EventID] = c.cur.LaneOf[x.ID]
 	}
 	b.predicted = map[int32]cursor.Lane{}
-	for _, l := range c.cur.advance(func(id int64) bool { return !c.cur.held[id] }) {
+	for _, l := range c.cur.Advance(func(id int64) bool { return !c.cur.Held[id] }) {
 		b.predicted[l.Lane] = l
 	}
 	return c, nil
@@ -80,7 +81,7 @@ func (r *Relay) applyPositions(ctx context.Context, lanes []cursor.Lane) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	b := &pgx.Batch{}
 	b.Queue(r.q.Durable)
-	r.cursorSaveLanes(b, lanes)
+	r.cur.SaveLanes(b, lanes)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
 	}

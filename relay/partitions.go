@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox/internal/locks"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/partition"
 )
 
@@ -98,7 +99,7 @@ func (r *Relay) MaintainPartitions(ctx context.Context) (PartitionReport, error)
 		return rep, r.partitionedMarks()
 	}
 	env := partition.Env{
-		Table: r.cfg.Table, Cursor: cursorTable(r.cfg.Table), Delivered: tablesql.Delivered(r.cfg.Table),
+		Table: r.cfg.Table, Cursor: cursor.PositionsOf(r.cfg.Table), Delivered: tablesql.Delivered(r.cfg.Table),
 		LockNS: locks.Namespace(r.cfg.Table.String()), LockKey: locks.Partitions,
 		LockTimeout: partitionLockTimeout, Retention: r.cfg.Retention,
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/parklog"
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/claim"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -55,12 +56,12 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 		// committed, or is read again after a failure.
 		defer func() {
 			switch {
-			case c.cur != nil && (err == nil || c.cur.committed):
-				r.cursorCommitted(ctx, c.cur)
+			case c.cur != nil && (err == nil || c.cur.Committed):
+				r.cur.Committed(ctx, c.cur)
 			case err != nil:
-				r.cur.forget()
-				if k, ok := db.(*laneKeeper); ok {
-					k.drop(ctx) // its kept positions may be lost: start from the rows
+				r.cur.Forget()
+				if k, ok := db.(*cursor.Keeper); ok {
+					k.Drop(ctx) // its kept positions may be lost: start from the rows
 				}
 			}
 		}()
@@ -85,7 +86,7 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 		var kept []claim.Row
 		kept, badParked, err = r.chargeUnreadable(ctx, tx, c.bad, rows)
 		if c.cur != nil {
-			c.cur.parked = badParked
+			c.cur.Parked = badParked
 		}
 		if !c.marked {
 			// Rows claimed by marking them are delivered whatever: those
@@ -97,11 +98,11 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 		return c, d, err
 	}
 	if len(rows) == 0 {
-		if c.cur != nil && (len(c.cur.ids) == 0 || len(c.bad) > 0) {
+		if c.cur != nil && (len(c.cur.IDs) == 0 || len(c.bad) > 0) {
 			// Lanes whose windows held nothing close them; lanes past
 			// rows that were parked move on.
 			b := &pgx.Batch{}
-			r.cursorSave(ctx, b, c.cur, nil, nil, nil)
+			r.cur.Save(ctx, b, c.cur, nil, nil, nil)
 			if b.Len() == 0 && len(c.bad) == 0 {
 				return c, d, nil // nothing moved
 			}
@@ -114,7 +115,7 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 			if _, err := r.metrics.lap(ctx, StepCommit, t, tx.Commit(ctx)); err != nil {
 				return c, d, fmt.Errorf("relay: commit: %w", err)
 			}
-			c.cur.committed = true
+			c.cur.Committed = true
 			r.pacer.Done(badParked...)
 			return c, d, nil
 		}
@@ -151,7 +152,7 @@ type delivery struct {
 // the others unmarked. It returns an error when the database failed, or
 // when nothing went through because of transient failures (the broker, or
 // the way to it, fails: the caller backs off).
-func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []claim.Row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch, cur *cursorBatch) (d delivery, err error) {
+func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []claim.Row, t time.Time, commit bool, done []int64, marked bool, eo *eoBatch, cur *cursor.Batch) (d delivery, err error) {
 	msgs, spans, encErrs := r.messages(ctx, rows)
 	pub := r.pub
 	if eo != nil {
@@ -193,7 +194,7 @@ func (r *Relay) deliver(ctx context.Context, tx pgx.Tx, rows []claim.Row, t time
 			return d, fmt.Errorf("relay: commit: %w", err)
 		}
 		if cur != nil {
-			cur.committed = true
+			cur.Committed = true
 		}
 		r.logFailures(rows, errs, d.failed, reasons, d.parked)
 	}
@@ -318,7 +319,7 @@ func (r *Relay) chargeUnreadable(ctx context.Context, tx pgx.Tx, bad []claim.Unr
 // authorization for the topic, a policy violation, a publisher's own) are
 // charged MaxAttempts times, paced (see pace.Pacer), so a cause fixed within
 // seconds loses nothing.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []claim.Row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursorBatch) (map[int64]bool, error) {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, ids []int64, rows []claim.Row, errs []error, failed []int, reasons []string, alone []int, marked bool, cur *cursor.Batch) (map[int64]bool, error) {
 	rec := recording{ids: ids, rows: rows, errs: errs, failed: failed, reasons: reasons, marked: marked, cur: cur}
 	if len(failed) > 0 {
 		rec.fids, rec.limits = make([]int64, len(failed)), make([]int32, len(failed))

@@ -16,6 +16,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/sqlname"
 	"github.com/fxoutbox/outbox/internal/testenv"
 	"github.com/fxoutbox/outbox/migrations"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 )
 
 // The relay's statements must read the partial indexes in id order, never
@@ -158,7 +159,7 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, r.cur.q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
+	if _, err := pool.Exec(ctx, r.cur.Q.Init, pgx.NamedArgs{"lanes": r.cfg.Lanes}); err != nil {
 		t.Fatal(err)
 	}
 	// 20,000 rows that the lanes then delivered (their positions moved
@@ -173,7 +174,7 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 	}
 	defer open.Rollback(ctx) //nolint:errcheck
 	insert(open, 100, false)
-	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(cursorTable(tbl))+" SET done = pg_current_snapshot(), base = (SELECT max(id) FROM "+sqlname.Ident(tbl)+")"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+sqlname.Ident(cursor.PositionsOf(tbl))+" SET done = pg_current_snapshot(), base = (SELECT max(id) FROM "+sqlname.Ident(tbl)+")"); err != nil {
 		t.Fatal(err)
 	}
 	if err := open.Commit(ctx); err != nil {
@@ -190,8 +191,8 @@ func TestCursorPlansAfterBulkLoad(t *testing.T) {
 		sql  string
 		args pgx.NamedArgs
 	}{
-		"find": {r.cur.q.Find, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns, "owned": []int32{}}},
-		"load": {r.cur.q.Load, pgx.NamedArgs{"locked": lanes, "lanes": r.cfg.Lanes}},
+		"find": {r.cur.Q.Find, pgx.NamedArgs{"window": 1000, "lanes": r.cfg.Lanes, "n": 500, "ns": r.q.ns, "owned": []int32{}}},
+		"load": {r.cur.Q.Load, pgx.NamedArgs{"locked": lanes, "lanes": r.cfg.Lanes}},
 	} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {

@@ -24,7 +24,7 @@ import (
 type progressMode interface {
 	// claim is the finder of a polling batch of up to n rows, leaving out
 	// the rows of the held keys (see claim and cursorClaim).
-	claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, keep *laneKeeper, isolate bool) (claimed, error)
+	claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, keep *cursor.Keeper, isolate bool) (claimed, error)
 	// claimEO is claim for an exactly-once batch b (see eoClaim and
 	// eoCursorClaim).
 	claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error)
@@ -61,7 +61,7 @@ type recording struct {
 	reasons []string
 	limits  []int32
 	marked  bool
-	cur     *cursorBatch
+	cur     *cursor.Batch
 }
 
 // markError is the error of record's first round trip.
@@ -88,7 +88,7 @@ func scanParked(parked map[int64]bool) func(pgx.Rows) error {
 // marksMode is ProgressMarks' progressMode.
 type marksMode struct{ r *Relay }
 
-func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, _ *laneKeeper, isolate bool) (claimed, error) {
+func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, _ *cursor.Keeper, isolate bool) (claimed, error) {
 	if err := m.r.checkMarks(ctx); err != nil {
 		return claimed{}, err
 	}
@@ -154,7 +154,7 @@ func (r *Relay) queueCharge(b *pgx.Batch, ids []int64, reasons []string, limits 
 	for j, err := range errs {
 		texts[j] = textcut.Cut(err.Error(), lastErrorMax)
 	}
-	b.Queue(r.cur.q.Charge, ids, reasons, limits, texts).Query(func(rs pgx.Rows) error {
+	b.Queue(r.cur.Q.Charge, ids, reasons, limits, texts).Query(func(rs pgx.Rows) error {
 		var id int64
 		var p bool
 		_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error {
@@ -163,13 +163,13 @@ func (r *Relay) queueCharge(b *pgx.Batch, ids []int64, reasons []string, limits 
 		})
 		return err
 	})
-	b.Queue(r.cur.q.Unpark, ids)
+	b.Queue(r.cur.Q.Unpark, ids)
 }
 
 // cursorMode is ProgressCursor's progressMode.
 type cursorMode struct{ r *Relay }
 
-func (c cursorMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, _ int64, keep *laneKeeper, _ bool) (claimed, error) {
+func (c cursorMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, _ int64, keep *cursor.Keeper, _ bool) (claimed, error) {
 	return c.r.cursorClaim(ctx, tx, n, held, keep)
 }
 
@@ -185,8 +185,8 @@ func (c cursorMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadabl
 		details[i] = textcut.Cut(strings.TrimSpace(b.Err.Error()+" "+failure.UnreadableDetail(b.Err)), lastErrorMax)
 	}
 	b := &pgx.Batch{}
-	b.Queue(c.r.cur.q.ChargeUnreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "details": details, "park": u.park}).Query(scan)
-	b.Queue(c.r.cur.q.Unpark, u.ids)
+	b.Queue(c.r.cur.Q.ChargeUnreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "details": details, "park": u.park}).Query(scan)
+	b.Queue(c.r.cur.Q.Unpark, u.ids)
 	return tx.SendBatch(ctx, b).Close()
 }
 
@@ -199,7 +199,7 @@ func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[i
 	b := &pgx.Batch{}
 	parked := map[int64]bool{}
 	if len(rec.fids) == 0 {
-		c.r.cursorSave(ctx, b, rec.cur, rec.rows, rec.errs, parked)
+		c.r.cur.Save(ctx, b, rec.cur, rec.rows, rec.errs, parked)
 		if b.Len() > 0 {
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return nil, rec.markError(err)
@@ -220,7 +220,7 @@ func (c cursorMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[i
 		return nil, rec.markError(err)
 	}
 	b = &pgx.Batch{}
-	c.r.cursorSave(ctx, b, rec.cur, rec.rows, rec.errs, parked)
+	c.r.cur.Save(ctx, b, rec.cur, rec.rows, rec.errs, parked)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("relay: save the lanes' positions after %d events published, %d failed: %w", len(rec.ids), len(rec.failed), err)
 	}
@@ -258,18 +258,33 @@ func (r *Relay) Progress() Progress {
 	return r.progress
 }
 
+// newKeeper returns a worker's cursor.Keeper, or nil where lanes are not
+// kept: they are under cursor progress, in Mode Poll, at least once, with a
+// pool as the DB.
+func (r *Relay) newKeeper() *cursor.Keeper {
+	if r.cur == nil || r.eo != nil || r.cfg.Mode != Poll {
+		return nil
+	}
+	return r.cur.NewKeeper()
+}
+
 // useProgress sets what goes with the progress p: the cursor's state and
 // statements, the batch's finder and recorder, the transactions'
 // settings. It runs once, before settled is set.
 func (r *Relay) useProgress(p Progress) {
 	c := r.cfg
 	r.progress, r.prog = p, marksMode{r}
+	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c, p)
 	if p == ProgressCursor {
-		r.cur = &cursorState{q: cursor.NewQueries(c.Table, cursorTable(c.Table), parkedTable(c.Table), cursorCols)}
-		r.q.Cleanup = r.cur.q.Cleanup // rows every lane delivered, not marked ones
+		pool, _ := r.db.(acquirer)
+		r.cur = cursor.New(cursor.Config{Table: c.Table, Lanes: c.Lanes, BatchSize: c.BatchSize, MaxBatchSize: c.MaxBatchSize,
+			PollInterval: c.PollInterval, BatchTimeout: c.BatchTimeout, NS: r.q.ns, Lock: r.q.Lock,
+			Guarded:    claim.Guarded{Table: c.Table.String(), Savepoint: r.q.Savepoint, RollbackTo: r.q.RollbackTo, Read: r.q.Read, FirstID: r.q.FirstID},
+			TxSettings: r.txSettings, SessionSettings: r.sessionSettings, IdleMillis: r.idleMillis, ExactlyOnce: c.Delivery == ExactlyOnce,
+			DB: r.db, Pool: pool, KeptIdleMillis: keptIdleMillis(c), Logger: c.Logger})
+		r.q.Cleanup = r.cur.Q.Cleanup // rows every lane delivered, not marked ones
 		r.prog = cursorMode{r}
 	}
-	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c, p)
 	r.settled.Store(true)
 }
 
@@ -294,7 +309,7 @@ func (r *Relay) settleProgress(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: Progress auto: read whether %s records cursor progress: %w", r.cfg.Table, err)
 	}
-	p, why := ProgressCursor, "it has the cursor migration ("+cursorTable(r.cfg.Table).String()+")"
+	p, why := ProgressCursor, "it has the cursor migration ("+cursor.PositionsOf(r.cfg.Table).String()+")"
 	switch {
 	case !has:
 		p, why = ProgressMarks, "it has no cursor migration; apply it to deliver without a write per event (docs/progress.md), or set Progress"

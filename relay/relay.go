@@ -17,6 +17,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/backoff"
 	"github.com/fxoutbox/outbox/internal/dberr"
 	"github.com/fxoutbox/outbox/internal/parklog"
+	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 	"github.com/fxoutbox/outbox/relay/internal/pace"
@@ -64,7 +65,7 @@ type Relay struct {
 	// go with it; under ProgressAuto they are set when the table was read
 	// (settleProgress), and read only after settled.
 	progress Progress
-	cur      *cursorState
+	cur      *cursor.Engine
 	prog     progressMode
 	settled  atomic.Bool
 	settleMu sync.Mutex
@@ -174,7 +175,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err == nil {
 		check := r.checkMarks
 		if r.cur != nil {
-			check = r.cursorReady
+			check = r.cur.Ready
 		}
 		err = check(ctx)
 	}
@@ -277,8 +278,8 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	var quiet time.Time
 	// Cursor lanes kept across batches, once the progress is known (see
 	// settleProgress).
-	var keep *laneKeeper
-	defer func() { keep.close(ctx) }()
+	var keep *cursor.Keeper
+	defer func() { keep.Close(ctx) }()
 	eoKeep := r.newEOKeeper() // exactly-once lanes kept across batches
 	defer eoKeep.close(ctx)
 	for kept := false; ; {
@@ -327,7 +328,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 		size = r.cfg.BatchSize
 		var ok bool
 		tick, stopTick := (<-chan time.Time)(ticker.C), func() {}
-		if due, stop := keep.wait(); due != nil {
+		if due, stop := keep.Wait(); due != nil {
 			// The kept lanes' positions are written when due, if no batch
 			// runs before.
 			tick, stopTick = due, stop

@@ -42,7 +42,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 			// Another relay polling the table (a relay in Poll mode, or
 			// one that lost its slot) holds lanes: their positions are its.
 			var busy int
-			if err := tx.QueryRow(ctx, r.cur.q.TryLockAll, r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
+			if err := tx.QueryRow(ctx, r.cur.Q.TryLockAll, r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
 				return err
 			}
 			if busy > 0 {
@@ -54,7 +54,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 				write = false
 			} else {
 				f.cpWarned = false
-				b.Queue(r.cur.q.Checkpoint, pgx.NamedArgs{"done": f.cand.Snap, "base": f.cand.Base})
+				b.Queue(r.cur.Q.Checkpoint, pgx.NamedArgs{"done": f.cand.Snap, "base": f.cand.Base})
 			}
 		}
 		if take {
@@ -83,7 +83,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 		return
 	}
 	if write {
-		r.cur.forget() // the positions changed outside a batch: read them again
+		r.cur.Forget() // the positions changed outside a batch: read them again
 		f.written = f.cand.Seq
 		r.stream.checkpointAt.Store(time.Now().UnixNano())
 	}

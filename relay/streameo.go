@@ -47,7 +47,7 @@ func (r *Relay) lanesOf(ctx context.Context, keys []string) (map[string]int32, e
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	out := map[string]int32{}
-	rs, err := tx.Query(ctx, r.cur.q.KeyLanes, keys, r.cfg.Lanes)
+	rs, err := tx.Query(ctx, r.cur.Q.KeyLanes, keys, r.cfg.Lanes)
 	if err == nil {
 		var k string
 		var lane int32
@@ -260,7 +260,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 	if f.eo, err = eo.ResumeStream(txn, p, r.cfg.Lanes); err != nil {
 		return false, err
 	}
-	if err := r.cursorReady(ctx); err != nil {
+	if err := r.cur.Ready(ctx); err != nil {
 		return false, err
 	}
 	r.stream.state.Store(int32(Streaming))
@@ -274,7 +274,7 @@ func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err erro
 // each lane's done snapshot and base hold what polling delivered.
 func (f *feed) eoHandedOver(ctx context.Context) error {
 	var lanes []eo.StreamLane
-	err := f.query(ctx, f.r.cur.q.Dones, nil, func(rows pgx.Rows) error {
+	err := f.query(ctx, f.r.cur.Q.Dones, nil, func(rows pgx.Rows) error {
 		var l eo.StreamLane
 		_, err := pgx.ForEachRow(rows, []any{&l.Done, &l.Base}, func() error { lanes = append(lanes, l); return nil })
 		return err
@@ -311,7 +311,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := r.cursorReady(ctx); err != nil {
+	if err := r.cur.Ready(ctx); err != nil {
 		return err
 	}
 	kept := make([]cursor.Lane, r.cfg.Lanes)
@@ -363,10 +363,10 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	r.metrics.TxnEnded(ctx, eo.TxnCommitted, started, nil)
 	// The workers read every lane back before they publish it again.
 	r.eo.Disown()
-	r.cur.forget()
+	r.cur.Forget()
 	b := &pgx.Batch{}
 	b.Queue(r.q.Durable)
-	r.cursorSaveLanes(b, pos)
+	r.cur.SaveLanes(b, pos)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("relay: exactly-once stream: write the lanes' positions: %w", err)
 	}
@@ -383,7 +383,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 // the lane's rows among ids as its skip list.
 func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.Lane, all []int32, ids []int64) ([]cursor.Lane, error) {
 	var busy int
-	if err := tx.QueryRow(ctx, r.cur.q.TryLockLanes, r.q.ns, all).Scan(&busy); err != nil {
+	if err := tx.QueryRow(ctx, r.cur.Q.TryLockLanes, r.q.ns, all).Scan(&busy); err != nil {
 		return nil, err
 	}
 	if busy > 0 {
@@ -391,7 +391,7 @@ func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.La
 	}
 	skip := map[int32][]int64{}
 	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, r.cur.q.RowLanes, ids, r.cfg.Lanes)
+		rows, err := tx.Query(ctx, r.cur.Q.RowLanes, ids, r.cfg.Lanes)
 		if err != nil {
 			return nil, err
 		}
@@ -403,7 +403,7 @@ func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.La
 	}
 	args := cursor.KeptArgs(kept)
 	args["locked"], args["lanes"] = all, r.cfg.Lanes
-	rows, err := tx.Query(ctx, r.cur.q.Load, pgx.NamedArgs(args))
+	rows, err := tx.Query(ctx, r.cur.Q.Load, pgx.NamedArgs(args))
 	if err != nil {
 		return nil, err
 	}

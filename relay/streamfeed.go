@@ -165,7 +165,7 @@ func (r *Relay) runFeed(ctx context.Context, conn *pgoutput.Conn, created bool) 
 // rows every lane delivered (the intersection of the lanes' snapshots).
 func (f *feed) handover(ctx context.Context) error {
 	r := f.r
-	if err := r.cursorReady(ctx); err != nil {
+	if err := r.cur.Ready(ctx); err != nil {
 		return err
 	}
 	var start string
@@ -252,7 +252,7 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, r.cur.q.Uncovered, pgx.NamedArgs{"ns": r.q.ns, "s": snap})
+		rows, err := tx.Query(ctx, r.cur.Q.Uncovered, pgx.NamedArgs{"ns": r.q.ns, "s": snap})
 		if err != nil {
 			return err
 		}
@@ -260,10 +260,10 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 		if err != nil || len(open) == 0 {
 			return err
 		}
-		_, err = r.moveOn(ctx, tx, open)
+		_, err = r.cur.MoveOn(ctx, tx, open)
 		return err
 	})
-	r.cur.forget() // the positions changed outside a batch: read them again
+	r.cur.Forget() // the positions changed outside a batch: read them again
 	if err != nil {
 		return fmt.Errorf("relay: stream handover of %s: read on the open windows: %w", r.cfg.Table, err)
 	}
@@ -274,7 +274,7 @@ func (f *feed) closeWindows(ctx context.Context, snap string) error {
 // closed and sees every transaction snap sees.
 func (f *feed) lanesCover(ctx context.Context, snap string) (dones []string, covered bool, err error) {
 	n, all := 0, true
-	err = f.query(ctx, f.r.cur.q.Covers, pgx.NamedArgs{"s": snap}, func(rows pgx.Rows) error {
+	err = f.query(ctx, f.r.cur.Q.Covers, pgx.NamedArgs{"s": snap}, func(rows pgx.Rows) error {
 		var d string
 		var ok bool
 		_, err := pgx.ForEachRow(rows, []any{&d, &ok}, func() error {

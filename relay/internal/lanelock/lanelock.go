@@ -7,6 +7,16 @@
 // idle_session_timeout lets a frozen relay's lanes go.
 package lanelock
 
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
 const (
 	// KeepSession sets idle_session_timeout ($1, milliseconds) for the
 	// session of a connection that keeps lanes across batches: the server
@@ -18,3 +28,32 @@ const (
 	// Release lets the session locks on @lanes in namespace @ns go.
 	Release = "SELECT count(pg_advisory_unlock(@ns, l)) FROM unnest(@lanes::int[]) l"
 )
+
+// Acquirer gives a connection of a pool (a *pgxpool.Pool).
+type Acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// Keep takes a connection out of pool for a worker that keeps lanes (it
+// holds its locks and settings for good, and the pool keeps its size for
+// the rest of the relay), its idle session bounded by idleMillis. When the
+// server cannot bound an idle session (PostgreSQL 13: a frozen relay would
+// keep its lanes for ever), it sets off, warns that instead (what the
+// worker does without), and returns no connection and no error.
+func Keep(ctx context.Context, pool Acquirer, idleMillis string, logger *slog.Logger, off *bool, instead string) (*pgx.Conn, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack()
+	if _, err := conn.Exec(ctx, KeepSession, idleMillis); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		if pe := new(pgconn.PgError); errors.As(err, &pe) && pe.Code == "42704" { // unrecognized configuration parameter
+			*off = true
+			logger.Warn("outbox relay: the server has no idle_session_timeout (PostgreSQL 14 or later); "+instead, "error", err)
+			return nil, nil
+		}
+		return nil, err
+	}
+	return conn, nil
+}

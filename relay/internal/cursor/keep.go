@@ -1,4 +1,4 @@
-package relay
+package cursor
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/lanelock"
 	"github.com/fxoutbox/outbox/relay/internal/lazytx"
 )
 
@@ -19,11 +19,11 @@ import (
 // lock in the lanes' namespace, so that no other relay or worker can take
 // them. Their positions are then the worker's: a batch reads a kept lane's
 // position from the worker, not from its row, and writes nothing; the
-// worker writes the positions that changed at most every keepSaveEvery, or
+// worker writes the positions that changed at most every KeepSaveEvery, or
 // once its batches read MaxBatchSize rows since the last write (in the batch's
 // transaction when one is due, or a transaction of its own when the worker
 // is idle), and lets go, after that write committed, of the lanes that no
-// batch took since it last let lanes go, at most every keepSaveEvery (a
+// batch took since it last let lanes go, at most every KeepSaveEvery (a
 // drain writes at each batch, and reads the lanes behind first). A lane's
 // row is so
 // written about twice a second while it has events, instead of once per
@@ -33,7 +33,7 @@ import (
 //
 // What the row does not hold yet was delivered: a relay that crashes, or
 // whose connection is lost, leaves its lanes' rows behind what it published
-// in the last keepSaveEvery, fewer than MaxBatchSize events, and its last
+// in the last KeepSaveEvery, fewer than MaxBatchSize events, and its last
 // batch; the relay that takes
 // the lanes next sends those events again, in order. A worker whose batch
 // fails closes its connection (the server drops its locks) and forgets the
@@ -51,14 +51,14 @@ import (
 // relays that are woken).
 const keptFindEvery = 25 * time.Millisecond
 
-// keepSaveEvery is the longest a kept lane's row stays behind what its
+// KeepSaveEvery is the longest a kept lane's row stays behind what its
 // worker delivered (the duplicates a crash can cause).
-const keepSaveEvery = 500 * time.Millisecond
+const KeepSaveEvery = 500 * time.Millisecond
 
-// laneKeeper is one worker's kept lanes and its connection. Only the
+// Keeper is one worker's kept lanes and its connection. Only the
 // worker's goroutine uses it.
-type laneKeeper struct {
-	r    *Relay
+type Keeper struct {
+	e    *Engine
 	conn *pgx.Conn // taken out of the pool, as the LISTEN connection is
 	// off: the server cannot bound an idle session (no
 	// idle_session_timeout, PostgreSQL 13): no lane is kept.
@@ -66,7 +66,7 @@ type laneKeeper struct {
 	// lanes are the kept lanes' positions, as committed; dirty the ones
 	// not written to their rows; used the ones a batch took since the
 	// last write.
-	lanes map[int32]cursor.Lane
+	lanes map[int32]Lane
 	dirty map[int32]bool
 	used  map[int32]bool
 	saved time.Time // the last write
@@ -75,7 +75,7 @@ type laneKeeper struct {
 	// MaxBatchSize write each time and read the lanes behind first: the
 	// lanes ahead would be let go and found again batch after batch).
 	freed time.Time
-	// session: conn's session has the batches' settings (Relay.settings).
+	// session: conn's session has the batches' settings (Engine.settings).
 	session bool
 	every   time.Duration
 	// unsaved counts the rows that batches read from kept lanes since the
@@ -89,23 +89,22 @@ type laneKeeper struct {
 	findEvery time.Duration
 }
 
-// newKeeper returns a worker's laneKeeper, or nil where lanes are not kept.
-func (r *Relay) newKeeper() *laneKeeper {
-	if r.cur == nil || r.eo != nil || r.cfg.Mode != Poll {
+// NewKeeper returns a worker's Keeper, or nil where lanes are not kept (the
+// DB is not a pool). The relay gives one to each worker of a polling relay
+// that delivers at least once.
+func (e *Engine) NewKeeper() *Keeper {
+	if e.cfg.Pool == nil {
 		return nil
 	}
-	if _, ok := r.db.(acquirer); !ok {
-		return nil
-	}
-	every := r.cur.keepEvery // set by tests only
+	every := e.keepEvery // set by tests only
 	if every <= 0 {
-		every = keepSaveEvery
+		every = KeepSaveEvery
 	}
-	find := r.cur.keepFind // set by tests only
+	find := e.keepFind // set by tests only
 	if find <= 0 {
 		find = keptFindEvery
 	}
-	return &laneKeeper{r: r, lanes: map[int32]cursor.Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every, findEvery: find}
+	return &Keeper{e: e, lanes: map[int32]Lane{}, dirty: map[int32]bool{}, used: map[int32]bool{}, every: every, findEvery: find}
 }
 
 // fast reports whether the next claim reads the kept lanes alone, without
@@ -116,19 +115,19 @@ func (r *Relay) newKeeper() *laneKeeper {
 // order, late rows, held keys and parking are as in any claim; it returns
 // to Find when the kept lanes have nothing to send, unless they are all
 // the lanes there are.
-func (k *laneKeeper) fast() bool {
+func (k *Keeper) fast() bool {
 	return k.keeping() && len(k.lanes) > 0 && (time.Since(k.found) < k.findEvery || k.everyLane())
 }
 
 // everyLane reports whether the worker keeps every lane: Find could find
 // no lane that the kept lanes' read does not read (a relay alone on its
 // table, with one worker, keeps them all while events spread over them).
-func (k *laneKeeper) everyLane() bool { return len(k.lanes) >= k.r.cfg.Lanes }
+func (k *Keeper) everyLane() bool { return len(k.lanes) >= k.e.cfg.Lanes }
 
 // searched notes that a claim of n rows ran Find, which saw seen waiting
 // rows: all there are when they did not fill its window (2n), a backlog
 // otherwise.
-func (k *laneKeeper) searched(seen, n int) {
+func (k *Keeper) searched(seen, n int) {
 	if k == nil {
 		return
 	}
@@ -143,21 +142,21 @@ func (k *laneKeeper) searched(seen, n int) {
 // left (so the worker claims again at once, as after that Find; its next
 // claim runs Find once the kept lanes have nothing to send), none once the
 // claims since read as many as it saw. took counts them.
-func (k *laneKeeper) seenFor(n int) int {
+func (k *Keeper) seenFor(n int) int {
 	if k.left > 0 {
 		return 2 * n
 	}
 	return 0
 }
 
-func (k *laneKeeper) took(rows int) {
+func (k *Keeper) took(rows int) {
 	if k != nil && k.left != math.MaxInt {
 		k.left -= rows
 	}
 }
 
 // kept returns the kept lanes, in order.
-func (k *laneKeeper) kept() []int32 {
+func (k *Keeper) kept() []int32 {
 	out := make([]int32, 0, len(k.lanes))
 	for id := range k.lanes {
 		out = append(out, id)
@@ -166,69 +165,69 @@ func (k *laneKeeper) kept() []int32 {
 	return out
 }
 
-// usable reports whether k runs the worker's batches.
-func (k *laneKeeper) usable() bool { return k != nil && !k.off }
+// Usable reports whether k runs the worker's batches.
+func (k *Keeper) Usable() bool { return k != nil && !k.off }
 
-// settled reports whether tx runs on the kept connection with its
-// session's settings (Relay.settings).
-func (k *laneKeeper) settled(tx pgx.Tx) bool {
+// Settled reports whether tx runs on the kept connection with its
+// session's settings (Engine.settings).
+func (k *Keeper) Settled(tx pgx.Tx) bool {
 	return k.keeping() && k.session && tx.Conn() == k.conn
 }
 
 // keeping reports whether k's batch may keep lanes (its connection is up).
-func (k *laneKeeper) keeping() bool { return k.usable() && k.conn != nil }
+func (k *Keeper) keeping() bool { return k.Usable() && k.conn != nil }
 
 // Begin begins a batch's transaction on the worker's connection, which it
 // acquires first when it has none.
-func (k *laneKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
+func (k *Keeper) Begin(ctx context.Context) (pgx.Tx, error) {
 	if k.off {
-		return k.r.db.Begin(ctx)
+		return k.e.cfg.DB.Begin(ctx)
 	}
 	if k.conn == nil {
-		conn, err := k.r.keptConn(ctx, &k.off, "cursor batches write their lanes' positions each time")
+		conn, err := lanelock.Keep(ctx, k.e.cfg.Pool, k.e.cfg.KeptIdleMillis, k.e.cfg.Logger, &k.off, "cursor batches write their lanes' positions each time")
 		if err != nil {
 			return nil, err
 		}
 		if conn == nil { // each batch locks its lanes, as with a DB that is not a pool
-			return k.r.db.Begin(ctx)
+			return k.e.cfg.DB.Begin(ctx)
 		}
 		// Its batches' settings for the whole session: a batch then
 		// sends no statement for them (see settled).
-		_, err = conn.Exec(ctx, k.r.sessionSettings, k.r.idleMillis)
+		_, err = conn.Exec(ctx, k.e.cfg.SessionSettings, k.e.cfg.IdleMillis)
 		k.conn, k.saved, k.freed, k.session = conn, time.Now(), time.Now(), err == nil
 	}
 	if k.session {
 		// Begun by its first statement but the kept lanes' read (a batch
 		// without a write sends that read alone); a lost connection fails
-		// that statement, and the batch with it (see pipelineOn).
+		// that statement, and the batch with it (see the relay's pipelineOn).
 		return lazytx.New(k.conn), nil
 	}
 	tx, err := k.conn.Begin(ctx)
 	if err != nil {
 		// The connection was lost (or its idle session ended): its locks
 		// went with it, and the kept positions must be read from the rows.
-		k.drop(ctx)
-		k.r.cur.forget()
+		k.Drop(ctx)
+		k.e.Forget()
 		return nil, err
 	}
 	return tx, nil
 }
 
 // due reports whether the kept lanes' positions are to be written.
-func (k *laneKeeper) due() bool {
+func (k *Keeper) due() bool {
 	return k.keeping() && len(k.lanes) > 0 && time.Since(k.saved) >= k.every
 }
 
-// wait returns a channel that fires when the kept positions are due, for
+// Wait returns a channel that fires when the kept positions are due, for
 // the worker's wait between batches instead of its PollInterval ticker, and
 // a func that stops it; nil when nothing is kept or the ticker comes first
 // anyway (the wait stays within PollInterval either way).
-func (k *laneKeeper) wait() (<-chan time.Time, func()) {
+func (k *Keeper) Wait() (<-chan time.Time, func()) {
 	if !k.keeping() || len(k.lanes) == 0 {
 		return nil, func() {}
 	}
 	d := max(time.Until(k.saved.Add(k.every)), 0)
-	if d >= k.r.cfg.PollInterval {
+	if d >= k.e.cfg.PollInterval {
 		return nil, func() {}
 	}
 	t := time.NewTimer(d)
@@ -237,11 +236,11 @@ func (k *laneKeeper) wait() (<-chan time.Time, func()) {
 
 // given returns the positions of the lanes of locked that k keeps (Load
 // reads them instead of their rows).
-func (k *laneKeeper) given(locked []int32) []cursor.Lane {
+func (k *Keeper) given(locked []int32) []Lane {
 	if !k.keeping() {
 		return nil
 	}
-	var out []cursor.Lane
+	var out []Lane
 	for _, l := range locked {
 		if p, ok := k.lanes[l]; ok {
 			out = append(out, p)
@@ -254,7 +253,7 @@ func (k *laneKeeper) given(locked []int32) []cursor.Lane {
 // (next) and the ones that changed: nothing, or when due every position not
 // written yet; and the session locks of the lanes that changed and are not
 // kept yet, which the batch keeps from now on.
-func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.Lane) {
+func (k *Keeper) plan(b *pgx.Batch, cb *Batch, next, changed []Lane) {
 	cb.next = next
 	var take []int32
 	for _, l := range changed {
@@ -266,10 +265,10 @@ func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.
 	// that brings them to MaxBatchSize writes, so that a crash repeats
 	// fewer than MaxBatchSize events besides its last batch (in a drain,
 	// batches of MaxBatchSize write each time, as without kept lanes).
-	if time.Since(k.saved) >= k.every || k.unsaved+len(cb.ids) >= k.r.cfg.MaxBatchSize {
+	if time.Since(k.saved) >= k.every || k.unsaved+len(cb.IDs) >= k.e.cfg.MaxBatchSize {
 		cb.flush = true
 		in := map[int32]bool{}
-		var write []cursor.Lane
+		var write []Lane
 		for _, l := range next {
 			in[l.Lane] = true
 			// The row is behind l: a kept lane's when l is not what the
@@ -286,31 +285,31 @@ func (k *laneKeeper) plan(b *pgx.Batch, cb *cursorBatch, next, changed []cursor.
 			}
 		}
 		if len(write) > 0 {
-			k.r.cursorSaveLanes(b, write)
+			k.e.SaveLanes(b, write)
 		}
 		cb.saved = write
 	}
 	if len(take) > 0 {
-		b.Queue(k.r.cur.q.Own, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": take})
+		b.Queue(k.e.Q.Own, pgx.NamedArgs{"ns": k.e.cfg.NS, "lanes": take})
 		cb.take = take
 	}
 }
 
 // committed takes a batch's outcome once its transaction committed (or
 // had nothing to write): the lanes' positions are kept; after a write,
-// once every keepSaveEvery, the lanes no batch took since the last time
+// once every KeepSaveEvery, the lanes no batch took since the last time
 // are let go.
-func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
+func (k *Keeper) committed(ctx context.Context, cb *Batch) error {
 	written := map[int32]bool{}
 	for _, l := range cb.saved {
 		written[l.Lane] = true
 		delete(k.dirty, l.Lane)
 	}
 	for _, id := range cb.take {
-		k.lanes[id] = cursor.Lane{}
+		k.lanes[id] = Lane{}
 	}
 	read := map[int32]bool{}
-	for _, lane := range cb.laneOf {
+	for _, lane := range cb.LaneOf {
 		read[lane] = true
 	}
 	for _, l := range cb.next {
@@ -332,7 +331,7 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 		}
 	}
 	if !cb.flush {
-		k.unsaved += len(cb.ids)
+		k.unsaved += len(cb.IDs)
 		return nil
 	}
 	k.saved, k.unsaved = time.Now(), 0
@@ -353,16 +352,16 @@ func (k *laneKeeper) committed(ctx context.Context, cb *cursorBatch) error {
 	for _, id := range free {
 		delete(k.lanes, id)
 	}
-	k.r.cur.keptFreed.Add(int64(len(free)))
-	if _, err := k.conn.Exec(ctx, k.r.cur.q.Release, pgx.NamedArgs{"ns": k.r.q.ns, "lanes": free}); err != nil {
-		return fmt.Errorf("relay: let go of %d lanes of %s: %w", len(free), k.r.cfg.Table, err)
+	k.e.keptFreed.Add(int64(len(free)))
+	if _, err := k.conn.Exec(ctx, k.e.Q.Release, pgx.NamedArgs{"ns": k.e.cfg.NS, "lanes": free}); err != nil {
+		return fmt.Errorf("relay: let go of %d lanes of %s: %w", len(free), k.e.cfg.Table, err)
 	}
 	return nil
 }
 
-// drop closes the connection (the server drops its locks) and forgets the
+// Drop closes the connection (the server drops its locks) and forgets the
 // kept positions: their rows are what the next holder reads.
-func (k *laneKeeper) drop(ctx context.Context) {
+func (k *Keeper) Drop(ctx context.Context) {
 	if k == nil || k.conn == nil {
 		return
 	}
@@ -373,27 +372,27 @@ func (k *laneKeeper) drop(ctx context.Context) {
 	clear(k.used)
 }
 
-// close writes the kept positions not written yet and closes the
+// Close writes the kept positions not written yet and closes the
 // connection (the worker stops).
-func (k *laneKeeper) close(ctx context.Context) {
+func (k *Keeper) Close(ctx context.Context) {
 	if k == nil || k.conn == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.r.cfg.BatchTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.e.cfg.BatchTimeout)
 	defer cancel()
 	if len(k.dirty) > 0 {
-		var write []cursor.Lane
+		var write []Lane
 		for id := range k.dirty {
 			write = append(write, k.lanes[id])
 		}
 		err := pgx.BeginFunc(ctx, k.conn, func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
-			k.r.cursorSaveLanes(b, write)
+			k.e.SaveLanes(b, write)
 			return tx.SendBatch(ctx, b).Close()
 		})
 		if err != nil {
-			k.r.cfg.Logger.Warn("outbox relay: could not write the positions of the lanes kept at stop; the next relay sends their last events again", "lanes", len(write), "error", err)
+			k.e.cfg.Logger.Warn("outbox relay: could not write the positions of the lanes kept at stop; the next relay sends their last events again", "lanes", len(write), "error", err)
 		}
 	}
-	k.drop(ctx)
+	k.Drop(ctx)
 }
