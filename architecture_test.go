@@ -26,7 +26,7 @@ var mayImport = map[string][]string{
 	"relay/internal/eo":                    {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/snapshot", "internal/backoff"},
 	"relay/internal/snapshot":              {},
 	"relay/internal/lanelock":              {},
-	"relay/internal/marks":                 {".", "internal/sqlname", "internal/tablesql"},
+	"relay/internal/marks":                 {".", "relay/internal/claim", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/failure":               {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
 	"relay/internal/kafkaproducer":         {"relay/internal/failure"},

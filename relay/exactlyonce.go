@@ -122,7 +122,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 		owned = append(owned, lane)
 	}
 	laneOf := map[int64]int32{}
-	ids, more, err := r.lockLanes(ctx, tx, n, held, 0, laneOf, owned)
+	ids, more, err := r.marks.LockLanes(ctx, tx, n, held, 0, laneOf, owned)
 	if err != nil || len(ids) == 0 {
 		return claimed{heldElsewhere: err == nil && more}, err
 	}
@@ -135,7 +135,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 	}
 	// A new statement: its snapshot is taken after the locks were granted
 	// and the lanes' committed events marked.
-	c, err := r.readGuarded(ctx, tx, ids, n)
+	c, err := marksClaimed(r.marks.ReadGuarded(ctx, tx, ids, n))
 	c.more = c.more || more || len(c.rows) == n
 	b.laneOf = make(map[uuid.UUID]int32, len(c.rows))
 	for _, x := range c.rows {

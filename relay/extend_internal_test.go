@@ -103,7 +103,7 @@ func TestExactlyOnceClaimReadsOnInItsLanes(t *testing.T) {
 			defer func() { _ = tx.Rollback(ctx) }()
 			before := rowsRead(t, tx, tbl)
 			laneOf := map[int64]int32{}
-			ids, more, err := r.lockLanes(ctx, tx, n, tc.held, 0, laneOf, nil)
+			ids, more, err := r.marks.LockLanes(ctx, tx, n, tc.held, 0, laneOf, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +139,7 @@ func TestExactlyOnceClaimReadsOnInItsLanes(t *testing.T) {
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		laneOf := map[int64]int32{}
-		ids, _, err := r.lockLanes(ctx, tx, n, nil, 0, laneOf, nil)
+		ids, _, err := r.marks.LockLanes(ctx, tx, n, nil, 0, laneOf, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestExactlyOnceClaimReadsOnInItsLanes(t *testing.T) {
 		if _, err := conn.Exec(ctx, "INSERT INTO "+ident+" OVERRIDING SYSTEM VALUE SELECT * FROM json_populate_record(NULL::"+ident+", $1::json)", back); err != nil {
 			t.Fatal(err)
 		}
-		ids, err = r.readOn(ctx, tx, n, nil, laneOf)
+		ids, err = r.marks.ReadOn(ctx, tx, n, nil, laneOf)
 		if err != nil {
 			t.Fatal(err)
 		}

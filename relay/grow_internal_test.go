@@ -35,7 +35,7 @@ func growSetup(t *testing.T, hot, rows, keys int) (*pgxpool.Pool, outbox.Table, 
 		t.Fatal(err)
 	}
 	r, err := New(pool, PublisherFunc(func(context.Context, []Message) error { return nil }),
-		&Config{Table: tbl, PollInterval: time.Minute})
+		&Config{Table: tbl, PollInterval: time.Minute, Progress: ProgressMarks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func claimReads(t *testing.T, pool *pgxpool.Pool, tbl outbox.Table, r *Relay, n 
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	before := rowsRead(t, tx, tbl)
-	ids, _, err = r.lockLanes(ctx, tx, n, nil, 0, nil, nil)
+	ids, _, err = r.marks.LockLanes(ctx, tx, n, nil, 0, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,31 +222,31 @@ func TestClaimSaysWhenEventsAreHeldElsewhere(t *testing.T) {
 	t.Parallel()
 	pool, tbl, r := growSetup(t, 0, 0, 1)
 	ctx := context.Background()
-	claim := func() claimed {
+	claimOnce := func() claimed {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		c, err := r.claim(ctx, tx, 50, nil, 0)
+		c, err := marksClaimed(r.marks.Claim(ctx, tx, 50, nil, 0))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
-	if c := claim(); len(c.rows) != 0 || c.heldElsewhere {
+	if c := claimOnce(); len(c.rows) != 0 || c.heldElsewhere {
 		t.Fatalf("empty table: %d rows, heldElsewhere %v; want none, false", len(c.rows), c.heldElsewhere)
 	}
 	if _, err := pool.Exec(ctx, "INSERT INTO "+sqlname.Ident(tbl)+" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key)"+
 		" SELECT gen_random_uuid(), 'a', 'k' || g, 'a.b', '{}', 't', 'k' || g FROM generate_series(1, 20) g"); err != nil {
 		t.Fatal(err)
 	}
-	if c := claim(); len(c.rows) != 20 || c.heldElsewhere {
+	if c := claimOnce(); len(c.rows) != 20 || c.heldElsewhere {
 		t.Fatalf("free lanes: %d rows, heldElsewhere %v; want 20, false", len(c.rows), c.heldElsewhere)
 	}
 	holdLanes(t, pool, r, laneRange(0, 64))
-	if c := claim(); len(c.rows) != 0 || !c.heldElsewhere {
+	if c := claimOnce(); len(c.rows) != 0 || !c.heldElsewhere {
 		t.Fatalf("every lane held: %d rows, heldElsewhere %v; want none, true", len(c.rows), c.heldElsewhere)
 	}
 }

@@ -17,12 +17,13 @@ import (
 	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/marks"
 )
 
 // finder finds a batch's rows in the batch's transaction: the polling
 // claim (lanes, see claim), or the stream's claim of the streamed ids (see
 // streamer.claim). isolate is set when the batch starts over in a new
-// transaction because the finder returned errIsolate.
+// transaction because the finder returned marks.ErrIsolate.
 type finder func(ctx context.Context, tx pgx.Tx, isolate bool) (claimed, error)
 
 // pipeline is the one batch path, whatever finds the rows: in one
@@ -68,7 +69,7 @@ func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, 
 	}
 
 	c, err = find(ctx, tx, false)
-	if errors.Is(err, errIsolate) {
+	if errors.Is(err, marks.ErrIsolate) {
 		// The claim met a row it cannot read: start over, reading ids first.
 		_ = tx.Rollback(ctx)
 		if tx, err = db.Begin(ctx); err != nil {

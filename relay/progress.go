@@ -11,6 +11,7 @@ import (
 
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/internal/tablesql"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 )
 
@@ -141,4 +142,9 @@ func (r *Relay) cursorClaim(ctx context.Context, tx pgx.Tx, n int, held []string
 // claimedOf is a cursor claim as the pipeline takes it.
 func claimedOf(c cursor.Claim) claimed {
 	return claimed{rows: c.Rows, bad: c.Bad, more: c.More, heldElsewhere: c.HeldElsewhere, cur: c.Batch}
+}
+
+// marksClaimed is a marks claim as the pipeline takes it.
+func marksClaimed(c claim.Claimed, err error) (claimed, error) {
+	return claimed{rows: c.Rows, bad: c.Bad, more: c.More, heldElsewhere: c.HeldElsewhere}, err
 }

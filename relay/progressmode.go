@@ -12,6 +12,7 @@ import (
 	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/marks"
 )
 
 // progressMode is what a polling batch does that depends on Progress: how
@@ -93,9 +94,9 @@ func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, u
 		return claimed{}, err
 	}
 	if isolate {
-		return m.r.claimIsolating(ctx, tx, n, held, upto)
+		return marksClaimed(m.r.marks.ClaimIsolating(ctx, tx, n, held, upto))
 	}
-	return m.r.claim(ctx, tx, n, held, upto)
+	return marksClaimed(m.r.marks.Claim(ctx, tx, n, held, upto))
 }
 
 func (m marksMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
@@ -275,11 +276,13 @@ func (r *Relay) useProgress(p Progress) {
 	c := r.cfg
 	r.progress, r.prog = p, marksMode{r}
 	r.txSettings, r.sessionSettings, r.idleMillis = txSettings(c, p)
+	r.marks = marks.New(r.q.Queries, marks.Config{Table: c.Table, Lanes: c.Lanes, PollInterval: c.PollInterval, NS: r.q.ns,
+		Unordered: c.Ordering == Unordered, TxSettings: r.txSettings, IdleMillis: r.idleMillis})
 	if p == ProgressCursor {
 		pool, _ := r.db.(acquirer)
 		r.cur = cursor.New(cursor.Config{Table: c.Table, Lanes: c.Lanes, BatchSize: c.BatchSize, MaxBatchSize: c.MaxBatchSize,
 			PollInterval: c.PollInterval, BatchTimeout: c.BatchTimeout, NS: r.q.ns, Lock: r.q.Lock,
-			Guarded:    claim.Guarded{Table: c.Table.String(), Savepoint: r.q.Savepoint, RollbackTo: r.q.RollbackTo, Read: r.q.Read, FirstID: r.q.FirstID},
+			Guarded:    r.marks.Guarded(),
 			TxSettings: r.txSettings, SessionSettings: r.sessionSettings, IdleMillis: r.idleMillis, ExactlyOnce: c.Delivery == ExactlyOnce,
 			DB: r.db, Pool: pool, KeptIdleMillis: keptIdleMillis(c), Logger: c.Logger})
 		r.q.Cleanup = r.cur.Q.Cleanup // rows every lane delivered, not marked ones

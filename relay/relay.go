@@ -20,6 +20,7 @@ import (
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
 	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/marks"
 	"github.com/fxoutbox/outbox/relay/internal/pace"
 	"github.com/fxoutbox/outbox/relay/internal/tablestats"
 )
@@ -55,9 +56,6 @@ type Relay struct {
 	// failedLog: lines of permanent failures not parked yet (MaxAttempts),
 	// likewise.
 	failedLog *parklog.Log
-	// growAfter (unix nanoseconds): until then claims do not grow their
-	// window (see lockLanes).
-	growAfter atomic.Int64
 	stream    streamInfo
 	eo        *eo.Pool // Delivery ExactlyOnce: the lanes' transactional producers
 	// progress is the relay's progress mode, cur (ProgressCursor: the
@@ -66,6 +64,7 @@ type Relay struct {
 	// (settleProgress), and read only after settled.
 	progress Progress
 	cur      *cursor.Engine
+	marks    *marks.Engine // the marks claims (both progress modes read rows by id through it)
 	prog     progressMode
 	settled  atomic.Bool
 	settleMu sync.Mutex

@@ -154,3 +154,14 @@ func (g Guarded) ReadGuarded(ctx context.Context, tx pgx.Tx, ids []int64, n int)
 	}
 	return rows, bad, len(ids) > 0, nil
 }
+
+// Claimed is what a claim read: the readable rows, in order, the rows that
+// cannot be read, in order, whether more waiting rows are likely, and
+// whether it read nothing because the lanes of the waiting rows it saw are
+// all held by other relays (per key only).
+type Claimed struct {
+	Rows          []Row
+	Bad           []Unreadable
+	More          bool
+	HeldElsewhere bool
+}

@@ -19,8 +19,11 @@
 // through the (txid, id) index when it opens, and starts its id-ordered
 // scan at the lowest of them (floor).
 //
-// The package owns the SQL text and the arithmetic of positions; the relay
-// owns the transaction, the lane locks and the publishing.
+// The package owns the SQL text, the arithmetic of positions and the
+// engine that runs them (Engine: the claims of the lanes' windows, the idle
+// lanes' sweep, the save of the positions, and the lanes a worker keeps
+// between batches, Keeper); the relay owns the transaction, the charges of
+// what it published, and the publishing.
 package cursor
 
 import (

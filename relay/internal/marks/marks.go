@@ -15,8 +15,10 @@
 // rows (Savepoint, RollbackTo), the try-lock of candidate lanes (Lock) and
 // the wake-up channel's LISTEN (Listen).
 //
-// The package owns the SQL text; the relay owns the transaction, the lock
-// namespace of the table, the scan of the rows and the publishing.
+// The package owns the SQL text and the claims that run it (Engine: the
+// lanes' windows and locks, the guarded read of their rows); the relay owns
+// the transaction, the marks and charges of what it published, and the
+// publishing.
 package marks
 
 import (
