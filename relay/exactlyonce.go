@@ -64,16 +64,21 @@ func (p *SaramaPublisher) kafka() ([]string, *sarama.Config, string) {
 	return p.addrs, p.cfg, brokersText(p.setting, p.addrs)
 }
 
-// newExactlyOnce returns ExactlyOnce's transactional producers, on the
-// brokers of pub, which must be a kafkaSource.
-func newExactlyOnce(pub Publisher, cfg Config, m *metrics) (*eo.Pool, error) {
+// exactlyOnceSource is pub as ExactlyOnce needs it: a kafkaSource.
+func exactlyOnceSource(pub Publisher) (kafkaSource, error) {
 	src, ok := pub.(kafkaSource)
 	if !ok {
 		return nil, &outbox.ConfigError{Field: "Delivery", Reason: "is exactly-once, which publishes through the relay's own transactional producer: pass a *relay.SaramaPublisher (or a type embedding it) as the publisher"}
 	}
+	return src, nil
+}
+
+// newExactlyOnce returns ExactlyOnce's transactional producers, on the
+// brokers of src.
+func newExactlyOnce(src kafkaSource, cfg Config, m *metrics) *eo.Pool {
 	addrs, conf, brokers := src.kafka()
 	return eo.New(eo.Config{Addrs: addrs, Brokers: brokers, Sarama: conf, Topic: cfg.ProgressTopic, Prefix: cfg.TransactionalID,
-		Timeout: cfg.TransactionTimeout, Table: cfg.Table.String(), Closed: ErrPublisherClosed, Observer: m, Logger: cfg.Logger}), nil
+		Timeout: cfg.TransactionTimeout, Table: cfg.Table.String(), Closed: ErrPublisherClosed, Observer: m, Logger: cfg.Logger})
 }
 
 // eoBatch is an ExactlyOnce batch: its worker, its lanes, and what became
@@ -190,12 +195,12 @@ func (r *Relay) eoBegin(ctx context.Context, w *eo.Worker) error {
 // eoAcquire makes the batch's worker the owner of the batch's lanes it
 // does not own (eo.Pool.Acquire): what their last records say is applied
 // to the table first, the lanes' positions under ProgressCursor
-// (applyPositions), their events marked published otherwise
+// (cursor.Engine.ApplyPositions), their events marked published otherwise
 // (markCommitted).
 func (r *Relay) eoAcquire(ctx context.Context, client sarama.Client, b *eoBatch) error {
 	return r.eo.Acquire(ctx, client, b.w, b.lanes, func(ctx context.Context, ids []uuid.UUID, positions []cursor.Lane) error {
 		if r.cur != nil {
-			return r.applyPositions(ctx, positions)
+			return r.cur.ApplyPositions(ctx, positions, r.q.Durable)
 		}
 		return r.markCommitted(ctx, ids)
 	})

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,31 +61,4 @@ func (r *Relay) eoCursorClaim(ctx context.Context, tx pgx.Tx, n int, held []stri
 		b.predicted[l.Lane] = l
 	}
 	return c, nil
-}
-
-// applyPositions writes lanes' positions, read from their last committed
-// progress records, to the positions table, in a transaction of its own
-// committed synchronously. A position is the one after the lane's last
-// Kafka transaction: the table's may be behind it (its writer died between
-// the Kafka commit and its database commit), or ahead of it by windows
-// that closed without events, which are read again.
-func (r *Relay) applyPositions(ctx context.Context, lanes []cursor.Lane) error {
-	if len(lanes) == 0 {
-		return nil
-	}
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	b := &pgx.Batch{}
-	b.Queue(r.q.Durable)
-	r.cur.SaveLanes(b, lanes)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("relay: exactly-once: write the lanes' positions: %w", err)
-	}
-	return nil
 }

@@ -70,22 +70,6 @@ func (rec recording) markError(err error) error {
 	return fmt.Errorf("relay: mark %d events published, %d failed: %w", len(rec.ids), len(rec.failed), err)
 }
 
-// scanParked reads the rows of an attempt's statement (id, whether
-// parked) into parked.
-func scanParked(parked map[int64]bool) func(pgx.Rows) error {
-	return func(rows pgx.Rows) error {
-		var id int64
-		var p bool
-		_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
-			if p {
-				parked[id] = true
-			}
-			return nil
-		})
-		return err
-	}
-}
-
 // marksMode is ProgressMarks' progressMode.
 type marksMode struct{ r *Relay }
 
@@ -107,64 +91,38 @@ func (m marksMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string,
 }
 
 func (m marksMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadableCharge, scan func(pgx.Rows) error) error {
-	rs, err := tx.Query(ctx, m.r.q.Unreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "park": u.park})
-	if err != nil {
-		return err
-	}
-	return scan(rs)
+	return m.r.marks.ChargeUnreadable(ctx, tx, u.ids, u.msgs, u.park, scan)
 }
 
 // record marks the acknowledged rows published (or, for rows the finder
 // marked, takes the mark back from the others) and counts an attempt on
 // each failed one, in one round trip.
 func (m marksMode) record(ctx context.Context, tx pgx.Tx, rec recording) (map[int64]bool, error) {
-	b := &pgx.Batch{}
-	switch {
-	case rec.marked:
-		var back []int64
+	ids, back := rec.ids, []int64(nil)
+	if rec.marked {
+		ids = nil
 		for i, err := range rec.errs {
 			if err != nil {
 				back = append(back, rec.rows[i].ID)
 			}
 		}
-		if len(back) > 0 {
-			b.Queue(m.r.q.Unmark, back)
-		}
-	case len(rec.ids) > 0:
-		b.Queue(m.r.q.Mark, rec.ids)
 	}
-	parked := map[int64]bool{}
-	if len(rec.fids) > 0 {
-		b.Queue(m.r.q.Attempt, rec.fids, rec.reasons, rec.limits).Query(scanParked(parked))
-	}
-	if b.Len() > 0 {
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return nil, rec.markError(err)
-		}
+	parked, err := m.r.marks.Record(ctx, tx, ids, back, rec.fids, rec.reasons, rec.limits)
+	if err != nil {
+		return nil, rec.markError(err)
 	}
 	return parked, nil
 }
 
 // queueCharge queues a try counted on each of the failed rows ids of a
-// cursor table (Charge: a row out of attempts, or that no retry can help,
-// is copied to the parked table with its last error, err, in full beside
-// its reason) and the delete of those copied (Unpark); seen gets each row
-// charged, and whether it was parked.
+// cursor table, their last errors errs cut to lastErrorMax
+// (cursor.Engine.QueueCharge).
 func (r *Relay) queueCharge(b *pgx.Batch, ids []int64, reasons []string, limits []int32, errs []error, seen func(id int64, parked bool)) {
 	texts := make([]string, len(errs))
 	for j, err := range errs {
 		texts[j] = textcut.Cut(err.Error(), lastErrorMax)
 	}
-	b.Queue(r.cur.Q.Charge, ids, reasons, limits, texts).Query(func(rs pgx.Rows) error {
-		var id int64
-		var p bool
-		_, err := pgx.ForEachRow(rs, []any{&id, &p}, func() error {
-			seen(id, p)
-			return nil
-		})
-		return err
-	})
-	b.Queue(r.cur.Q.Unpark, ids)
+	r.cur.QueueCharge(b, ids, reasons, limits, texts, seen)
 }
 
 // cursorMode is ProgressCursor's progressMode.
@@ -185,10 +143,7 @@ func (c cursorMode) chargeUnreadable(ctx context.Context, tx pgx.Tx, u unreadabl
 	for i, b := range u.bad {
 		details[i] = textcut.Cut(strings.TrimSpace(b.Err.Error()+" "+failure.UnreadableDetail(b.Err)), lastErrorMax)
 	}
-	b := &pgx.Batch{}
-	b.Queue(c.r.cur.Q.ChargeUnreadable, pgx.NamedArgs{"ids": u.ids, "errs": u.msgs, "details": details, "park": u.park}).Query(scan)
-	b.Queue(c.r.cur.Q.Unpark, u.ids)
-	return tx.SendBatch(ctx, b).Close()
+	return c.r.cur.ChargeUnreadable(ctx, tx, u.ids, u.msgs, details, u.park, scan)
 }
 
 // record writes no marks: it counts an attempt on each failed row (a row

@@ -111,7 +111,13 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 	if _, ok := db.(acquirer); c.Listen && !ok {
 		return nil, &outbox.ConfigError{Field: "Listen", Reason: "needs a dedicated connection: pass a *pgxpool.Pool as the DB"}
 	}
-	var err error
+	var src kafkaSource // ExactlyOnce's producers' brokers
+	if c.Delivery == ExactlyOnce {
+		var err error
+		if src, err = exactlyOnceSource(pub); err != nil {
+			return nil, err
+		}
+	}
 	r := &Relay{
 		db:     db,
 		pub:    pub,
@@ -135,10 +141,8 @@ func New(db DB, pub Publisher, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: metrics: %w", err)
 	}
 	r.metrics = m
-	if c.Delivery == ExactlyOnce {
-		if r.eo, err = newExactlyOnce(pub, c, m); err != nil {
-			return nil, err
-		}
+	if src != nil {
+		r.eo = newExactlyOnce(src, c, m)
 	}
 	r.stats = newStatsReporter(r)
 	return r, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -38,23 +37,6 @@ func (p streamTxnPublisher) Publish(ctx context.Context, msgs []Message) error {
 // producer was fenced (another relay took the slot), or a commit's outcome
 // is not known.
 var errStreamRestart = errors.New("relay: exactly-once stream: start over from the stream's record")
-
-// lanesOf reads the lanes of keys.
-func (r *Relay) lanesOf(ctx context.Context, keys []string) (map[string]int32, error) {
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	out := map[string]int32{}
-	rs, err := tx.Query(ctx, r.cur.Q.KeyLanes, keys, r.cfg.Lanes)
-	if err == nil {
-		var k string
-		var lane int32
-		_, err = pgx.ForEachRow(rs, []any{&k, &lane}, func() error { out[k] = lane; return nil })
-	}
-	return out, err
-}
 
 // dispatch sends a batch, as the feed's batch in flight.
 func (f *feed) dispatch(ctx context.Context, batch []*feedRow) {
@@ -332,7 +314,7 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 		return fmt.Errorf("relay: exactly-once stream: hand the stream's progress to the table: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	pos, err := r.eoOpenPositions(ctx, tx, kept, all, ids)
+	pos, err := r.cur.OpenPositions(ctx, tx, kept, all, ids)
 	if err != nil {
 		return fmt.Errorf("relay: exactly-once stream: hand the stream's progress to the table: %w", err)
 	}
@@ -376,55 +358,4 @@ func (r *Relay) eoStreamFallback(ctx context.Context) error {
 	r.cfg.Logger.Info("outbox relay: exactly-once stream: the stream's progress is in the lanes' positions; polling resumes from there",
 		"table", r.cfg.Table.String(), "events_past_done", len(ids))
 	return nil
-}
-
-// eoOpenPositions locks every lane in tx and returns their positions from
-// kept (closed at the stream's done snapshots), each window opened now with
-// the lane's rows among ids as its skip list.
-func (r *Relay) eoOpenPositions(ctx context.Context, tx pgx.Tx, kept []cursor.Lane, all []int32, ids []int64) ([]cursor.Lane, error) {
-	var busy int
-	if err := tx.QueryRow(ctx, r.cur.Q.TryLockLanes, r.q.ns, all).Scan(&busy); err != nil {
-		return nil, err
-	}
-	if busy > 0 {
-		return nil, fmt.Errorf("another relay holds %d lanes of %s (a relay polling it?); run every relay of a table in the same mode", busy, r.cfg.Table)
-	}
-	skip := map[int32][]int64{}
-	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, r.cur.Q.RowLanes, ids, r.cfg.Lanes)
-		if err != nil {
-			return nil, err
-		}
-		var id int64
-		var lane int32
-		if _, err := pgx.ForEachRow(rows, []any{&id, &lane}, func() error { skip[lane] = append(skip[lane], id); return nil }); err != nil {
-			return nil, err
-		}
-	}
-	args := cursor.KeptArgs(kept)
-	args["locked"], args["lanes"] = all, r.cfg.Lanes
-	rows, err := tx.Query(ctx, r.cur.Q.Load, pgx.NamedArgs(args))
-	if err != nil {
-		return nil, err
-	}
-	var out []cursor.Lane
-	var l cursor.Lane
-	var floor *int64
-	if _, err := pgx.ForEachRow(rows, []any{&l.Lane, &l.Done, &l.Upto, &l.Base, &l.Pos, &floor, &l.Skip, &l.Top}, func() error {
-		l.Floor = l.Base + 1
-		if floor != nil {
-			l.Floor = *floor
-		}
-		l.Skip = skip[l.Lane]
-		slices.Sort(l.Skip)
-		out = append(out, l)
-		l = cursor.Lane{}
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	if len(out) != len(kept) {
-		return nil, fmt.Errorf("%d lanes' positions opened, want %d", len(out), len(kept))
-	}
-	return out, nil
 }

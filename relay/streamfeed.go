@@ -395,7 +395,7 @@ func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
 	var skip []bool
 	if f.eo != nil {
 		var err error
-		if skip, err = f.eo.Skip(ctx, x, f.r.lanesOf); err != nil {
+		if skip, err = f.eo.Skip(ctx, x, f.r.cur.KeyLanes); err != nil {
 			return err
 		}
 	}

@@ -316,3 +316,49 @@ func (e *Engine) bounded(sql string, args pgx.NamedArgs, upto int64) string {
 	}
 	return sql
 }
+
+// Record writes, in one round trip, what became of a batch's rows: the
+// acknowledged rows ids are marked published, or, for rows the stream's
+// claim marked, the mark is taken back from the failed ones (back); and an
+// attempt is counted on each failed row fids (reasons, limits: see
+// Queries.Attempt). It returns which failed rows were parked.
+func (e *Engine) Record(ctx context.Context, tx pgx.Tx, ids, back, fids []int64, reasons []string, limits []int32) (map[int64]bool, error) {
+	b := &pgx.Batch{}
+	switch {
+	case len(back) > 0:
+		b.Queue(e.Q.Unmark, back)
+	case len(ids) > 0:
+		b.Queue(e.Q.Mark, ids)
+	}
+	parked := map[int64]bool{}
+	if len(fids) > 0 {
+		b.Queue(e.Q.Attempt, fids, reasons, limits).Query(func(rows pgx.Rows) error {
+			var id int64
+			var p bool
+			_, err := pgx.ForEachRow(rows, []any{&id, &p}, func() error {
+				if p {
+					parked[id] = true
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, err
+		}
+	}
+	return parked, nil
+}
+
+// ChargeUnreadable charges (and, with park, parks in place) the rows ids
+// that cannot be read, with the reasons msgs, without reading them; scan
+// gets the charged rows: id, event_id, topic, partition_key, parked.
+func (e *Engine) ChargeUnreadable(ctx context.Context, tx pgx.Tx, ids []int64, msgs []string, park bool, scan func(pgx.Rows) error) error {
+	rs, err := tx.Query(ctx, e.Q.Unreadable, pgx.NamedArgs{"ids": ids, "errs": msgs, "park": park})
+	if err != nil {
+		return err
+	}
+	return scan(rs)
+}
