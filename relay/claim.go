@@ -59,7 +59,7 @@ func newQueries(t outbox.Table) queries {
 }
 
 // txSettings returns the statement that sets a batch transaction's
-// settings, the same for a session the relay keeps (see laneKeeper), and
+// settings, the same for a session the relay keeps (see cursor.Keeper), and
 // their argument: the planner's settings (see below), the server-side bound (a relay that hangs
 // while holding locks loses them after BatchTimeout + 5s) and, unless
 // SynchronousCommit, an asynchronous commit.

@@ -41,7 +41,7 @@ func (r *Relay) pipeline(ctx context.Context, find finder) (c claimed, d deliver
 }
 
 // pipelineOn is pipeline with the transaction begun on db (a worker's
-// connection that keeps cursor lanes, see laneKeeper).
+// connection that keeps cursor lanes, see cursor.Keeper).
 func (r *Relay) pipelineOn(ctx context.Context, db DB, find finder) (c claimed, d delivery, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()

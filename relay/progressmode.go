@@ -24,7 +24,8 @@ import (
 // pacing, commit) is one.
 type progressMode interface {
 	// claim is the finder of a polling batch of up to n rows, leaving out
-	// the rows of the held keys (see claim and cursorClaim).
+	// the rows of the held keys (see marks.Engine.Claim and
+	// cursor.Engine.Claim).
 	claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, keep *cursor.Keeper, isolate bool) (claimed, error)
 	// claimEO is claim for an exactly-once batch b (see eoClaim and
 	// eoCursorClaim).

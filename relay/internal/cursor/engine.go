@@ -251,7 +251,7 @@ type Batch struct {
 	Committed bool
 }
 
-// newCursorBatch returns an empty batch of the worker's keeper own (nil
+// newBatch returns an empty batch of the worker's keeper own (nil
 // where lanes are not kept): a claim's read fills it; read nothing, it
 // writes the kept positions when they are due.
 func newBatch(own *Keeper) *Batch {

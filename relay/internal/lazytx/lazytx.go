@@ -13,11 +13,11 @@ import (
 )
 
 // Tx is a batch's transaction on the connection of a worker that keeps
-// lanes (the relay's laneKeeper), begun by its first statement, except the
-// read of the kept lanes (the relay's cursorReadKept), which runs before it
+// lanes (cursor.Keeper), begun by its first statement, except the
+// read of the kept lanes (cursor.Engine's readKept), which runs before it
 // on its own (Outside).
 // A batch that reads its kept lanes and has nothing to write (their
-// positions are written when due, see laneKeeper.plan) so sends one
+// positions are written when due, see cursor.Keeper's plan) so sends one
 // statement in one round trip, where a transaction would add BEGIN and
 // COMMIT, two more. That read needs no transaction: it is one statement
 // (one snapshot), the lanes' session locks are the connection's and their
@@ -28,7 +28,7 @@ import (
 // A relay frozen in such a batch, outside a transaction, loses its
 // connection, and so its lanes, after idle_session_timeout, which is longer
 // than BatchTimeout as idle_in_transaction_session_timeout is (see
-// laneKeeper.idleSession).
+// cursor.Keeper).
 type Tx struct {
 	conn *pgx.Conn
 	tx   pgx.Tx // nil until a statement begins it
