@@ -20,10 +20,11 @@ import (
 var mayImport = map[string][]string{
 	".":                                    {"internal/textcut"},
 	"unitofwork":                           {".", "internal/record", "internal/sqlname", "internal/defaults"},
-	"relay":                                {".", "relay/internal/claim", "relay/internal/cursor", "relay/internal/eo", "relay/internal/snapshot", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lanelock", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/pace", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
+	"relay":                                {".", "relay/internal/claim", "relay/internal/cursor", "relay/internal/eo", "relay/internal/feed", "relay/internal/snapshot", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/lanelock", "relay/internal/lazytx", "relay/internal/marks", "relay/internal/pace", "relay/internal/partition", "relay/internal/pgoutput", "relay/internal/streamsql", "relay/internal/tablestats", "internal/backoff", "internal/dberr", "internal/locks", "internal/parklog", "internal/record", "internal/tablesql", "internal/textcut", "internal/sqlname", "internal/partitioner", "internal/defaults"},
 	"relay/internal/cursor":                {".", "relay/internal/claim", "relay/internal/lanelock", "relay/internal/lazytx", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/claim":                 {},
-	"relay/internal/eo":                    {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/snapshot", "internal/backoff"},
+	"relay/internal/eo":                    {".", "relay/internal/cursor", "relay/internal/kafkaproducer", "relay/internal/lanelock", "relay/internal/pgoutput", "relay/internal/snapshot", "internal/backoff", "internal/dberr"},
+	"relay/internal/feed":                  {".", "relay/internal/claim", "relay/internal/cursor", "relay/internal/eo", "relay/internal/failure", "relay/internal/kafkaproducer", "relay/internal/pgoutput", "relay/internal/snapshot", "relay/internal/streamsql"},
 	"relay/internal/snapshot":              {},
 	"relay/internal/lanelock":              {},
 	"relay/internal/marks":                 {".", "relay/internal/claim", "internal/sqlname", "internal/tablesql"},

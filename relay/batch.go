@@ -22,6 +22,7 @@ import (
 	"github.com/fxoutbox/outbox/internal/textcut"
 	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/cursor"
+	"github.com/fxoutbox/outbox/relay/internal/eo"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
 )
 
@@ -50,7 +51,7 @@ type batchInfo struct {
 	keep *cursor.Keeper
 	// eoKeep: the worker's exactly-once lanes kept across batches (nil:
 	// none).
-	eoKeep *eoKeeper
+	eoKeep *eo.Keeper
 }
 
 // runOnce is RunOnce with a claim of up to size rows. next is the size of
@@ -87,7 +88,7 @@ func (r *Relay) batch(ctx context.Context, size int, upto int64, info *batchInfo
 	}
 	if r.eo != nil {
 		eo = &eoBatch{}
-		if info != nil && info.eoKeep.usable() {
+		if info != nil && info.eoKeep.Usable() {
 			eo.keep, db = info.eoKeep, info.eoKeep
 		}
 		find = func(ctx context.Context, tx pgx.Tx, _ bool) (claimed, error) {

@@ -85,7 +85,7 @@ func newExactlyOnce(src kafkaSource, cfg Config, m *metrics) *eo.Pool {
 // of its Kafka transaction.
 type eoBatch struct {
 	w         *eo.Worker
-	keep      *eoKeeper // the worker's kept lanes (nil: none; see eokeep.go)
+	keep      *eo.Keeper // the worker's kept lanes (nil: none)
 	lanes     map[int32]bool
 	laneOf    map[uuid.UUID]int32 // event id -> lane
 	committed bool                // the batch's Kafka transaction committed (or may have)
@@ -151,7 +151,7 @@ func (r *Relay) eoClaim(ctx context.Context, tx pgx.Tx, n int, held []string, b 
 
 // eoTakeOver readies the batch's worker (eoBegin) and makes it the owner
 // of lanes (eoAcquire), which its worker keeps from then on when it keeps
-// lanes (see eoKeeper.own, in tx). done says the claim ends there, with c and err:
+// lanes (see eo.Keeper.Own, in tx). done says the claim ends there, with c and err:
 // a step failed, or another worker took one of this worker's lanes
 // meanwhile, and then nothing was claimed and the next batch, at once,
 // starts over with a new epoch.
@@ -162,7 +162,7 @@ func (r *Relay) eoTakeOver(ctx context.Context, tx pgx.Tx, client sarama.Client,
 	b.lanes = lanes
 	err = r.eoAcquire(ctx, client, b)
 	if err == nil {
-		err = b.keep.own(ctx, tx, lanes)
+		err = b.keep.Own(ctx, tx, lanes)
 	}
 	switch {
 	case err == nil:
@@ -425,7 +425,7 @@ func (r *Relay) eoFenced(w *eo.Worker, err error) {
 func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 	if b.w == nil {
 		if b.keep != nil {
-			b.keep.finished(ctx, b, err)
+			b.keep.Finished(ctx, b.lanes, err)
 		}
 		return
 	}
@@ -441,8 +441,8 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 			delete(b.w.Owned, lane)
 		}
 	}
-	if b.keep != nil && b.keep.w == b.w {
-		b.keep.finished(ctx, b, err)
+	if b.keep.Holds(b.w) {
+		b.keep.Finished(ctx, b.lanes, err)
 		return
 	}
 	r.eo.Release(b.w)
@@ -451,8 +451,8 @@ func (r *Relay) eoFinish(ctx context.Context, b *eoBatch, err error) {
 // eoTake returns the producer of batch b: its worker's, when the worker
 // keeps lanes, or a free one.
 func (r *Relay) eoTake(client sarama.Client, b *eoBatch) *eo.Worker {
-	if b.keep.usable() {
-		return b.keep.worker(client)
+	if b.keep.Usable() {
+		return b.keep.Worker(client)
 	}
 	return r.eo.Take(client)
 }

@@ -284,7 +284,7 @@ func (r *Relay) loop(ctx context.Context, worker int, until <-chan struct{}) {
 	var keep *cursor.Keeper
 	defer func() { keep.Close(ctx) }()
 	eoKeep := r.newEOKeeper() // exactly-once lanes kept across batches
-	defer eoKeep.close(ctx)
+	defer eoKeep.Close(ctx)
 	for kept := false; ; {
 		if !kept && r.settled.Load() {
 			keep, kept = r.newKeeper(), true

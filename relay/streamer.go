@@ -14,6 +14,7 @@ import (
 	"github.com/fxoutbox/outbox"
 	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/failure"
+	"github.com/fxoutbox/outbox/relay/internal/feed"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
@@ -224,7 +225,7 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	r.stream.slot.Store(&slot)
 	s := &streamer{r: r, conn: conn}
 	if r.cur != nil {
-		// Cursor progress: publish what the stream decodes (see feed).
+		// Cursor progress: publish what the stream decodes (relay/internal/feed).
 		if err := s.createSlot(ctx); err != nil {
 			return err
 		}
@@ -235,7 +236,7 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 			r.stream.state.Store(int32(StreamStarting))
 		}
 		r.cfg.Logger.Info("outbox relay: streaming from the replication slot, publishing what it decodes", "table", r.cfg.Table.String(), "slot", conn.Slot(), "publication", r.cfg.Table.Publication())
-		err = r.runFeed(ctx, conn, s.created)
+		err = feed.Run(ctx, r.feedConfig(), feedHost{r}, conn, s.created)
 	} else {
 		if err := s.start(ctx); err != nil {
 			return err

@@ -1,4 +1,4 @@
-package relay
+package feed
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 // writes and takes no candidate. A failure is logged and tried again at the
 // next period: the checkpoint only bounds what a restart sends again.
 func (f *feed) checkpoint(ctx context.Context, final bool) {
-	r := f.r
 	f.cpAt = time.Now()
 	// Rows resolved before the candidate was taken are seen by its
 	// snapshot (they were acknowledged after their commit was decoded).
@@ -33,32 +32,32 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 	if !write && !take {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.BatchTimeout, 5*time.Second))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(f.cfg.BatchTimeout, 5*time.Second))
 	defer cancel()
 	var next *snapshot.Candidate
-	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, f.cfg.DB, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		if write {
 			// Another relay polling the table (a relay in Poll mode, or
 			// one that lost its slot) holds lanes: their positions are its.
 			var busy int
-			if err := tx.QueryRow(ctx, r.cur.Q.TryLockAll, r.q.ns, r.cfg.Lanes).Scan(&busy); err != nil {
+			if err := tx.QueryRow(ctx, f.cfg.Cur.Q.TryLockAll, f.cfg.NS, f.cfg.Lanes).Scan(&busy); err != nil {
 				return err
 			}
 			if busy > 0 {
 				if !f.cpWarned {
 					f.cpWarned = true
-					r.cfg.Logger.Warn("outbox relay: another relay holds lanes of the streamed table (a relay polling it?): the stream's checkpoint waits; run every relay of a table in the same mode",
-						"table", r.cfg.Table.String(), "lanes_held", busy)
+					f.cfg.Logger.Warn("outbox relay: another relay holds lanes of the streamed table (a relay polling it?): the stream's checkpoint waits; run every relay of a table in the same mode",
+						"table", f.cfg.Table.String(), "lanes_held", busy)
 				}
 				write = false
 			} else {
 				f.cpWarned = false
-				b.Queue(r.cur.Q.Checkpoint, pgx.NamedArgs{"done": f.cand.Snap, "base": f.cand.Base})
+				b.Queue(f.cfg.Cur.Q.Checkpoint, pgx.NamedArgs{"done": f.cand.Snap, "base": f.cand.Base})
 			}
 		}
 		if take {
-			b.Queue(r.q.stream.Candidate).QueryRow(func(row pgx.Row) error {
+			b.Queue(f.cfg.Stream.Candidate).QueryRow(func(row pgx.Row) error {
 				var c snapshot.Candidate
 				var lsn string
 				if err := row.Scan(&c.Snap, &c.Base, &lsn); err != nil {
@@ -78,14 +77,14 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		r.cfg.Logger.Warn("outbox relay: writing the stream's checkpoint failed; tried again in a second (a restart sends again what the stream published since the last one)",
-			"table", r.cfg.Table.String(), "error", err, "error.type", failure.Type(err))
+		f.cfg.Logger.Warn("outbox relay: writing the stream's checkpoint failed; tried again in a second (a restart sends again what the stream published since the last one)",
+			"table", f.cfg.Table.String(), "error", err, "error.type", failure.Type(err))
 		return
 	}
 	if write {
-		r.cur.Forget() // the positions changed outside a batch: read them again
+		f.cfg.Cur.Forget() // the positions changed outside a batch: read them again
 		f.written = f.cand.Seq
-		r.stream.checkpointAt.Store(time.Now().UnixNano())
+		f.cfg.CheckpointAt.Store(time.Now().UnixNano())
 	}
 	if next != nil {
 		f.cand = next
@@ -97,7 +96,7 @@ func (f *feed) checkpoint(ctx context.Context, final bool) {
 // transaction arrived (the stream sends them in commit order) and none
 // that ended before it waits.
 func (f *feed) passed(c *snapshot.Candidate) bool {
-	if f.r.stream.progress.Confirmed() >= c.LSN {
+	if f.cfg.Progress.Confirmed() >= c.LSN {
 		return true
 	}
 	return f.lastEnd > c.LSN && (len(f.txs) == 0 || f.txs[0].end > c.LSN)
@@ -113,7 +112,6 @@ const stopDrain = 3 * time.Second
 // restart sends nothing again. Failing keys, or stopDrain passing, leave
 // the last checkpoint that was passed.
 func (f *feed) finish(ctx context.Context) {
-	r := f.r
 	if f.cand != nil && f.passed(f.cand) {
 		f.checkpoint(ctx, false) // writes it and takes the next one, from now
 	} else {
@@ -128,7 +126,7 @@ func (f *feed) finish(ctx context.Context) {
 	for !f.passed(c) && time.Now().Before(deadline) {
 		now := time.Now()
 		if !f.busy {
-			if batch := f.next(now.Add(r.cfg.Stream.Linger)); len(batch) > 0 {
+			if batch := f.next(now.Add(f.cfg.Linger)); len(batch) > 0 {
 				f.dispatch(ctx, batch)
 			}
 		}
