@@ -1,6 +1,8 @@
-// Package eo is the Kafka side of the relay's exactly-once delivery: the
+// Package eo is the relay's exactly-once delivery outside the batch: the
 // workers' transactional producers on one client, the progress topic, the
-// lanes' records in it, and taking a lane over by fencing its owner.
+// lanes' records in it, taking a lane over by fencing its owner, the
+// stream's record, and the lanes a polling worker keeps locked between its
+// batches (Keeper).
 //
 // Each batch runs one Kafka transaction, under the transactional id of the
 // worker that runs it ("<TransactionalID>.<relay>.<n>": the relay's random
@@ -11,8 +13,9 @@
 // then commits a record that names itself the lane's owner, and only then
 // publishes the lane's events (Pool.Acquire).
 //
-// The package knows nothing of the table: what a lane's records say is
-// applied to it by the caller (Acquire's apply).
+// The package reads and writes no row of the table: what a lane's records
+// say is applied to it by the caller (Acquire's apply); Keeper only holds
+// the lanes' session locks (relay/internal/lanelock).
 package eo
 
 import (
