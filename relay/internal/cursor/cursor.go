@@ -234,8 +234,8 @@ type Queries struct {
 	// to the parked table; Unpark's statement for them is AdoptUnpark.
 	Adopt, AdoptUnpark string
 
-	// The stream's statements under cursor progress (the relay's
-	// streamfeed.go, streamcheckpoint.go and streameo.go).
+	// The stream's statements under cursor progress (relay/internal/feed,
+	// and the relay's handover of the exactly-once stream's record).
 	//
 	// TryLockAll try-locks every lane (0 to $2 - 1) in namespace $1 and
 	// counts those it could not lock (another relay holds them);

@@ -207,7 +207,7 @@ func (f *feed) eoAdvance(ctx context.Context) {
 // existed and the record holds the stream's progress: the feed skips what
 // it holds instead of handing over from polling.
 func (f *feed) eoStart(ctx context.Context, created bool) (resume bool, err error) {
-	// Bounded as a batch is (and as eoStreamFallback's): with the broker
+	// Bounded as a batch is (and as Fallback's): with the broker
 	// unreachable, Init's retries would otherwise last until the broker
 	// came back, the relay neither failing (health, backoff, reconnect)
 	// nor stopping until Stop's deadline.

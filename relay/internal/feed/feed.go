@@ -210,7 +210,7 @@ type feed struct {
 	cpWarned bool
 	lastEnd  pglogrepl.LSN // the end of the last transaction received
 
-	eo *eo.Stream // Delivery ExactlyOnce: the stream's record (streameo.go)
+	eo *eo.Stream // Delivery ExactlyOnce: the stream's record (eo.go)
 }
 
 // backoffState counts the feed's consecutive failed batches (nothing
