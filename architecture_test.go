@@ -31,7 +31,7 @@ var mayImport = map[string][]string{
 	"relay/internal/partition":             {".", "internal/sqlname", "internal/tablesql"},
 	"relay/internal/failure":               {".", "internal/dberr", "internal/tablesql", "internal/textcut"},
 	"relay/internal/kafkaproducer":         {"relay/internal/failure"},
-	"relay/internal/pgoutput":              {"."},
+	"relay/internal/pgoutput":              {".", "relay/internal/claim"},
 	"relay/internal/lazytx":                {},
 	"relay/internal/pace":                  {"relay/internal/failure"},
 	"relay/internal/streamsql":             {".", "internal/sqlname"},

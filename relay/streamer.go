@@ -497,8 +497,7 @@ func (s *streamer) take(tx pgoutput.Tx) {
 	}
 	visibleBy := tx.Received.Add(visibleWait - tx.Age)
 	for _, x := range tx.Rows {
-		s.ready = append(s.ready, streamRow{Row: claim.Row{ID: x.ID, EventID: x.EventID, EventType: x.EventType, Topic: x.Topic, Key: x.Key,
-			Payload: x.Payload, Headers: x.Headers, Attempts: x.Attempts, CreatedAt: x.CreatedAt}, bad: x.Err, visibleBy: visibleBy})
+		s.ready = append(s.ready, streamRow{Row: x.Row, bad: x.Err, visibleBy: visibleBy})
 		s.maxSeen = max(s.maxSeen, x.ID)
 	}
 	s.readyTo = max(s.readyTo, tx.End)

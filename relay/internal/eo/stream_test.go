@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 	"github.com/fxoutbox/outbox/relay/internal/pgoutput"
 )
 
@@ -24,10 +25,10 @@ func TestStreamRecordHoldsWhatItSays(t *testing.T) {
 		t.Fatalf("the record's ids were dropped at start: %v", e.IDs)
 	}
 	x := pgoutput.Tx{End: 200, Rows: []pgoutput.Row{
-		{ID: 10, Txid: 49}, // seen by done
-		{ID: 11, Txid: 55}, // running at done
-		{ID: 20, Txid: 70}, // in ids
-		{ID: 22, Txid: 70}, // past done, not in ids
+		{Row: claim.Row{ID: 10}, Txid: 49}, // seen by done
+		{Row: claim.Row{ID: 11}, Txid: 55}, // running at done
+		{Row: claim.Row{ID: 20}, Txid: 70}, // in ids
+		{Row: claim.Row{ID: 22}, Txid: 70}, // past done, not in ids
 	}}
 	skip, err := e.Skip(t.Context(), x, nil)
 	if err != nil {
@@ -36,7 +37,7 @@ func TestStreamRecordHoldsWhatItSays(t *testing.T) {
 	if got := fmt.Sprint(skip); got != "[true false true false]" {
 		t.Errorf("skip = %s, want [true false true false]", got)
 	}
-	old := pgoutput.Tx{End: 100, Rows: []pgoutput.Row{{ID: 30, Txid: 80}}}
+	old := pgoutput.Tx{End: 100, Rows: []pgoutput.Row{{Row: claim.Row{ID: 30}, Txid: 80}}}
 	if skip, _ := e.Skip(t.Context(), old, nil); !skip[0] {
 		t.Errorf("a transaction that ended at the record's position is not skipped")
 	}

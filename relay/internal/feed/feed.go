@@ -489,8 +489,7 @@ func (f *feed) take(ctx context.Context, x pgoutput.Tx) error {
 			f.cfg.Logger.Error("outbox relay: a streamed row could not be decoded, not even its id; skipped", "table", f.cfg.Table.String(), "error", d.Err)
 			continue
 		}
-		r := &feedRow{Row: claim.Row{ID: d.ID, EventID: d.EventID, EventType: d.EventType, Topic: d.Topic, Key: d.Key, Payload: d.Payload,
-			Headers: d.Headers, Attempts: d.Attempts, CreatedAt: d.CreatedAt, Requeued: d.Attempts == 0 && d.LastError != ""}, tx: tx, bad: d.Err, txid: d.Txid}
+		r := &feedRow{Row: d.Row, tx: tx, bad: d.Err, txid: d.Txid}
 		tx.left++
 		f.rows++
 		f.bytes += len(r.Payload) + len(r.Headers)

@@ -64,6 +64,7 @@ func (c *Conn) ours(rel *pglogrepl.RelationMessage) bool {
 func (c *Conn) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) Row {
 	var x Row
 	var errs []error
+	var lastError bool
 	for i, col := range tuple.Columns {
 		if i >= len(rel.Columns) {
 			break
@@ -98,7 +99,7 @@ func (c *Conn) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) R
 			a, err = strconv.ParseInt(string(v), 10, 32)
 			x.Attempts = int(a)
 		case "last_error":
-			x.LastError = string(v)
+			lastError = len(v) > 0
 		case "txid":
 			x.Txid, err = strconv.ParseUint(string(v), 10, 64)
 		case "created_at":
@@ -108,6 +109,7 @@ func (c *Conn) row(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) R
 			errs = append(errs, fmt.Errorf("column %s: %w", rc.Name, err))
 		}
 	}
+	x.Requeued = x.Attempts == 0 && lastError
 	if x.ID == 0 {
 		errs = append(errs, errors.New("no id"))
 	}

@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/fxoutbox/outbox"
+	"github.com/fxoutbox/outbox/relay/internal/claim"
 )
 
 // SlotInUse reports the server's refusal to stream from a slot another
@@ -84,20 +84,11 @@ func (p *Progress) confirm(lsn pglogrepl.LSN) {
 	}
 }
 
-// Row is an inserted row of the table, decoded.
+// Row is an inserted row of the table, decoded: the row a claim reads
+// (Requeued when it was inserted with attempts 0 and a last error, as an
+// operator's requeue writes it), and its transaction.
 type Row struct {
-	ID        int64
-	EventID   uuid.UUID
-	EventType string
-	Topic     string
-	Key       string
-	Payload   []byte
-	Headers   []byte
-	Attempts  int
-	CreatedAt time.Time
-	// LastError is the row's last_error ("" when NULL): a row inserted
-	// with attempts 0 and a last error was requeued by an operator.
-	LastError string
+	claim.Row
 	// Txid is the writing transaction's id (the txid column of a table
 	// in cursor mode, 0 without it).
 	Txid uint64

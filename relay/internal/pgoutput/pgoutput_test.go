@@ -69,7 +69,10 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = tx.Rollback(ctx)
-	if _, err := pool.Exec(ctx, insert, ids[3], "k3", `{}`); err != nil {
+	// As an operator's requeue writes a row back: attempts 0, its last error kept.
+	requeued := "INSERT INTO " + sqlname.Ident(table) + " (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, attempts, last_error)" +
+		" VALUES ($1, 'order', $2, 'order.created', $3, 'orders', $2, 0, 'topic does not exist')"
+	if _, err := pool.Exec(ctx, requeued, ids[3], "k3", `{}`); err != nil {
 		t.Fatal(err)
 	}
 
@@ -91,14 +94,15 @@ func TestReadsCommittedInsertsAndConfirms(t *testing.T) {
 		t.Fatalf("transactions of %d and %d rows, want 2 and 1", len(first.Rows), len(second.Rows))
 	}
 	for i, want := range []struct {
-		id  uuid.UUID
-		key string
-		x   pgoutput.Row
-	}{{ids[0], "k1", first.Rows[0]}, {ids[1], "k2", first.Rows[1]}, {ids[3], "k3", second.Rows[0]}} {
+		id       uuid.UUID
+		key      string
+		requeued bool
+		x        pgoutput.Row
+	}{{ids[0], "k1", false, first.Rows[0]}, {ids[1], "k2", false, first.Rows[1]}, {ids[3], "k3", true, second.Rows[0]}} {
 		x := want.x
 		if x.Err != nil || x.ID == 0 || x.EventID != want.id || x.Key != want.key || x.Topic != "orders" ||
-			x.EventType != "order.created" || x.CreatedAt.IsZero() || !json.Valid(x.Payload) {
-			t.Errorf("row %d: %+v; want event %s of key %s, decoded", i, x, want.id, want.key)
+			x.EventType != "order.created" || x.CreatedAt.IsZero() || !json.Valid(x.Payload) || x.Requeued != want.requeued {
+			t.Errorf("row %d: %+v; want event %s of key %s, decoded, requeued %v", i, x, want.id, want.key, want.requeued)
 		}
 	}
 	if first.End == 0 || second.End <= first.End || first.Commit.IsZero() {
