@@ -258,6 +258,12 @@ func newBatch(own *Keeper) *Batch {
 	return &Batch{lanes: map[int32]Lane{}, LaneOf: map[int64]int32{}, Held: map[int64]bool{}, own: own}
 }
 
+// read notes a row read, in id order, and its lane.
+func (cb *Batch) read(id int64, lane int32) {
+	cb.LaneOf[id] = lane
+	cb.IDs = append(cb.IDs, id)
+}
+
 // Committed takes the positions of a batch that committed (or had
 // nothing to write) into the relay's copy and the worker's kept lanes.
 func (e *Engine) Committed(ctx context.Context, cb *Batch) {
@@ -281,8 +287,10 @@ func (e *Engine) Committed(ctx context.Context, cb *Batch) {
 	e.Remember(kept...)
 }
 
-// CheckEvery is how often a relay checks the positions against the
-// server again, to notice a change of cluster under a running relay.
+// CheckEvery is how often a relay checks the table again while it runs:
+// under cursor progress the positions against the server (a change of
+// cluster), under marks whether the table went over to cursor progress
+// (the relay's checkMarks).
 const CheckEvery = 10 * time.Second
 
 // Ready checks that the table has the cursor migration, that the
@@ -605,8 +613,7 @@ func (e *Engine) Read(ctx context.Context, tx pgx.Tx, locked []int32, n int, hel
 		err = claim.Query(ctx, tx, "", nil, q.ReadIDs, readArgs, func(rs pgx.Rows) error {
 			var id int64
 			_, err := pgx.ForEachRow(rs, []any{&id, &lane}, func() error {
-				cb.LaneOf[id] = lane
-				cb.IDs = append(cb.IDs, id)
+				cb.read(id, lane)
 				cb.Held[id] = true
 				return nil
 			})
@@ -625,8 +632,7 @@ func (e *Engine) Read(ctx context.Context, tx pgx.Tx, locked []int32, n int, hel
 	// not abort the transaction.
 	err = claim.Query(ctx, tx, e.cfg.Guarded.Savepoint, nil, q.Read, readArgs, func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, x.Scan(&lane), func() error {
-			cb.LaneOf[x.ID] = lane
-			cb.IDs = append(cb.IDs, x.ID)
+			cb.read(x.ID, lane)
 			out = append(out, x)
 			x = claim.Row{}
 			return nil
@@ -646,8 +652,7 @@ func (e *Engine) Read(ctx context.Context, tx pgx.Tx, locked []int32, n int, hel
 		if rs, err = tx.Query(ctx, q.ReadIDs, readArgs); err == nil {
 			var id int64
 			_, err = pgx.ForEachRow(rs, []any{&id, &lane}, func() error {
-				cb.LaneOf[id] = lane
-				cb.IDs = append(cb.IDs, id)
+				cb.read(id, lane)
 				return nil
 			})
 		}
@@ -727,8 +732,7 @@ func (e *Engine) readKept(ctx context.Context, tx pgx.Tx, locked []int32, n int,
 	}
 	b.Queue(e.Q.Kept, pgx.NamedArgs(args)).Query(func(rs pgx.Rows) error {
 		_, err := pgx.ForEachRow(rs, x.Scan(&lane, &now, &top, &lateLanes, &lateIDs), func() error {
-			cb.LaneOf[x.ID] = lane
-			cb.IDs = append(cb.IDs, x.ID)
+			cb.read(x.ID, lane)
 			out = append(out, x)
 			x = claim.Row{}
 			return nil

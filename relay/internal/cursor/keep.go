@@ -339,13 +339,7 @@ func (k *Keeper) committed(ctx context.Context, cb *Batch) error {
 		return nil // the lanes taken since the last release are counted on
 	}
 	k.freed = k.saved
-	var free []int32
-	for id := range k.lanes {
-		if !k.used[id] {
-			free = append(free, id)
-		}
-	}
-	clear(k.used)
+	free := lanelock.Idle(k.lanes, k.used)
 	if len(free) == 0 {
 		return nil
 	}

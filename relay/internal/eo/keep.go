@@ -171,17 +171,10 @@ func (k *Keeper) Finished(ctx context.Context, lanes map[int32]bool, err error) 
 		return
 	}
 	k.freed = time.Now()
-	var free []int32
-	for lane := range k.kept {
-		if !k.used[lane] {
-			free = append(free, lane)
-		}
-	}
-	clear(k.used)
+	free := lanelock.Idle(k.kept, k.used)
 	if len(free) == 0 {
 		return
 	}
-	slices.Sort(free)
 	ctx, cancel := context.WithTimeout(ctx, k.batchTimeout)
 	defer cancel()
 	if _, err := k.conn.Exec(ctx, lanelock.Release, pgx.NamedArgs{"ns": k.ns, "lanes": free}); err != nil {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -56,4 +57,19 @@ func Keep(ctx context.Context, pool Acquirer, idleMillis string, logger *slog.Lo
 		return nil, err
 	}
 	return conn, nil
+}
+
+// Idle returns the lanes of kept that no batch used since the last call
+// (those not in used), in order, and clears used for the next period: the
+// lanes a worker lets go.
+func Idle[V any](kept map[int32]V, used map[int32]bool) []int32 {
+	var idle []int32
+	for lane := range kept {
+		if !used[lane] {
+			idle = append(idle, lane)
+		}
+	}
+	clear(used)
+	slices.Sort(idle)
+	return idle
 }
