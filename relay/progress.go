@@ -31,7 +31,7 @@ const (
 	// its first batch when the database could not be reached then, logs
 	// what it chose, and reports it in Relay.Progress. When the table goes
 	// over to cursor progress under a relay that chose marks, its batches
-	// fail with ErrCursorTable within 10s instead of sending again what the
+	// fail with ErrCursorTable within cursor.CheckEvery (10s) instead of sending again what the
 	// cursor delivers; restarted, it records cursor progress.
 	ProgressAuto Progress = iota
 	// ProgressMarks sets published_at on each delivered
@@ -104,16 +104,30 @@ var ErrCursorTable = errors.New("relay: the table's relays record cursor progres
 // check went through (a relay started while the database was down), and
 // again every cursor.CheckEvery, so a marks relay that runs when the table
 // goes over to cursor progress (its first cursor relay started) stops
-// instead of sending again what the cursor delivers.
-func (r *Relay) checkMarks(ctx context.Context) error {
-	if at := r.marksChecked.Load(); at != 0 && time.Since(time.Unix(0, at)) < cursor.CheckEvery {
-		return nil
+// instead of sending again what the cursor delivers. A batch checks in its
+// own transaction tx (no second connection while it holds one), and one
+// worker at a time checks again; nil tx (Start) checks in a transaction of
+// its own.
+func (r *Relay) checkMarks(ctx context.Context, tx pgx.Tx) (err error) {
+	at := r.marksChecked.Load()
+	if at != 0 && (time.Since(time.Unix(0, at)) < cursor.CheckEvery || !r.marksChecked.CompareAndSwap(at, time.Now().UnixNano())) {
+		return nil // checked lately, or another worker checks now
 	}
+	defer func() {
+		if err != nil {
+			r.marksChecked.Store(at) // the next batch checks again
+		}
+	}()
 	var inUse bool
-	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
+	read := func(tx pgx.Tx) (err error) {
 		_, inUse, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
 		return err
-	})
+	}
+	if tx != nil {
+		err = read(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, r.db, read)
+	}
 	if err != nil {
 		return fmt.Errorf("relay: check the progress of %s: %w", r.cfg.Table, err)
 	}

@@ -165,3 +165,51 @@ func TestProgressFollowsTable(t *testing.T) {
 		}
 	}
 }
+
+// A streaming relay with Progress auto started while the database cannot
+// be reached starts, as a polling one does: its stream reads the table
+// once it can, and streams with the progress the table chose.
+func TestProgressAutoStreamStartsWhileTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	if _, err := s.pool.Exec(s.ctx, "DROP SCHEMA "+s.table.Schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if created, err := migrations.Install(s.ctx, s.pool, s.table); err != nil || !created {
+		t.Fatalf("Install: %v, %v", created, err)
+	}
+	s.streaming(t)
+	s.write(t, "auto.stream", 5, 3)
+	var sent atomic.Int64
+	pub := relay.PublisherFunc(func(_ context.Context, msgs []relay.Message) error {
+		sent.Add(int64(len(msgs)))
+		return nil
+	})
+	dead, err := pgxpool.New(s.ctx, "postgres://postgres@"+closedAddr(t)+"/outbox?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	db := &switchDB{down: dead, up: s.pool}
+	cfg := streamConfig()
+	cfg.Table, cfg.MaxBackoff = s.table, 50*time.Millisecond
+	conn := s.pool.Config().ConnConfig.Config
+	cfg.Stream.ConnConfig = &conn
+	r, err := relay.New(db, pub, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(s.ctx); err != nil {
+		t.Fatalf("Start of a streaming relay while the database cannot be reached: %v; want it started", err)
+	}
+	defer func() { _ = r.Stop(context.Background()) }()
+	if p := r.Progress(); p != relay.ProgressAuto {
+		t.Errorf("Progress before the table could be read: %v, want auto", p)
+	}
+	db.isUp.Store(true)
+	waitUntil(t, 60*time.Second, "the stream to deliver the 5 events", func() bool { return sent.Load() >= 5 })
+	waitUntil(t, 60*time.Second, "streaming", func() bool { return r.StreamStatus().State == relay.Streaming })
+	if p := r.Progress(); p != relay.ProgressCursor {
+		t.Errorf("Progress on the table Install made: %v, want cursor", p)
+	}
+}

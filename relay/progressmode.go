@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -75,7 +76,7 @@ func (rec recording) markError(err error) error {
 type marksMode struct{ r *Relay }
 
 func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, upto int64, _ *cursor.Keeper, isolate bool) (claimed, error) {
-	if err := m.r.checkMarks(ctx); err != nil {
+	if err := m.r.checkMarks(ctx, tx); err != nil {
 		return claimed{}, err
 	}
 	if isolate {
@@ -85,7 +86,7 @@ func (m marksMode) claim(ctx context.Context, tx pgx.Tx, n int, held []string, u
 }
 
 func (m marksMode) claimEO(ctx context.Context, tx pgx.Tx, n int, held []string, b *eoBatch) (claimed, error) {
-	if err := m.r.checkMarks(ctx); err != nil {
+	if err := m.r.checkMarks(ctx, tx); err != nil {
 		return claimed{}, err
 	}
 	return m.r.eoClaim(ctx, tx, n, held, b)
@@ -260,6 +261,8 @@ func (r *Relay) settleProgress(ctx context.Context) error {
 	if r.settled.Load() {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	defer cancel()
 	var has, cur bool
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
 		has, cur, err = tablesql.ForCursor(ctx, tx, r.cfg.Table)
@@ -274,6 +277,11 @@ func (r *Relay) settleProgress(ctx context.Context) error {
 		p, why = ProgressMarks, "it has no cursor migration; apply it to deliver without a write per event (docs/progress.md), or set Progress"
 	case !cur:
 		p, why = ProgressMarks, "it was given the cursor migration and no relay has recorded cursor progress on it yet: start the first with Progress cursor once the marks relays are stopped (docs/progress.md, Turning it on)"
+	}
+	if p == ProgressMarks {
+		// What checkMarks reads, just read (a table that is not in cursor
+		// progress is not partitioned either).
+		r.marksChecked.Store(time.Now().UnixNano())
 	}
 	r.useProgress(p)
 	r.cfg.Logger.Info("outbox relay: progress "+p.String()+" (Progress auto: "+why+")", "table", r.cfg.Table.String())

@@ -165,22 +165,16 @@ func (r *Relay) Start(ctx context.Context) error {
 		}
 	}
 	// A table that is not ready, or in the other progress mode, fails the
-	// start; a database that cannot be reached does not (the batches check
-	// again, as they wait for it), unless a streaming relay could not read
-	// the table to choose its progress.
+	// start; a database that cannot be reached does not (the batches, or
+	// the stream's connections, check again as they wait for it).
 	err := r.settleProgress(ctx)
-	if err != nil && r.cfg.Mode == Stream {
-		return err
-	}
-	if err == nil && r.cfg.Mode == Stream && r.eo != nil && r.progress != ProgressCursor {
-		return fmt.Errorf("%w: %s: exactly-once streaming needs cursor progress, and Progress auto chose marks for this table: give a new table the cursor migration (migrations.Install), move an existing one as docs/progress.md says (Turning it on) and set Progress to relay.ProgressCursor, or use Mode Poll", ErrCursorNotReady, r.cfg.Table)
-	}
 	if err == nil {
-		check := r.checkMarks
-		if r.cur != nil {
-			check = r.cur.Ready
-		}
-		err = check(ctx)
+		err = r.streamProgressErr()
+	}
+	if err == nil && r.cur != nil {
+		err = r.cur.Ready(ctx)
+	} else if err == nil {
+		err = r.checkMarks(ctx, nil)
 	}
 	if err != nil && !dberr.Is(err) {
 		return err

@@ -190,6 +190,16 @@ func (r *Relay) dropLostSlot(ctx context.Context) (bool, error) {
 	}
 }
 
+// streamProgressErr refuses exactly-once streaming on a table whose
+// progress is marks (chosen by Progress auto; Config refuses Progress
+// marks): the stream's record needs the lanes' positions.
+func (r *Relay) streamProgressErr() error {
+	if r.cfg.Mode != Stream || r.eo == nil || r.progress == ProgressCursor {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: exactly-once streaming needs cursor progress, and Progress auto chose marks for this table: give a new table the cursor migration (migrations.Install), move an existing one as docs/progress.md says (Turning it on) and set Progress to relay.ProgressCursor, or use Mode Poll", ErrCursorNotReady, r.cfg.Table)
+}
+
 // replicationConfig returns the replication connection's configuration
 // (pgoutput.Connect adds the replication parameters to a copy).
 func (r *Relay) replicationConfig() (*pgconn.Config, error) {
@@ -207,6 +217,14 @@ func (r *Relay) replicationConfig() (*pgconn.Config, error) {
 // events waiting in the table, then follows the stream until an error or
 // Stop. It returns nil only when the relay is stopping.
 func (r *Relay) streamOnce(ctx context.Context) error {
+	// The progress picks the stream (cursor: relay/internal/feed); a relay
+	// started while the database was down chooses it here.
+	if err := r.settleProgress(ctx); err != nil {
+		return err
+	}
+	if err := r.streamProgressErr(); err != nil {
+		return err
+	}
 	if st := r.stream.state.Load(); st != int32(StreamStandby) && st != int32(StreamFallback) {
 		r.stream.state.Store(int32(StreamStarting))
 	}
