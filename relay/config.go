@@ -62,8 +62,9 @@ type Config struct {
 	// read_committed consumers that see each event once (see
 	// docs/exactly-once.md). ExactlyOnce needs Ordering PerKey and a
 	// SaramaPublisher, and commits each batch's marks synchronously; in
-	// Mode Stream it needs Progress cursor, and each batch of the stream is
-	// one transaction with the stream's record (see docs/streaming.md).
+	// Mode Stream it needs cursor progress (Progress cursor, or auto on a
+	// table that records it), and each batch of the stream is one
+	// transaction with the stream's record (see docs/streaming.md).
 	// Default at-least-once.
 	Delivery Delivery `env:"OUTBOX_DELIVERY"`
 	// Progress is ProgressCursor (the lanes' positions are recorded once
@@ -71,9 +72,10 @@ type Config struct {
 	// migration and Ordering PerKey; in Stream mode it is what lets the
 	// stream publish what it decodes, see docs/streaming.md),
 	// ProgressMarks (published_at is set on each delivered row) or
-	// ProgressAuto (cursor on a table made with the cursor migration or
-	// already in cursor progress, marks otherwise, decided when the relay
-	// first reads the table; see ProgressAuto). Default auto.
+	// ProgressAuto (cursor on a table migrations.Install made, or one
+	// already in cursor progress, or a partitioned one; marks otherwise,
+	// and under Ordering Unordered; decided when the relay first reads the
+	// table; see ProgressAuto). Default auto.
 	Progress Progress `env:"OUTBOX_PROGRESS"`
 	// TransactionTimeout is the Kafka transaction timeout of ExactlyOnce:
 	// a relay that dies mid-transaction holds read_committed consumers of

@@ -236,6 +236,9 @@ func TestPartitionedRetentionAndRefusals(t *testing.T) {
 	if err := auto.Start(s.ctx); err != nil {
 		t.Fatalf("a relay with the default Progress (auto) on a partitioned table: Start = %v, want it started with cursor progress", err)
 	}
+	if p := auto.Progress(); p != relay.ProgressCursor {
+		t.Errorf("the default Progress (auto) on a partitioned table chose %v, want cursor", p)
+	}
 	if err := auto.Stop(s.ctx); err != nil {
 		t.Fatal(err)
 	}
